@@ -1,0 +1,149 @@
+"""CompilerConfig: nested, validated-on-assignment settings of the superkernel backend.
+
+Mirrors TorchAir's ``CompilerConfig``: ``config.mode = "reduce-overhead"``,
+``config.debug.graph_dump.type = "txt"``, ``config.experimental_config.static_kernel.enable = True``.
+Assigning an unknown field or a value outside the allowed set raises at once and
+lists what is allowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Field:
+    default: Any
+    doc: str
+    choices: tuple[Any, ...] | None = None
+    kind: type | tuple[type, ...] | None = None
+    check: Callable[[Any], str | None] | None = None  # returns an error text or None
+
+    def validate(self, path: str, value: Any) -> Any:
+        if self.choices is not None and value not in self.choices:
+            allowed = ", ".join(repr(c) for c in self.choices)
+            raise ValueError(f"invalid value {value!r} for {path}; allowed values: {allowed}")
+        if self.kind is not None and not isinstance(value, self.kind):
+            names = self.kind.__name__ if isinstance(self.kind, type) else " or ".join(k.__name__ for k in self.kind)
+            raise TypeError(f"{path} must be {names}, got {type(value).__name__} {value!r}")
+        if self.check is not None:
+            problem = self.check(value)
+            if problem:
+                raise ValueError(f"invalid value {value!r} for {path}: {problem}")
+        return value
+
+
+def _positive_int_list(value: Any) -> str | None:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and v > 0 for v in value):
+        return "expected a list of positive integers, e.g. [1, 2, 4]"
+    return None
+
+
+class Section:
+    """A group of fields and subsections; assignment is validated."""
+
+    _fields: dict[str, Field] = {}
+    _sections: dict[str, type["Section"]] = {}
+
+    def __init__(self, path: str = "config") -> None:
+        object.__setattr__(self, "_path", path)
+        for name, field in self._fields.items():
+            object.__setattr__(self, name, field.default)
+        for name, cls in self._sections.items():
+            object.__setattr__(self, name, cls(f"{path}.{name}"))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        path = f"{self._path}.{name}"
+        if name in self._sections:
+            raise AttributeError(f"{path} is a section; set its fields instead ({', '.join(self._sections[name].field_names())})")
+        if name not in self._fields:
+            raise AttributeError(f"unknown field {path}; allowed: {', '.join(self.field_names())}")
+        if isinstance(value, tuple) and isinstance(self._fields[name].default, list):
+            value = list(value)
+        object.__setattr__(self, name, self._fields[name].validate(path, value))
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return list(cls._fields) + list(cls._sections)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {name: getattr(self, name) for name in self._fields}
+        for name in self._sections:
+            out[name] = getattr(self, name).to_dict()
+        return out
+
+    def update(self, values: dict[str, Any]) -> "Section":
+        """Set fields from a nested dict (as read from YAML); validated like assignment."""
+        if not isinstance(values, dict):
+            raise TypeError(f"{self._path} must be a mapping, got {type(values).__name__}")
+        for key, value in values.items():
+            if key in self._sections:
+                getattr(self, key).update(value)
+            else:
+                setattr(self, key, value)
+        return self
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.to_dict()!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return type(self) is type(other) and self.to_dict() == other.to_dict()  # type: ignore[union-attr]
+
+
+class GraphDumpConfig(Section):
+    _fields = {
+        "type": Field(None, "dump format of captured and segmented graphs", choices=(None, "txt", "py")),
+        "path": Field(None, "directory the dumps are written to (default: ./superkernel_graphs)", kind=(str, type(None))),
+    }
+
+
+class DebugConfig(Section):
+    _fields = {
+        "run_eagerly": Field(False, "run the captured graph operator by operator (the exactness reference)", kind=bool),
+    }
+    _sections = {"graph_dump": GraphDumpConfig}
+
+
+class StaticKernelConfig(Section):
+    _fields = {
+        "enable": Field(False, "record shapes, build kernels ahead of time, and load packages", kind=bool),
+        "build_dir": Field(None, "directory of records and packages (default: next to the running script)", kind=(str, type(None))),
+        "batch_sizes": Field([], "batch sizes to build one static variant each for", check=_positive_int_list),
+    }
+
+
+class ExperimentalConfig(Section):
+    _sections = {"static_kernel": StaticKernelConfig}
+
+
+class InductorConfig(Section):
+    _fields = {
+        "cpp_wrapper": Field(True, "CPU max-autotune: give each compiled segment one C++ entry point", kind=bool),
+        "autotune": Field(False, "let TorchInductor benchmark kernel/GEMM choices (slow to compile)", kind=bool),
+    }
+
+
+class CompilerConfig(Section):
+    """Configuration of the superkernel backend. See docs/api.md for every field."""
+
+    _fields = {
+        "mode": Field(
+            "max-autotune",
+            "max-autotune: source fusion by TorchInductor per segment; reduce-overhead: binary fusion, bit-exact",
+            choices=("max-autotune", "reduce-overhead"),
+        ),
+    }
+    _sections = {"debug": DebugConfig, "experimental_config": ExperimentalConfig, "inductor": InductorConfig}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "CompilerConfig":
+        return cls().update(values)  # type: ignore[return-value]
+
+    def fingerprint(self) -> str:
+        """Hash of the fields that change generated code (not paths or debug output)."""
+        d = self.to_dict()
+        relevant = {"mode": d["mode"], "inductor": d["inductor"], "run_eagerly": d["debug"]["run_eagerly"]}
+        return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]
