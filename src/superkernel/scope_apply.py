@@ -1,0 +1,114 @@
+"""Put scopes around submodules without editing model source.
+
+``apply_scopes(model, {"attn": "model.layers.*.self_attn"})`` replaces the
+``forward`` of every matching submodule with a wrapper that runs the original
+inside ``super_kernel(label, options)``. ``remove_scopes(model)`` restores them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import functools
+from typing import Mapping
+
+import torch
+
+from .scope import parse_options, super_kernel
+
+_ORIGINAL_ATTR = "_superkernel_original_forward"
+_LABEL_ATTR = "_superkernel_scope_label"
+
+
+class ScopeGlobError(ValueError):
+    """A module glob of apply_scopes matched no submodule."""
+
+
+def match_modules(model: torch.nn.Module, pattern: str) -> list[tuple[str, torch.nn.Module]]:
+    """Submodules whose dotted path matches the glob (``*`` matches one path component)."""
+    wanted = pattern.split(".")
+    found = []
+    for name, module in model.named_modules():
+        if not name:
+            continue
+        parts = name.split(".")
+        if len(parts) == len(wanted) and all(fnmatch.fnmatchcase(p, w) for p, w in zip(parts, wanted)):
+            found.append((name, module))
+    return found
+
+
+def _close_names(model: torch.nn.Module, pattern: str, limit: int = 6) -> list[str]:
+    names = [n for n, _ in model.named_modules() if n]
+    # Compare with numeric indices generalised, so "layers.*.attn" finds "layers.0.self_attn".
+    generic = sorted({".".join("*" if p.isdigit() else p for p in n.split(".")) for n in names})
+    return difflib.get_close_matches(pattern, generic, n=limit, cutoff=0.4)
+
+
+def apply_scopes(model: torch.nn.Module, scopes: Mapping[str, str | list[str]], options: str = "") -> list[str]:
+    """Wrap the forward of submodules matching each glob in ``super_kernel(label, options)``.
+
+    ``scopes`` maps a scope label to a module glob (or a list of globs), e.g.
+    ``{"decode_attn": "model.layers.*.self_attn"}``. Returns the wrapped module paths.
+    A glob that matches nothing raises ``ScopeGlobError`` listing close module names;
+    nothing is changed in that case.
+    """
+    parse_options(options)
+    plan: list[tuple[str, str, torch.nn.Module]] = []
+    for label, globs in scopes.items():
+        if not isinstance(label, str) or not label:
+            raise ValueError(f"scope labels must be non-empty strings, got {label!r}")
+        for pattern in [globs] if isinstance(globs, str) else list(globs):
+            matches = match_modules(model, pattern)
+            if not matches:
+                close = _close_names(model, pattern)
+                hint = f"; close module paths: {', '.join(close)}" if close else ""
+                raise ScopeGlobError(f"scope {label!r}: module glob {pattern!r} matches no submodule{hint}")
+            plan.extend((label, name, module) for name, module in matches)
+    seen: dict[str, str] = {}
+    for label, name, _ in plan:
+        if name in seen and seen[name] != label:
+            raise ValueError(f"module {name!r} matched by scopes {seen[name]!r} and {label!r}; give each module one scope")
+        seen[name] = label
+    wrapped = []
+    for label, name, module in plan:
+        if hasattr(module, _ORIGINAL_ATTR):
+            _unwrap(module)
+        _wrap(module, label, options)
+        wrapped.append(name)
+    return wrapped
+
+
+def _wrap(module: torch.nn.Module, label: str, options: str) -> None:
+    original = module.forward
+
+    @functools.wraps(original)
+    def scoped_forward(*args, **kwargs):
+        with super_kernel(label, options):
+            return original(*args, **kwargs)
+
+    setattr(module, _ORIGINAL_ATTR, original)
+    setattr(module, _LABEL_ATTR, label)
+    module.forward = scoped_forward
+
+
+def _unwrap(module: torch.nn.Module) -> None:
+    del module.forward  # drops the instance attribute; the class forward shows again
+    original = module.__dict__.pop(_ORIGINAL_ATTR)
+    module.__dict__.pop(_LABEL_ATTR, None)
+    if getattr(original, "__self__", None) is not module:  # it was itself an instance override
+        module.forward = original
+
+
+def remove_scopes(model: torch.nn.Module) -> list[str]:
+    """Undo apply_scopes on every submodule of ``model``; returns the restored module paths."""
+    restored = []
+    for name, module in model.named_modules():
+        if _ORIGINAL_ATTR in module.__dict__:
+            _unwrap(module)
+            restored.append(name)
+    return restored
+
+
+def scoped_modules(model: torch.nn.Module) -> dict[str, str]:
+    """Module path -> scope label of every submodule wrapped by apply_scopes."""
+    return {name: m.__dict__[_LABEL_ATTR] for name, m in model.named_modules() if _LABEL_ATTR in m.__dict__}
