@@ -1,0 +1,217 @@
+"""The torch.compile backend: capture -> segments -> realize -> assemble.
+
+Each stage is a separate function so it can be tested alone:
+
+* :func:`capture` (AOTAutograd) turns Dynamo's graph into an inference ATen graph and
+  hands it to :meth:`SuperKernelBackend.compile_aten`;
+* :func:`superkernel.segments.build_segments` cuts scopes into segments;
+* :mod:`superkernel.realize` turns every partition into one callable;
+* :func:`superkernel.partition_graph.assemble` stitches them into one step.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import time
+import weakref
+from collections import Counter
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+
+from .config import CompilerConfig
+from .explain import Explanation, GraphInfo, SegmentInfo
+from .graph_dump import dump_graph
+from .partition_graph import assemble, named_callable, split_partitions
+from .realize import Realizer
+from .segments import build_segments, graph_device, last_scope
+
+
+class SuperKernelBackend:
+    """A torch.compile backend. One instance keeps the explanation of what it compiled."""
+
+    __name__ = "superkernel"
+
+    def __init__(self, compiler_config: CompilerConfig | None = None) -> None:
+        if compiler_config is None:
+            compiler_config = CompilerConfig()
+        if not isinstance(compiler_config, CompilerConfig):
+            raise TypeError(f"compiler_config must be a superkernel.CompilerConfig, got {type(compiler_config).__name__}")
+        self.config = copy.deepcopy(compiler_config)
+        self.counters: Counter[str] = Counter()
+        self._graphs: list[GraphInfo] = []
+        self._last_scope = ""
+        self._graph_breaks_at_start = _dynamo_graph_breaks()
+        self.static_kernels = None
+        if self.config.experimental_config.static_kernel.enable:
+            from .static_kernel.session import open_session
+
+            self.static_kernels = open_session(self.config)
+
+    # -- torch.compile entry -------------------------------------------------------
+    def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
+        name = f"graph_{len(self._graphs)}"
+        return capture(gm, example_inputs, functools.partial(self.compile_aten, name=name),
+                       decompositions=self._decompositions())
+
+    def _decompositions(self) -> dict[Any, Any] | None:
+        if self.config.mode == "max-autotune" and not self.config.debug.run_eagerly:
+            from torch._inductor.decomposition import select_decomp_table
+
+            return select_decomp_table()
+        return None
+
+    # -- ATen graph -> one step ----------------------------------------------------
+    def compile_aten(self, gm: fx.GraphModule, example_inputs: list[Any], *, name: str) -> Callable[..., Any]:
+        start = time.perf_counter()
+        cfg = self.config
+        device = graph_device(gm)
+        continues = self._last_scope
+        self._last_scope = last_scope(gm)
+        segmentation = build_segments(gm, device, continues_scope=continues)
+        num_ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+        info = GraphInfo(name=name, num_ops=num_ops, mode=cfg.mode, device=device, cuts=segmentation.cuts,
+                         unscoped_ops=sum(p.num_ops for p in segmentation.partitions if p.kind == "unscoped"))
+        self._graphs.append(info)
+        self.counters["graphs"] += 1
+        self.counters["cuts"] += len(segmentation.cuts)
+        if cfg.debug.graph_dump.type:
+            dump_graph(gm, cfg.debug.graph_dump, f"{name}_captured", segmentation)
+        if self.static_kernels is not None:
+            self.static_kernels.record_graph(gm, name)
+
+        if cfg.debug.run_eagerly:
+            for p in segmentation.segments:
+                info.segments.append(SegmentInfo(p.name, p.scope, p.first, p.last, p.num_ops, "reference"))
+            info.compile_seconds = time.perf_counter() - start
+            return gm
+
+        modules = split_partitions(gm, segmentation.partitions)
+        realizer = Realizer(cfg, device, self.counters, static_kernels=self.static_kernels)
+        callables = []
+        for module in modules:
+            part = module.partition
+            seg_info = None
+            if part.kind == "segment":
+                seg_info = SegmentInfo(part.name, part.scope, part.first, part.last, part.num_ops)
+                info.segments.append(seg_info)
+                self.counters["segments"] += 1
+            callables.append(named_callable(realizer.realize(module, seg_info), part.name))
+        step = assemble(gm, modules, callables)
+        if cfg.debug.graph_dump.type:
+            dump_graph(step, cfg.debug.graph_dump, f"{name}_segmented", segmentation, modules)
+        info.compile_seconds = time.perf_counter() - start
+        return step
+
+    # -- introspection -------------------------------------------------------------
+    def explanation(self) -> Explanation:
+        return Explanation(graphs=list(self._graphs),
+                           graph_breaks=max(0, _dynamo_graph_breaks() - self._graph_breaks_at_start))
+
+    def reset(self) -> None:
+        """Forget what was compiled (use together with ``torch._dynamo.reset()``)."""
+        self._graphs.clear()
+        self.counters.clear()
+        self._last_scope = ""
+        self._graph_breaks_at_start = _dynamo_graph_breaks()
+
+
+def capture(gm: fx.GraphModule, example_inputs: list[Any], fw_compiler: Callable[..., Any],
+            decompositions: dict[Any, Any] | None = None) -> Callable[..., Any]:
+    """Run AOTAutograd on Dynamo's graph; ``fw_compiler`` receives the inference ATen graph.
+
+    Input mutations (a KV cache written in place) stay in the graph as ``copy_`` nodes,
+    as TorchInductor keeps them, so every stage sees them.
+    """
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    return aot_module_simplified(
+        gm, example_inputs, fw_compiler=fw_compiler, decompositions=decompositions,
+        keep_inference_input_mutations=True,
+    )
+
+
+def _dynamo_graph_breaks() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(sum(counters["graph_break"].values()))
+
+
+def get_backend(compiler_config: CompilerConfig | None = None) -> SuperKernelBackend:
+    """Return a torch.compile backend: ``torch.compile(model, backend=get_backend(cfg))``."""
+    return SuperKernelBackend(compiler_config)
+
+
+_default_backend: SuperKernelBackend | None = None
+
+
+def default_backend() -> SuperKernelBackend:
+    """The backend behind ``torch.compile(..., backend="superkernel")`` (default config)."""
+    global _default_backend
+    if _default_backend is None:
+        _default_backend = SuperKernelBackend()
+    return _default_backend
+
+
+def superkernel_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable[..., Any]:
+    """Entry point registered as the Dynamo backend named ``"superkernel"``."""
+    if kwargs:
+        raise TypeError(f"backend 'superkernel' takes no options ({', '.join(kwargs)}); "
+                        "use superkernel.get_backend(CompilerConfig) to configure it")
+    return default_backend()(gm, example_inputs)
+
+
+def _register() -> None:
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+
+    if "superkernel" not in _BACKENDS or _BACKENDS["superkernel"] is None:
+        register_backend(name="superkernel")(superkernel_backend)
+
+
+_register()
+
+
+def compile(model: Any, compiler_config: CompilerConfig | None = None, **torch_compile_kwargs: Any) -> Any:
+    """``torch.compile(model, backend=get_backend(compiler_config), **kwargs)``.
+
+    :func:`superkernel.explain` accepts the result.
+    """
+    backend = get_backend(compiler_config)
+    torch_compile_kwargs.setdefault("dynamic", False)
+    compiled = torch.compile(model, backend=backend, **torch_compile_kwargs)
+    _COMPILED[id(compiled)] = (weakref.ref(compiled), backend)
+    return compiled
+
+
+# id(compiled object) -> (weak reference to it, backend). Not an attribute on the result:
+# torch.compile's OptimizedModule forwards attribute writes to the wrapped model, so two
+# compilations of one model would overwrite each other.
+_COMPILED: dict[int, tuple[Any, SuperKernelBackend]] = {}
+
+
+def find_backend(obj: Any) -> SuperKernelBackend:
+    """The SuperKernelBackend behind ``obj`` (a backend, or a model/function compiled with one)."""
+    entry = _COMPILED.get(id(obj))
+    if entry is not None and entry[0]() is obj:
+        return entry[1]
+    seen = 0
+    current = obj
+    while current is not None and seen < 16:
+        if isinstance(current, SuperKernelBackend):
+            return current
+        for attr in ("_torchdynamo_orig_backend", "callback", "dynamo_ctx"):
+            nxt = getattr(current, attr, None) if not isinstance(current, str) else None
+            if nxt is not None:
+                current = nxt
+                break
+        else:
+            current = None
+        seen += 1
+    if obj == "superkernel" or getattr(obj, "__name__", None) == "superkernel_backend":
+        return default_backend()
+    raise TypeError(
+        f"explain() needs a superkernel backend or a model compiled with one, got {type(obj).__name__}; "
+        "compile with superkernel.compile(model, cfg) or torch.compile(model, backend=superkernel.get_backend(cfg))"
+    )

@@ -1,0 +1,113 @@
+"""Realize one partition of the graph as one callable, per mode and device (DESIGN.md §5).
+
+=================  =========================================  ======================================
+partition          reduce-overhead                            max-autotune
+=================  =========================================  ======================================
+scope segment      CPU: the flat ATen program of the segment  TorchInductor compiles the segment as
+                   CUDA: one CUDA graph, replayed             one unit (CPU: C++ with cpp_wrapper;
+                                                              CUDA: Triton, then one CUDA graph)
+unscoped run       operator by operator                       TorchInductor, as a normal graph
+cut operator       alone, operator by operator                alone, operator by operator
+=================  =========================================  ======================================
+
+A partition that fails to compile or capture falls back to running operator by
+operator, alone, with one warning; ``strict-scope-check=abort`` raises instead.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from typing import Any, Callable
+
+from .config import CompilerConfig
+from .explain import SegmentInfo
+from .partition_graph import PartitionModule
+from .segments import SuperKernelScopeError
+
+
+class SuperKernelFallbackWarning(UserWarning):
+    """A segment could not be compiled or captured and runs eagerly instead."""
+
+
+class Realizer:
+    def __init__(self, config: CompilerConfig, device: str, counters: Counter[str], static_kernels: Any = None) -> None:
+        self.config = config
+        self.device = device
+        self.counters = counters
+        self.static_kernels = static_kernels
+
+    def realize(self, module: PartitionModule, info: SegmentInfo | None) -> Callable[..., Any]:
+        part = module.partition
+        eager = module.gm.forward  # generated straight-line code, no nn.Module call overhead
+        if part.kind == "cut":
+            return eager
+        mode = self.config.mode
+        if part.kind == "unscoped":
+            if mode == "max-autotune":
+                return self._guarded(module, info, lambda: self._inductor(module), eager)
+            return eager
+        if mode == "reduce-overhead":
+            if self.device == "cuda":
+                return self._guarded(module, info, lambda: self._cuda_graph(module, info, eager), eager, "cuda-graph")
+            if info is not None:
+                info.realization = "cpu-flat"
+            self.counters["segments_flat"] += 1
+            return eager
+        kind = "inductor-triton" if self.device == "cuda" else ("inductor-cpp" if self.config.inductor.cpp_wrapper else "inductor-cpu")
+
+        def build() -> Callable[..., Any]:
+            compiled = self._inductor(module)
+            if self.device == "cuda":
+                return self._cuda_graph(module, info, compiled)
+            return compiled
+
+        return self._guarded(module, info, build, eager, kind + ("+cuda-graph" if self.device == "cuda" else ""))
+
+    # -- helpers ---------------------------------------------------------------------
+    def _guarded(self, module: PartitionModule, info: SegmentInfo | None, build: Callable[[], Callable[..., Any]],
+                 eager: Callable[..., Any], realization: str = "inductor") -> Callable[..., Any]:
+        try:
+            fn = build()
+        except SuperKernelScopeError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any compiler failure falls back, reported
+            self.fallback(module, info, exc)
+            return eager
+        if info is not None:
+            info.realization = realization
+        return fn
+
+    def fallback(self, module: PartitionModule, info: SegmentInfo | None, exc: BaseException) -> None:
+        part = module.partition
+        cause = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+        where = f"segment {part.name!r} of scope {part.scope!r}" if part.scope else f"unscoped partition {part.name!r}"
+        if part.kind == "segment" and part.abort_on_cut:
+            raise SuperKernelScopeError(f"strict-scope-check=abort: {where} failed to compile/capture: {cause}") from exc
+        warnings.warn(f"superkernel: {where} falls back to eager: {cause}", SuperKernelFallbackWarning, stacklevel=3)
+        self.counters["fallbacks"] += 1
+        if info is not None:
+            info.realization = "eager"
+            info.fallback = cause
+
+    def _inductor(self, module: PartitionModule) -> Callable[..., Any]:
+        from .runtime.inductor import compile_partition
+
+        compile_fn = lambda: compile_partition(  # noqa: E731
+            module.gm, module.example_inputs, device=self.device,
+            cpp_wrapper=self.config.inductor.cpp_wrapper, autotune=self.config.inductor.autotune)
+        if self.static_kernels is not None:
+            fn = self.static_kernels.compiled_partition(module.gm, module.example_inputs, compile_fn)
+        else:
+            fn = compile_fn()
+        self.counters["partitions_compiled"] += 1
+        if module.partition.kind == "segment":
+            self.counters["segments_compiled"] += 1
+        return fn
+
+    def _cuda_graph(self, module: PartitionModule, info: SegmentInfo | None, fn: Callable[..., Any]) -> Callable[..., Any]:
+        from .runtime.cuda_graph import CudaGraphSegment
+
+        self.counters["segments_cuda_graph"] += 1
+        return CudaGraphSegment(fn, module.partition.name, module.mutated_inputs,
+                                on_failure=lambda exc: self.fallback(module, info, exc), fallback=module.gm.forward)

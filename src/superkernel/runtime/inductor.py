@@ -1,0 +1,47 @@
+"""Compile one partition (an inference ATen GraphModule) with TorchInductor."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+
+
+def compile_partition(gm: fx.GraphModule, example_inputs: list[Any], *, device: str,
+                      cpp_wrapper: bool = True, autotune: bool = False) -> Callable[..., Any]:
+    """Compile ``gm`` as one unit and return a plain ``fn(*args)``.
+
+    Called inside AOTAutograd's compile step, so ``example_inputs`` are the FakeTensors
+    of the active fake mode, exactly as TorchInductor's own forward compiler gets them.
+    On CPU, ``cpp_wrapper`` gives the compiled partition one C++ entry point. Inductor's
+    own CUDA graphs stay off: superkernel captures segments itself.
+    """
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.utils import BoxedBool
+
+    use_cpp_wrapper = bool(cpp_wrapper and device == "cpu")
+    patches: dict[str, Any] = {"triton.cudagraphs": False}
+    if autotune:
+        patches.update({"max_autotune": True, "coordinate_descent_tuning": True})
+    # Inductor reports a graph's output strides to AOTAutograd through the tracing
+    # context, once per graph; a partition is not the graph's output, so it reports none.
+    # (Intermediate outputs keep eager strides: inductor's keep_output_stride.)
+    context = torch._guards.TracingContext.try_get()
+    saved = context.output_strides if context is not None else None
+    if context is not None:
+        context.output_strides = None
+    try:
+        with inductor_config.patch(patches):
+            compiled = compile_fx_inner(
+                gm, example_inputs, cudagraphs=BoxedBool(False), is_inference=True, cpp_wrapper=use_cpp_wrapper,
+            )
+    finally:
+        if context is not None:
+            context.output_strides = saved
+
+    def run(*args: Any) -> Any:
+        return compiled(list(args))
+
+    return run

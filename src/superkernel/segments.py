@@ -1,0 +1,306 @@
+"""Cut the scopes of a captured ATen graph into segments.
+
+Operators are visited in execution order. Consecutive operators of one scope form
+a segment. An operator that cannot run inside a superkernel (data-dependent output
+shape, host synchronization, CPU work in a CUDA scope, user-registered) ends the
+current segment, runs alone, and is recorded as a :class:`~superkernel.explain.Cut`.
+Operators of another scope or unscoped operators in between also end a segment.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+import torch.fx as fx
+from torch._dynamo import exc as _dynamo_exc
+
+from .explain import Cut
+from .scope import node_scope, parse_options
+
+_BaseScopeError = getattr(_dynamo_exc, "ShortenTraceback", RuntimeError)
+
+
+class SuperKernelScopeError(_BaseScopeError):  # type: ignore[misc,valid-type]
+    """Raised under ``strict-scope-check=abort`` when a scope would be cut.
+
+    Derives from Dynamo's ShortenTraceback where it exists, so torch.compile passes it
+    to the caller unchanged instead of wrapping it in BackendCompilerFailed.
+    """
+
+    def __init__(self, message: str, cut: Cut | None = None) -> None:
+        if _BaseScopeError is RuntimeError:  # pragma: no cover - torch without ShortenTraceback
+            super().__init__(message)
+        else:
+            super().__init__(message, first_useful_frame=None)
+        self.cut = cut
+
+
+# --- fusability rules -------------------------------------------------------------
+
+_aten = torch.ops.aten
+
+DATA_DEPENDENT_SHAPE = "data-dependent output shape"
+HOST_SYNC = "host synchronization"
+CPU_IN_CUDA = "CPU work inside a CUDA scope"
+GRAPH_BREAK = "graph break (Dynamo split the model here; the scope continues in the next graph)"
+
+
+def _packets(*names: str) -> set[Any]:
+    out = set()
+    for name in names:
+        packet = getattr(_aten, name, None)
+        if packet is not None:
+            out.add(packet)
+    return out
+
+
+_DATA_DEPENDENT_OPS = _packets(
+    "nonzero", "unique_dim", "unique_consecutive", "_unique", "_unique2", "masked_select",
+    "argwhere", "repeat_interleave",
+)
+_HOST_SYNC_OPS = _packets("_local_scalar_dense", "item", "equal", "is_nonzero", "_assert_async",
+                          "_assert_scalar", "sym_constrain_range", "sym_constrain_range_for_size")
+
+_user_unfusable: dict[Any, str] = {}
+
+
+def register_unfusable(op: Any, reason: str = "registered unfusable by the user") -> None:
+    """Mark an operator as unable to run inside a superkernel: scopes are cut around it.
+
+    ``op`` may be an OpOverload (``torch.ops.aten.cumsum.default``), an OpOverloadPacket
+    (``torch.ops.aten.cumsum``, all overloads) or a name such as ``"aten::cumsum"``.
+    """
+    if isinstance(op, str):
+        key: Any = op if "::" in op else f"aten::{op}"
+    elif isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        key = op
+    else:
+        raise TypeError(f"register_unfusable expects a torch op or a name like 'aten::cumsum', got {op!r}")
+    if not isinstance(reason, str) or not reason:
+        raise ValueError("register_unfusable needs a non-empty reason string")
+    _user_unfusable[key] = reason
+
+
+def unregister_unfusable(op: Any) -> None:
+    """Undo :func:`register_unfusable` (unknown ops are ignored)."""
+    key = op if not isinstance(op, str) or "::" in op else f"aten::{op}"
+    _user_unfusable.pop(key, None)
+
+
+def _op_name(target: Any) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return target.name()  # "aten::nonzero" + overload
+    return getattr(target, "__name__", str(target))
+
+
+def _packet(target: Any) -> Any:
+    return getattr(target, "overloadpacket", target)
+
+
+def _has_unbacked_symbols(val: Any) -> bool:
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    try:
+        return bool(free_unbacked_symbols(val))
+    except Exception:
+        return False
+
+
+def _tensor_vals(val: Any) -> list[torch.Tensor]:
+    if isinstance(val, torch.Tensor):
+        return [val]
+    if isinstance(val, (list, tuple)):
+        return [v for item in val for v in _tensor_vals(item)]
+    return []
+
+
+def unfusable_reason(node: fx.Node, graph_device: str) -> str | None:
+    """Why ``node`` cannot run inside a superkernel, or None when it can."""
+    if node.op != "call_function":
+        return None
+    target = node.target
+    for key in (target, _packet(target), _op_name(_packet(target)) if isinstance(target, torch._ops.OpOverload) else None):
+        if key is not None and key in _user_unfusable:
+            return _user_unfusable[key]
+    name = _op_name(target)
+    if _packet(target) in _HOST_SYNC_OPS:
+        return f"{HOST_SYNC}: {name} reads a device value on the host (.item() / assertion)"
+    if _packet(target) in _DATA_DEPENDENT_OPS:
+        return f"{DATA_DEPENDENT_SHAPE}: {name}'s output size depends on tensor values"
+    if target is _aten.index.Tensor:
+        indices = node.args[1] if len(node.args) > 1 else []
+        for idx in indices or []:
+            val = getattr(idx, "meta", {}).get("val") if isinstance(idx, fx.Node) else None
+            if isinstance(val, torch.Tensor) and val.dtype == torch.bool:
+                return f"{DATA_DEPENDENT_SHAPE}: boolean-mask indexing selects a value-dependent number of elements"
+    val = node.meta.get("val")
+    if val is not None and _has_unbacked_symbols(val):
+        return f"{DATA_DEPENDENT_SHAPE}: {name} produces a shape only known at run time"
+    if graph_device == "cuda":
+        for t in _tensor_vals(val):
+            if t.device.type == "cpu" and t.numel() > 1:
+                return f"{CPU_IN_CUDA}: {name} computes on the CPU"
+    return None
+
+
+# --- partitions ---------------------------------------------------------------------
+
+_SOURCE_RE = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def source_line(node: fx.Node) -> str | None:
+    """``"file.py:LINE"`` of the innermost user frame recorded for the node."""
+    trace = node.meta.get("stack_trace")
+    if not trace:
+        return None
+    frames = _SOURCE_RE.findall(trace)
+    if not frames:
+        return None
+    path, line = frames[-1]
+    return f"{path}:{line}"
+
+
+@dataclass
+class Partition:
+    """A run of consecutive graph nodes realized together.
+
+    kind: ``"segment"`` (scoped, fusable), ``"unscoped"`` (outside every scope) or
+    ``"cut"`` (one scoped operator that cannot be fused; runs alone, eagerly).
+    """
+
+    kind: str
+    scope: str
+    options: str
+    nodes: list[fx.Node] = field(default_factory=list)
+    indices: list[int] = field(default_factory=list)
+    name: str = ""
+
+    @property
+    def first(self) -> int:
+        return self.indices[0]
+
+    @property
+    def last(self) -> int:
+        return self.indices[-1]
+
+    @property
+    def num_ops(self) -> int:
+        return sum(1 for n in self.nodes if n.target is not operator.getitem)
+
+    @property
+    def abort_on_cut(self) -> bool:
+        return parse_options(self.options).abort_on_cut
+
+
+@dataclass
+class Segmentation:
+    partitions: list[Partition]
+    cuts: list[Cut]
+
+    @property
+    def segments(self) -> list[Partition]:
+        return [p for p in self.partitions if p.kind == "segment"]
+
+
+def graph_device(gm: fx.GraphModule) -> str:
+    """``"cuda"`` when any placeholder or op output lives on a CUDA device, else ``"cpu"``."""
+    for node in gm.graph.nodes:
+        for t in _tensor_vals(node.meta.get("val")):
+            if t.device.type == "cuda":
+                return "cuda"
+    return "cpu"
+
+
+def build_segments(
+    gm: fx.GraphModule,
+    device: str | None = None,
+    *,
+    continues_scope: str | None = None,
+    on_cut: Callable[[Cut], None] | None = None,
+) -> Segmentation:
+    """Partition ``gm``'s operators into segments, unscoped runs and cut operators.
+
+    ``continues_scope``: the scope the previous graph of the same frame ended in; when
+    this graph starts in that scope again, Dynamo broke the graph inside it, which is
+    recorded as a cut. ``strict-scope-check=abort`` raises :class:`SuperKernelScopeError`.
+    """
+    device = device or graph_device(gm)
+    partitions: list[Partition] = []
+    cuts: list[Cut] = []
+    owner: dict[fx.Node, Partition] = {}
+    current: Partition | None = None
+    seen_first_op = False
+
+    def record_cut(cut: Cut, options: str) -> None:
+        if parse_options(options).abort_on_cut:
+            raise SuperKernelScopeError(
+                f"strict-scope-check=abort: scope {cut.scope!r} cannot be fused at {cut.op}"
+                f"{' (' + cut.source + ')' if cut.source else ''}: {cut.reason}",
+                cut,
+            )
+        cuts.append(cut)
+        if on_cut is not None:
+            on_cut(cut)
+
+    for index, node in enumerate(gm.graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target is operator.getitem and isinstance(node.args[0], fx.Node) and node.args[0] in owner:
+            part = owner[node.args[0]]
+            part.nodes.append(node)
+            part.indices.append(index)
+            owner[node] = part
+            continue
+        scope, options = node_scope(node)
+        if not seen_first_op:
+            seen_first_op = True
+            if scope and continues_scope == scope:
+                record_cut(Cut(scope, index, _op_name(node.target), GRAPH_BREAK, source_line(node)), options)
+        reason = unfusable_reason(node, device) if scope else None
+        if reason is not None:
+            record_cut(Cut(scope, index, _op_name(node.target), reason, source_line(node)), options)
+            current = Partition("cut", scope, options, [node], [index])
+            partitions.append(current)
+            owner[node] = current
+            current = None
+            continue
+        kind = "segment" if scope else "unscoped"
+        if current is None or current.kind != kind or current.scope != scope:
+            current = Partition(kind, scope, options)
+            partitions.append(current)
+        current.nodes.append(node)
+        current.indices.append(index)
+        owner[node] = current
+
+    _name_partitions(partitions)
+    return Segmentation(partitions, cuts)
+
+
+def _name_partitions(partitions: list[Partition]) -> None:
+    """Segments of a scope that was cut (or appears more than once) are named
+    ``<scope>_split_<first>_<last>``; a scope realized whole keeps its plain name."""
+    per_scope: dict[str, int] = {}
+    for p in partitions:
+        if p.kind == "segment":
+            per_scope[p.scope] = per_scope.get(p.scope, 0) + 1
+        elif p.kind == "cut":
+            per_scope[p.scope] = per_scope.get(p.scope, 0) + 2  # a cut scope always gets split names
+    for p in partitions:
+        if p.kind == "segment":
+            p.name = p.scope if per_scope[p.scope] == 1 else f"{p.scope}_split_{p.first}_{p.last}"
+        elif p.kind == "cut":
+            p.name = f"{p.scope}_cut_{p.first}"
+        else:
+            p.name = f"unscoped_{p.first}_{p.last}"
+
+
+def last_scope(gm: fx.GraphModule) -> str:
+    """Scope of the last operator of the graph ("" when unscoped)."""
+    for node in reversed(gm.graph.nodes):
+        if node.op == "call_function" and node.target is not operator.getitem:
+            return node_scope(node)[0]
+    return ""
