@@ -196,19 +196,27 @@ def find_backend(obj: Any) -> SuperKernelBackend:
     entry = _COMPILED.get(id(obj))
     if entry is not None and entry[0]() is obj:
         return entry[1]
-    seen = 0
-    current = obj
-    while current is not None and seen < 16:
+    # Follow Dynamo's wrappers: OptimizedModule.dynamo_ctx / a compiled function's closure
+    # -> OptimizeContext.callback -> _torchdynamo_orig_backend chain -> compiler_fn.
+    todo, seen = [obj], set()
+    while todo and len(seen) < 64:
+        current = todo.pop(0)
         if isinstance(current, SuperKernelBackend):
             return current
-        for attr in ("_torchdynamo_orig_backend", "callback", "dynamo_ctx"):
-            nxt = getattr(current, attr, None) if not isinstance(current, str) else None
+        if current is superkernel_backend:  # backend="superkernel"
+            return default_backend()
+        if id(current) in seen or isinstance(current, (str, int, float, torch.Tensor)):
+            continue
+        seen.add(id(current))
+        for attr in ("dynamo_ctx", "callback", "_torchdynamo_orig_backend", "compiler_fn", "__wrapped__"):
+            nxt = getattr(current, attr, None)
             if nxt is not None:
-                current = nxt
-                break
-        else:
-            current = None
-        seen += 1
+                todo.append(nxt)
+        for cell in getattr(current, "__closure__", None) or ():
+            try:
+                todo.append(cell.cell_contents)
+            except ValueError:
+                pass
     if obj == "superkernel" or getattr(obj, "__name__", None) == "superkernel_backend":
         return default_backend()
     raise TypeError(

@@ -62,8 +62,7 @@ _DATA_DEPENDENT_OPS = _packets(
     "nonzero", "unique_dim", "unique_consecutive", "_unique", "_unique2", "masked_select",
     "argwhere", "repeat_interleave",
 )
-_HOST_SYNC_OPS = _packets("_local_scalar_dense", "item", "equal", "is_nonzero", "_assert_async",
-                          "_assert_scalar", "sym_constrain_range", "sym_constrain_range_for_size")
+_HOST_SYNC_OPS = _packets("_local_scalar_dense", "item", "equal", "is_nonzero", "_assert_async")
 
 _user_unfusable: dict[Any, str] = {}
 
@@ -116,6 +115,16 @@ def _tensor_vals(val: Any) -> list[torch.Tensor]:
     if isinstance(val, (list, tuple)):
         return [v for item in val for v in _tensor_vals(item)]
     return []
+
+
+def is_host_scalar(node: fx.Node) -> bool:
+    """True for shape bookkeeping that launches no kernel: SymInt arithmetic,
+    ``sym_size``, ``_assert_scalar`` on sizes. Such nodes join the partition they
+    follow and never cut a scope."""
+    if node.op != "call_function" or _packet(node.target) in _HOST_SYNC_OPS:
+        return False
+    val = node.meta.get("val")
+    return not _tensor_vals(val) and not isinstance(val, (list, tuple))
 
 
 def unfusable_reason(node: fx.Node, graph_device: str) -> str | None:
@@ -255,6 +264,11 @@ def build_segments(
             part.indices.append(index)
             owner[node] = part
             continue
+        if current is not None and is_host_scalar(node):
+            current.nodes.append(node)
+            current.indices.append(index)
+            owner[node] = current
+            continue
         scope, options = node_scope(node)
         if not seen_first_op:
             seen_first_op = True
@@ -266,10 +280,10 @@ def build_segments(
             current = Partition("cut", scope, options, [node], [index])
             partitions.append(current)
             owner[node] = current
-            current = None
             continue
         kind = "segment" if scope else "unscoped"
         if current is None or current.kind != kind or current.scope != scope:
+            # (a "cut" partition never continues: the next fusable op starts a new one)
             current = Partition(kind, scope, options)
             partitions.append(current)
         current.nodes.append(node)

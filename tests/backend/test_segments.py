@@ -1,0 +1,168 @@
+"""Segmentation: cuts at unfusable operators, names, reasons, strict abort, user registry."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import superkernel as sk
+from superkernel.segments import DATA_DEPENDENT_SHAPE, HOST_SYNC, build_segments, unregister_unfusable
+
+CAPTURE_DATA_DEPENDENT = dict(capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True)
+
+
+def scoped_with_cuts(x, w):
+    with sk.super_kernel("s"):
+        y = (x @ w).relu()
+        k = int((y > 0).sum().item())  # host synchronization
+        out = y[:, :1] * k
+        idx = torch.nonzero(y > 0.5)  # data-dependent output shape
+        z = out.sum() + idx.shape[0]
+    return out + 1, z
+
+
+def line_of(marker: str) -> int:
+    with open(__file__) as f:
+        return next(i for i, line in enumerate(f, 1) if marker in line and "line_of" not in line)
+
+
+def compile_ro(fn, **cfg_extra):
+    cfg = sk.CompilerConfig.from_dict({"mode": "reduce-overhead", **cfg_extra})
+    backend = sk.get_backend(cfg)
+    return torch.compile(fn, backend=backend, dynamic=False), backend
+
+
+def test_cuts_at_item_and_nonzero_with_names_and_reasons():
+    x, w = torch.randn(4, 8), torch.randn(8, 8)
+    with torch._dynamo.config.patch(**CAPTURE_DATA_DEPENDENT):
+        fn, backend = compile_ro(scoped_with_cuts)
+        out = fn(x, w)
+    expected = scoped_with_cuts(x, w)
+    assert all(torch.equal(a, b) for a, b in zip(out, expected))
+    ex = sk.explain(backend)
+    cuts = ex.cuts
+    assert [c.op for c in cuts] == ["aten::_local_scalar_dense", "aten::nonzero"]
+    assert cuts[0].reason.startswith(HOST_SYNC) and cuts[1].reason.startswith(DATA_DEPENDENT_SHAPE)
+    assert cuts[0].source == f"{__file__}:{line_of('# host synchronization')}"
+    assert cuts[1].source == f"{__file__}:{line_of('# data-dependent output shape')}"
+    names = [s.name for s in ex.segments]
+    assert len(names) == 3 and all(n.startswith("s_split_") for n in names)
+    first, last = names[0].split("_")[-2:]
+    assert int(first) <= int(last) < cuts[0].node_index
+    text = str(ex)
+    assert "aten::nonzero" in text and "s_split_" in text and cuts[1].source in text
+
+
+def test_boolean_mask_indexing_is_a_cut():
+    def f(x):
+        with sk.super_kernel("m"):
+            y = x.sin()
+            sel = y[y > 0]
+            return sel.sum() + y.sum()
+
+    with torch._dynamo.config.patch(**CAPTURE_DATA_DEPENDENT):
+        fn, backend = compile_ro(f)
+        x = torch.randn(16)
+        assert torch.equal(fn(x), f(x))
+    (cut,) = sk.explain(backend).cuts
+    assert cut.op == "aten::index.Tensor" and "boolean-mask" in cut.reason
+
+
+def test_uncut_scope_keeps_plain_name():
+    def f(x):
+        with sk.super_kernel("whole"):
+            return (x.sin() * 2).cos()
+
+    fn, backend = compile_ro(f)
+    fn(torch.randn(3))
+    ex = sk.explain(backend)
+    assert [s.name for s in ex.segments] == ["whole"] and ex.cuts == []
+    assert ex.segments[0].num_ops == 3 and ex.segments[0].realization == "cpu-flat"
+
+
+def test_strict_abort_raises_naming_scope_op_line_and_reason():
+    def f(x):
+        with sk.super_kernel("strict", "strict-scope-check=abort"):
+            y = x.relu()
+            n = torch.nonzero(y)
+            return y.sum() + n.shape[0]
+
+    with torch._dynamo.config.patch(**CAPTURE_DATA_DEPENDENT):
+        fn, _ = compile_ro(f)
+        with pytest.raises(sk.SuperKernelScopeError) as info:
+            fn(torch.randn(8))
+    message = str(info.value)
+    assert "scope 'strict'" in message and "aten::nonzero" in message and "test_segments.py:" in message
+    assert DATA_DEPENDENT_SHAPE in message
+    assert info.value.cut.op == "aten::nonzero"
+
+
+def test_register_unfusable_cuts_the_scope():
+    def f(x):
+        with sk.super_kernel("s"):
+            return x.sin().cumsum(0).cos()
+
+    sk.register_unfusable(torch.ops.aten.cumsum, "scan kernels do not fit our superkernel")
+    try:
+        fn, backend = compile_ro(f)
+        x = torch.randn(8)
+        assert torch.equal(fn(x), f(x))
+        (cut,) = sk.explain(backend).cuts
+        assert cut.op == "aten::cumsum" and cut.reason == "scan kernels do not fit our superkernel"
+        assert [s.name for s in sk.explain(backend).segments] == ["s_split_1_1", "s_split_3_3"]
+    finally:
+        unregister_unfusable(torch.ops.aten.cumsum)
+    with pytest.raises(TypeError, match="expects a torch op"):
+        sk.register_unfusable(42, "x")
+
+
+def test_build_segments_on_a_graph_directly():
+    """The segmentation stage runs on any ATen graph with scope annotations."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        def fw(g, _):
+            graphs.append(g)
+            return g
+        return aot_module_simplified(gm, example_inputs, fw_compiler=fw)
+
+    def f(x):
+        with sk.super_kernel("a"):
+            x = x.sin()
+        with sk.super_kernel("b"):
+            x = x.cos()
+        return x.exp()
+
+    torch.compile(f, backend=backend)(torch.randn(2))
+    seg = build_segments(graphs[0], "cpu")
+    assert [(p.kind, p.name) for p in seg.partitions] == [("segment", "a"), ("segment", "b"), ("unscoped", "unscoped_3_3")]
+
+
+def test_graph_break_inside_scope_is_reported(tmp_path):
+    def f(x):
+        with sk.super_kernel("s"):
+            y = x.sin()
+            torch._dynamo.graph_break()
+            return y.cos()
+
+    fn, backend = compile_ro(f)
+    x = torch.randn(4)
+    assert torch.equal(fn(x), f(x))
+    assert sk.explain(backend).graph_breaks >= 1
+
+
+def test_graph_dump_writes_captured_and_segmented(tmp_path):
+    def f(x):
+        with sk.super_kernel("s"):
+            return x.sin().cos()
+
+    for kind in ("txt", "py"):
+        torch._dynamo.reset()
+        fn, _ = compile_ro(f, debug={"graph_dump": {"type": kind, "path": str(tmp_path / kind)}})
+        fn(torch.randn(3))
+        captured = (tmp_path / kind / f"graph_0_captured.{kind}").read_text()
+        segmented = (tmp_path / kind / f"graph_0_segmented.{kind}").read_text()
+        assert "aten.sin" in captured
+        assert "sk_s" in segmented  # the step calls the segment's callable
