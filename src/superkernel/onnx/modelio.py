@@ -1,0 +1,149 @@
+"""Loading and validating the input model; writing outputs atomically.
+
+Every problem with the input becomes an :class:`InputError` whose message is one line
+naming the problem (exit code 2 on the command line)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+import onnx
+import onnx_ir as ir
+from google.protobuf.message import DecodeError
+
+MIN_OPSET = 13   # Softmax/Split/Squeeze semantics the rules assume
+MAX_OPSET = 25   # newest default-domain opset verified to load in the ONNX Runtime we test with
+
+
+class InputError(Exception):
+    """Bad input: missing file, not ONNX, truncated protobuf, checker failure, unsupported
+    opset, rule filter matching nothing, bad output path."""
+
+
+@dataclass
+class LoadedModel:
+    path: str
+    model: ir.Model
+    opset: int
+    external_data: bool
+    external_files: list[str]
+
+
+def _one_line(msg: object) -> str:
+    text = " ".join(str(msg).split())
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def load(path: str) -> LoadedModel:
+    if not os.path.exists(path):
+        raise InputError(f"input file not found: {path}")
+    if os.path.isdir(path):
+        raise InputError(f"input is a directory, not an ONNX file: {path}")
+    try:
+        proto = onnx.load(path, load_external_data=False)
+    except DecodeError as e:
+        raise InputError(f"{path}: not an ONNX model or truncated protobuf ({_one_line(e)})") from None
+    except Exception as e:  # noqa: BLE001 - onnx raises assorted errors for garbage
+        raise InputError(f"{path}: cannot read as ONNX ({_one_line(e)})") from None
+    if not proto.HasField("graph") or proto.ir_version == 0 or len(proto.opset_import) == 0:
+        raise InputError(f"{path}: not an ONNX model (no graph, IR version or opset import)")
+    base = os.path.dirname(os.path.abspath(path))
+    files = []
+    for t in onnx.external_data_helper._get_all_tensors(proto):
+        if onnx.external_data_helper.uses_external_data(t):
+            loc = {e.key: e.value for e in t.external_data}.get("location", "")
+            full = os.path.normpath(os.path.join(base, loc))
+            if not os.path.isfile(full):
+                raise InputError(f"{path}: external data file {loc!r} of tensor {t.name!r} not found")
+            if full not in files:
+                files.append(full)
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None:
+        raise InputError(f"{path}: model imports no default ONNX opset")
+    if not MIN_OPSET <= opset <= MAX_OPSET:
+        raise InputError(f"{path}: unsupported opset {opset} (supported: {MIN_OPSET}-{MAX_OPSET})")
+    try:
+        onnx.checker.check_model(path if files else proto)
+    except Exception as e:  # noqa: BLE001 - ValidationError and friends
+        raise InputError(f"{path}: ONNX checker failed: {_one_line(e)}") from None
+    try:
+        model = ir.load(path)
+    except Exception as e:  # noqa: BLE001
+        raise InputError(f"{path}: cannot convert to the ONNX IR: {_one_line(e)}") from None
+    return LoadedModel(path, model, int(opset), bool(files), files)
+
+
+def check_output_path(input_path: str, output_path: str, external_files: list[str]) -> None:
+    if not output_path:
+        raise InputError("--output is required")
+    ip, op_ = os.path.realpath(input_path), os.path.realpath(output_path)
+    if ip == op_:
+        raise InputError(f"--output is the same file as --input ({output_path}); refusing to overwrite the input")
+    if os.path.isdir(op_):
+        raise InputError(f"--output is a directory: {output_path}")
+    out_dir = os.path.dirname(op_)
+    if not os.path.isdir(out_dir):
+        raise InputError(f"output directory does not exist: {out_dir}")
+    if os.path.realpath(external_data_path(output_path)) in {os.path.realpath(f) for f in external_files}:
+        raise InputError(f"output external data {external_data_path(output_path)} would overwrite the input's")
+
+
+def external_data_path(output_path: str) -> str:
+    return output_path + ".data"
+
+
+@dataclass
+class StagedModel:
+    """A fused model written to a temporary directory next to the output, not yet visible."""
+
+    tmpdir: str
+    model_path: str
+    data_path: str | None
+    output_path: str
+
+    def commit(self) -> list[str]:
+        """Move into place: the external data first, then the model (os.replace each)."""
+        written = []
+        if self.data_path and os.path.exists(self.data_path):
+            os.replace(self.data_path, external_data_path(self.output_path))
+            written.append(external_data_path(self.output_path))
+        os.replace(self.model_path, self.output_path)
+        written.insert(0, self.output_path)
+        self.discard()
+        return written
+
+    def discard(self) -> None:
+        shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+def stage_model(model: ir.Model, output_path: str, *, external_data: bool) -> StagedModel:
+    """Save ``model`` under a temporary directory in the output's directory (same file
+    system, so the final os.replace is atomic). With ``external_data`` the tensors go to
+    ``<output>.data``, referenced by that final name."""
+    out_dir = os.path.dirname(os.path.abspath(output_path))
+    base = os.path.basename(output_path)
+    tmp = tempfile.mkdtemp(prefix=".graph-autofusion-", dir=out_dir)
+    data_name = os.path.basename(external_data_path(output_path)) if external_data else None
+    try:
+        ir.save(model, os.path.join(tmp, base), external_data=data_name)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return StagedModel(tmp, os.path.join(tmp, base), os.path.join(tmp, data_name) if data_name else None,
+                       output_path)
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".graph-autofusion-", dir=d)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

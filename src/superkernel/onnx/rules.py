@@ -1,0 +1,746 @@
+"""The fusion rules: onnxscript rewriter patterns plus our checks and replacements.
+
+Each class below matches one decomposed form (a *variant*) of a fusion from the catalog
+(:mod:`superkernel.onnx.catalog`). The onnxscript pattern API does the structural
+matching; ``validate`` checks what the structure cannot express (constants, axes,
+shapes, opset) and returns a failed ``MatchResult`` with a reason, which the engine
+reports as a near miss. ``rewrite`` builds the replacement, always with operators that
+ONNX Runtime's CPU execution provider runs (see docs/graph_autofusion.md).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import onnx_ir as ir
+from onnxscript.rewriter import pattern
+from onnxscript.rewriter._basics import MatchResult
+
+from . import _util as U
+
+MS = "com.microsoft"
+
+
+def _fail(reason: str, *sources) -> MatchResult:
+    return MatchResult().fail(reason, [s for s in sources if s is not None])
+
+
+def _opset(context) -> int:
+    return int(context.model.opset_imports.get("", context.model.opset_imports.get("ai.onnx", 0)) or 0)
+
+
+class FusionPattern(pattern.RewriteRuleClassBase):
+    """Base of all rules: records near misses and remembers what the rewrite needs."""
+
+    rule_name: str = ""
+    commute_rule: bool = True
+
+    def __init__(self, variant: str = "", **params: Any):
+        super().__init__(name=f"{self.rule_name}/{variant}" if variant else self.rule_name)
+        self.variant = variant
+        self.params = params
+        self.near_misses: list[tuple[ir.Node, str]] = []
+        self.state: dict[str, Any] = {}
+
+    # onnxscript calls check(context, **bindings)
+    def check(self, context, **bindings) -> MatchResult:
+        self.state = {"opset": _opset(context)}
+        result = self.validate(context, **bindings)
+        if not result:
+            self.near_misses.append((context.root, result.reason or "check failed"))
+        return result
+
+    def validate(self, context, **bindings) -> MatchResult:  # pragma: no cover - overridden
+        return MatchResult()
+
+    # Extra inputs to the benefit model, computed on the match's bindings.
+    def benefit_hints(self, bindings: dict[str, Any]) -> dict[str, Any]:
+        """``row``: value whose last-axis row is the fused kernel's working set;
+        ``added``: helper tensors the replacement writes in addition, as
+        (value or dims, dtype name, reads)."""
+        return {}
+
+
+# --------------------------------------------------------------------------------------
+# Normalizations
+# --------------------------------------------------------------------------------------
+
+
+class LayerNormDecomposed(FusionPattern):
+    rule_name = "layernorm"
+
+    def pattern(self, op, x, axes1, axes2, two, eps, scale, bias):
+        mean = op.ReduceMean(x, axes1, _allow_other_attributes=True, _outputs=["mean"])
+        d = op.Sub(x, mean)
+        sq = pattern.OrValue([op.Pow(d, two), op.Mul(d, d)])
+        var = op.ReduceMean(sq, axes2, _allow_other_attributes=True, _outputs=["var"])
+        if self.params["eps"]:
+            var = op.Add(var, eps)
+        std = op.Sqrt(var)
+        norm = pattern.OrValue([op.Div(d, std), op.Mul(d, op.Reciprocal(std))])
+        y = op.Mul(norm, scale)
+        if self.params["bias"]:
+            y = op.Add(y, bias)
+        return y
+
+    def validate(self, context, x, axes1, axes2, two, eps, scale, bias, mean, var, **_):
+        if self.state["opset"] < 17:
+            return _fail(f"LayerNormalization needs opset 17, model has {self.state['opset']}")
+        if x.dtype not in U.FLOAT_TYPES:
+            return _fail(f"input dtype {x.dtype} is not a float type", x)
+        r = U.rank(x)
+        if not (U.is_last_axis(U.ints(axes1), r) and U.is_last_axis(U.ints(axes2), r)):
+            return _fail(f"mean/variance reduce axes {U.ints(axes1)}/{U.ints(axes2)} are not the last axis", x)
+        for node in (mean.producer(), var.producer()):
+            if U.attr_int(node, "keepdims", 1) != 1:
+                return _fail("ReduceMean without keepdims", node)
+        if two is not None and U.scalar(two) != 2.0:
+            return _fail(f"variance uses Pow exponent {U.scalar(two)} instead of 2", two)
+        e = 0.0
+        if self.params["eps"]:
+            e = U.scalar(eps)
+            if e is None:
+                return _fail("epsilon is not a scalar constant", eps)
+        d = U.last_dim(x)
+        for name, v in (("scale", scale), ("bias", bias)):
+            if v is None:
+                continue
+            vd = U.dims(v)
+            if vd is None or len(vd) != 1 or (d is not None and vd[0] != d):
+                return _fail(f"{name} shape {vd} is not [{d}] (the normalized axis)", v)
+        self.state["epsilon"] = float(e)
+        return MatchResult()
+
+    def rewrite(self, op, x, scale, bias=None, **_):
+        args = [x, scale] + ([bias] if bias is not None else [])
+        return op.LayerNormalization(*args, axis=-1, epsilon=self.state["epsilon"], stash_type=1)
+
+    def benefit_hints(self, b):
+        return {"row": b["x"]}
+
+
+class RMSNormDecomposed(FusionPattern):
+    rule_name = "rmsnorm"
+
+    def pattern(self, op, x, two, axes, eps, scale):
+        sq = pattern.OrValue([op.Pow(x, two), op.Mul(x, x)])
+        ms = op.ReduceMean(sq, axes, _allow_other_attributes=True, _outputs=["ms"])
+        r = op.Sqrt(op.Add(ms, eps))
+        norm = pattern.OrValue([op.Mul(x, op.Reciprocal(r)), op.Div(x, r)])
+        return op.Mul(norm, scale)
+
+    def validate(self, context, x, two, axes, eps, scale, ms, **_):
+        if x.dtype not in U.FLOAT_TYPES:
+            return _fail(f"input dtype {x.dtype} is not a float type", x)
+        if not U.is_last_axis(U.ints(axes), U.rank(x)):
+            return _fail(f"mean of squares reduces axes {U.ints(axes)}, not the last axis", x)
+        if U.attr_int(ms.producer(), "keepdims", 1) != 1:
+            return _fail("ReduceMean without keepdims")
+        if two is not None and U.scalar(two) != 2.0:
+            return _fail(f"Pow exponent {U.scalar(two)} is not 2", two)
+        e = U.scalar(eps)
+        if e is None:
+            return _fail("epsilon is not a scalar constant", eps)
+        d = U.last_dim(x)
+        sd = U.dims(scale)
+        if sd is None or len(sd) != 1 or (d is not None and sd[0] != d):
+            return _fail(f"scale shape {sd} is not [{d}]", scale)
+        self.state["epsilon"] = float(e)
+        return MatchResult()
+
+    def rewrite(self, op, x, scale, **_):
+        if self.state["opset"] >= 23:
+            return op.RMSNormalization(x, scale, axis=-1, epsilon=self.state["epsilon"], stash_type=1)
+        # ONNX Runtime registers SimplifiedLayerNormalization in the ONNX domain (its own
+        # optimizer emits the same node); the standard RMSNormalization needs opset 23.
+        return op.SimplifiedLayerNormalization(x, scale, axis=-1, epsilon=self.state["epsilon"], stash_type=1)
+
+    def benefit_hints(self, b):
+        return {"row": b["x"]}
+
+
+def _same_shape(a: ir.Value, b: ir.Value) -> bool:
+    da, db = U.dims(a), U.dims(b)
+    return da is not None and db is not None and len(da) == len(db) and all(
+        x is not None and x == y for x, y in zip(da, db))
+
+
+class SkipNorm(FusionPattern):
+    """Add(a, b) -> LayerNormalization / SimplifiedLayerNormalization / RMSNormalization."""
+
+    rule_name = "skip_layernorm"
+
+    def pattern(self, op, a, b, scale, bias):
+        s = op.Add(a, b)
+        kind = self.params["kind"]
+        if kind == "ln":
+            y = op.LayerNormalization(s, scale, bias, _allow_other_attributes=True, _outputs=["norm"])
+        elif kind == "ln_nobias":
+            y = op.LayerNormalization(s, scale, _allow_other_attributes=True, _outputs=["norm"])
+        elif kind == "sln":
+            y = op.SimplifiedLayerNormalization(s, scale, _allow_other_attributes=True, _outputs=["norm"])
+        else:
+            y = op.RMSNormalization(s, scale, _allow_other_attributes=True, _outputs=["norm"])
+        return (y, s) if self.params["sum_out"] else y
+
+    def validate(self, context, a, b, scale, norm, bias=None, **_):
+        node = norm.producer()
+        if U.attr_int(node, "axis", -1) not in (-1, (U.rank(a) or 0) - 1):
+            return _fail(f"normalization axis {U.attr_int(node, 'axis', -1)} is not the last axis", node)
+        if U.attr_int(node, "stash_type", 1) != 1:
+            return _fail("stash_type is not float", node)
+        if any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
+            return _fail("mean / inv_std_dev outputs of the normalization are used", node)
+        if U.rank(a) != 3:
+            return _fail(f"input rank {U.rank(a)} (the skip op takes [batch, seq, hidden])", a)
+        if not _same_shape(a, b):
+            return _fail(f"residual operands have different shapes {U.dims(a)} and {U.dims(b)}", b)
+        eps = node.attributes.get("epsilon")
+        self.state["epsilon"] = float(eps.value) if eps is not None else 1e-5
+        return MatchResult()
+
+    def rewrite(self, op, a, b, scale, bias=None, **_):
+        if self.params["kind"].startswith("ln"):
+            args = [a, b, scale] + ([bias] if bias is not None else [])
+            outs = op.SkipLayerNormalization(*args, epsilon=self.state["epsilon"], _domain=MS, _outputs=4)
+        else:
+            outs = op.SkipSimplifiedLayerNormalization(a, b, scale, epsilon=self.state["epsilon"], _domain=MS,
+                                                       _outputs=4)
+        return (outs[0], outs[3]) if self.params["sum_out"] else outs[0]
+
+    def benefit_hints(self, b):
+        # ORT writes the mean and inv-std outputs (one float per row each)
+        a = b["a"]
+        d = U.dims(a)
+        row_shape = d[:-1] + [1] if d else None
+        added = [(row_shape, "float32", 0), (row_shape, "float32", 0)]
+        if not self.params["sum_out"]:
+            added.append((a, U.dtype_name(a.dtype), 0))  # the sum output is written anyway
+        return {"row": a, "added": added}
+
+
+class SkipRMSNorm(SkipNorm):
+    rule_name = "skip_rmsnorm"
+
+
+# --------------------------------------------------------------------------------------
+# Activations
+# --------------------------------------------------------------------------------------
+
+
+def _close(v: float | None, ref: float, rtol: float = 1e-3) -> bool:
+    return v is not None and math.isclose(v, ref, rel_tol=rtol)
+
+
+def _half_times(op, x, half, p, form):
+    if form == "a":  # x * (0.5 * p)
+        return op.Mul(x, op.Mul(half, p))
+    if form == "b":  # (x * 0.5) * p
+        return op.Mul(op.Mul(x, half), p)
+    return op.Mul(op.Mul(x, p), half)  # (x * p) * 0.5
+
+
+class GeluErf(FusionPattern):
+    rule_name = "gelu_erf"
+
+    def pattern(self, op, x, c, one, half):
+        inner = pattern.OrValue([op.Div(x, c, _outputs=["scaled"]), op.Mul(x, c, _outputs=["scaled"])])
+        p = op.Add(op.Erf(inner), one)
+        return _half_times(op, x, half, p, self.params["form"])
+
+    def validate(self, context, x, c, one, half, scaled, **_):
+        if x.dtype not in U.FLOAT_TYPES:
+            return _fail("input is not a float type", x)
+        cv = U.scalar(c)
+        want = math.sqrt(2.0) if scaled.producer().op_type == "Div" else 1 / math.sqrt(2.0)
+        if not _close(cv, want):
+            return _fail(f"erf argument scale {cv} is not {want:.6f} (x/sqrt(2))", c)
+        if U.scalar(one) != 1.0 or U.scalar(half) != 0.5:
+            return _fail(f"constants {U.scalar(half)}*(x)*({U.scalar(one)}+erf) are not 0.5 and 1", half)
+        return MatchResult()
+
+    def rewrite(self, op, x, **_):
+        if self.state["opset"] >= 20:
+            return op.Gelu(x)
+        return op.Gelu(x, _domain=MS)
+
+
+class GeluTanh(FusionPattern):
+    rule_name = "gelu_tanh"
+
+    def pattern(self, op, x, three, k, c, one, half):
+        cube = pattern.OrValue([op.Pow(x, three), op.Mul(x, op.Mul(x, x))])
+        inner = op.Add(x, op.Mul(k, cube))
+        p = op.Add(op.Tanh(op.Mul(c, inner)), one)
+        return _half_times(op, x, half, p, self.params["form"])
+
+    def validate(self, context, x, three, k, c, one, half, **_):
+        if x.dtype not in U.FLOAT_TYPES:
+            return _fail("input is not a float type", x)
+        if three is not None and U.scalar(three) != 3.0:
+            return _fail(f"Pow exponent {U.scalar(three)} is not 3", three)
+        if not _close(U.scalar(k), 0.044715):
+            return _fail(f"cubic coefficient {U.scalar(k)} is not 0.044715", k)
+        if not _close(U.scalar(c), math.sqrt(2 / math.pi)):
+            return _fail(f"tanh scale {U.scalar(c)} is not sqrt(2/pi)", c)
+        if U.scalar(one) != 1.0 or U.scalar(half) != 0.5:
+            return _fail("outer constants are not 0.5 and 1", half)
+        return MatchResult()
+
+    def rewrite(self, op, x, **_):
+        if self.state["opset"] >= 20:
+            return op.Gelu(x, approximate="tanh")
+        return op.FastGelu(x, _domain=MS)
+
+
+class SiLU(FusionPattern):
+    rule_name = "silu"
+
+    def pattern(self, op, x):
+        return op.Mul(x, op.Sigmoid(x))
+
+    def validate(self, context, x, **_):
+        if x.dtype not in U.FLOAT_TYPES:
+            return _fail("input is not a float type", x)
+        return MatchResult()
+
+    def rewrite(self, op, x, **_):
+        return op.QuickGelu(x, alpha=1.0, _domain=MS)
+
+
+class QuickGelu(FusionPattern):
+    rule_name = "quick_gelu"
+
+    def pattern(self, op, x, alpha):
+        return op.Mul(x, op.Sigmoid(op.Mul(x, alpha)))
+
+    def validate(self, context, x, alpha, **_):
+        a = U.scalar(alpha)
+        if a is None:
+            return _fail("sigmoid argument scale is not a scalar constant", alpha)
+        if x.dtype not in U.FLOAT_TYPES:
+            return _fail("input is not a float type", x)
+        self.state["alpha"] = float(a)
+        return MatchResult()
+
+    def rewrite(self, op, x, **_):
+        return op.QuickGelu(x, alpha=self.state["alpha"], _domain=MS)
+
+
+# --------------------------------------------------------------------------------------
+# MatMul epilogues
+# --------------------------------------------------------------------------------------
+
+
+def _bias_ok(x: ir.Value, bias: ir.Value) -> str | None:
+    bd = U.dims(bias)
+    d = U.last_dim(x)
+    if U.const_array(bias) is None:
+        return "bias is not a constant"
+    if bd is None or len(bd) != 1:
+        return f"bias shape {bd} is not 1-D"
+    if d is None or bd[0] != d:
+        return f"bias length {bd[0]} does not match the last dimension {d}"
+    return None
+
+
+class BiasGelu(FusionPattern):
+    rule_name = "bias_gelu"
+
+    def pattern(self, op, x, bias):
+        s = op.Add(x, bias)
+        form = self.params["form"]
+        if form == "ms_gelu":
+            return op.Gelu(s, _domain=MS)
+        if form == "ms_fast":
+            return op.FastGelu(s, _domain=MS)
+        return op.Gelu(s, _allow_other_attributes=True, _outputs=["g"])
+
+    def validate(self, context, x, bias, g=None, **_):
+        why = _bias_ok(x, bias)
+        if why:
+            return _fail(why, bias)
+        self.state["tanh"] = self.params["form"] == "ms_fast" or (
+            g is not None and g.producer().attributes.get("approximate") is not None
+            and g.producer().attributes["approximate"].value == "tanh")
+        return MatchResult()
+
+    def rewrite(self, op, x, bias, **_):
+        if self.state["tanh"]:
+            return op.FastGelu(x, bias, _domain=MS)
+        return op.BiasGelu(x, bias, _domain=MS)
+
+
+class Gemm(FusionPattern):
+    rule_name = "gemm"
+
+    def pattern(self, op, a, b, c):
+        return op.Add(op.MatMul(a, b), c)
+
+    def validate(self, context, a, b, c, **_):
+        if U.rank(a) != 2 or U.rank(b) != 2:
+            return _fail(f"MatMul operands have ranks {U.rank(a)} and {U.rank(b)}; Gemm takes 2-D", a)
+        if a.dtype not in U.FLOAT_TYPES:
+            return _fail("operands are not float", a)
+        cd = U.dims(c)
+        n = U.last_dim(b)
+        if cd is None or len(cd) > 2 or n is None or cd[-1] not in (n, 1):
+            return _fail(f"bias shape {cd} is not unidirectionally broadcastable to [M, {n}]", c)
+        if len(cd) == 2 and cd[0] != 1 and cd[0] != (U.dims(a) or [None])[0]:
+            return _fail(f"bias shape {cd} does not broadcast to the output rows", c)
+        return MatchResult()
+
+    def rewrite(self, op, a, b, c, **_):
+        return op.Gemm(a, b, c)
+
+
+class MatMulScale(FusionPattern):
+    rule_name = "fused_matmul_scale"
+
+    def pattern(self, op, a, b, s):
+        mm = op.MatMul(a, b)
+        if self.params["op"] == "div":
+            return op.Div(mm, s)
+        return op.Mul(mm, s)
+
+    def validate(self, context, a, b, s, **_):
+        v = U.scalar(s)
+        if v is None:
+            return _fail(f"scale {U.dims(s)} is not a scalar constant", s)
+        if a.dtype not in U.FLOAT_TYPES:
+            return _fail("operands are not float", a)
+        if U.rank(a) is None or U.rank(b) is None or U.rank(a) < 2 or U.rank(b) < 2:
+            return _fail("MatMul operands are not known to be at least 2-D", a)
+        if self.params["op"] == "div" and v == 0:
+            return _fail("division by zero", s)
+        self.state["alpha"] = float(1.0 / v if self.params["op"] == "div" else v)
+        return MatchResult()
+
+    def rewrite(self, op, a, b, **_):
+        return op.FusedMatMul(a, b, alpha=self.state["alpha"], _domain=MS)
+
+
+class MatMulTranspose(FusionPattern):
+    rule_name = "fused_matmul_transpose"
+    commute_rule = False
+
+    def pattern(self, op, a, b):
+        side = self.params["side"]
+        if self.params["base"] == "matmul":
+            if side == "b":
+                return op.MatMul(a, op.Transpose(b, _allow_other_attributes=True, _outputs=["t"]),
+                                 _outputs=["mm"])
+            return op.MatMul(op.Transpose(a, _allow_other_attributes=True, _outputs=["t"]), b, _outputs=["mm"])
+        if side == "b":
+            return op.FusedMatMul(a, op.Transpose(b, _allow_other_attributes=True, _outputs=["t"]), _domain=MS,
+                                  _allow_other_attributes=True, _outputs=["mm"])
+        return op.FusedMatMul(op.Transpose(a, _allow_other_attributes=True, _outputs=["t"]), b, _domain=MS,
+                              _allow_other_attributes=True, _outputs=["mm"])
+
+    def validate(self, context, a, b, t, mm, **_):
+        src = b if self.params["side"] == "b" else a
+        r = U.rank(src)
+        perm = U.attr_ints(t.producer(), "perm")
+        if r is None or r < 2:
+            return _fail("transposed operand rank unknown or < 2", src)
+        want = list(range(r - 2)) + [r - 1, r - 2]
+        if perm != want:
+            return _fail(f"Transpose perm {perm} is not a swap of the last two axes ({want})", t.producer())
+        if U.rank(a) != U.rank(b):
+            return _fail("operands of different rank (batch broadcasting)", a)
+        if src.dtype not in U.FLOAT_TYPES:
+            return _fail("operands are not float", src)
+        attrs = {}
+        if self.params["base"] == "fused":
+            attrs = {k: v.value for k, v in mm.producer().attributes.items()}
+            key = "transB" if self.params["side"] == "b" else "transA"
+            if attrs.get(key, 0):
+                return _fail(f"FusedMatMul already has {key}", mm.producer())
+            if attrs.get("transBatchA", 0) or attrs.get("transBatchB", 0):
+                return _fail("FusedMatMul uses batch transposition", mm.producer())
+        attrs["transB" if self.params["side"] == "b" else "transA"] = 1
+        self.state["attrs"] = attrs
+        return MatchResult()
+
+    def rewrite(self, op, a, b, **_):
+        return op.FusedMatMul(a, b, _domain=MS, **self.state["attrs"])
+
+
+# --------------------------------------------------------------------------------------
+# Rotary embedding and attention
+# --------------------------------------------------------------------------------------
+
+
+def _cos_sin_source(cos_u: ir.Value, sin_u: ir.Value):
+    """Return ('freqs', f) when cos/sin are Unsqueeze(Cos/Sin(Concat(f, f)), [1]),
+    ('const', (cos_half, sin_half)) when they are constants with equal halves, or (None, why)."""
+    ca, sa = U.const_array(cos_u), U.const_array(sin_u)
+    if ca is not None and sa is not None:
+        if ca.ndim != 4 or ca.shape[1] != 1:
+            return None, f"constant cos/sin of shape {ca.shape} are not [B, 1, S, H]"
+        h = ca.shape[-1] // 2
+        if not (np.array_equal(ca[..., :h], ca[..., h:]) and np.array_equal(sa[..., :h], sa[..., h:])):
+            return None, "constant cos/sin halves differ (not a half-rotation cache)"
+        return "const", (ca[:, 0, :, :h], sa[:, 0, :, :h])
+    srcs = []
+    for v, trig in ((cos_u, "Cos"), (sin_u, "Sin")):
+        un = v.producer()
+        if un is None or un.op_type != "Unsqueeze" or U.ints(un.inputs[1]) not in ([1], [-3]):
+            return None, f"{trig.lower()} is not Unsqueeze(..., axis 1) of a computed cache"
+        tn = un.inputs[0].producer()
+        if tn is None or tn.op_type != trig:
+            return None, f"{trig.lower()} input is not produced by {trig}"
+        cn = tn.inputs[0].producer()
+        if (cn is None or cn.op_type != "Concat" or len(cn.inputs) != 2 or cn.inputs[0] is not cn.inputs[1]
+                or U.attr_int(cn, "axis", 0) not in (-1, 2)):
+            return None, f"{trig} argument is not Concat(freqs, freqs) on the last axis"
+        srcs.append(cn.inputs[0])
+    if srcs[0] is not srcs[1]:
+        return None, "cos and sin come from different frequencies"
+    return "freqs", srcs[0]
+
+
+class Rotary(FusionPattern):
+    rule_name = "rotary"
+
+    def pattern(self, op, x, cos, sin, s0, e0, ax0, st0, s1, e1, ax1, st1):
+        x1 = op.Slice(x, s0, e0, ax0, st0)
+        x2 = op.Slice(x, s1, e1, ax1, st1)
+        rot = op.Concat(op.Neg(x2), x1, _allow_other_attributes=True, _outputs=["cat"])
+        return op.Add(op.Mul(x, cos), op.Mul(rot, sin))
+
+    def validate(self, context, x, cos, sin, s0, e0, ax0, st0, s1, e1, ax1, st1, cat, **_):
+        xd = U.dims(x)
+        if xd is None or len(xd) != 4 or not isinstance(xd[-1], int) or not isinstance(xd[1], int):
+            return _fail(f"input shape {xd} is not [B, heads, S, head_dim] with known heads and head_dim", x)
+        if x.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16, ir.DataType.BFLOAT16):
+            return _fail("input dtype not supported by RotaryEmbedding", x)
+        h = xd[-1]
+        for ax in (ax0, ax1):
+            if U.ints(ax) not in ([3], [-1]):
+                return _fail(f"slices along axis {U.ints(ax)}, not the head dimension", ax)
+        for st in (st0, st1):
+            if st is not None and U.ints(st) != [1]:
+                return _fail("slice steps are not 1", st)
+        if U.attr_int(cat.producer(), "axis", 0) not in (-1, 3):
+            return _fail("rotate_half concatenates along another axis", cat.producer())
+        first, second = U.ints(s0), U.ints(e0)
+        third, fourth = U.ints(s1), U.ints(e1)
+        if not (first == [0] and second == [h // 2] and third == [h // 2] and fourth and fourth[0] >= h):
+            return _fail(f"rotate_half split [{first}:{second}] / [{third}:{fourth}] is not two halves of {h}", x)
+        kind, src = _cos_sin_source(cos, sin)
+        if kind is None:
+            return _fail(src, cos)
+        self.state.update(kind=kind, src=src, head=h)
+        return MatchResult()
+
+    def rewrite(self, op, x, **_):
+        pos, cc, sc = rotary_cache(op, self.state)
+        return op.RotaryEmbedding(x, pos, cc, sc, interleaved=0, _domain=MS)
+
+    def benefit_hints(self, b):
+        h = self.state.get("head", 2)
+        x = b["x"]
+        d = U.dims(x)
+        cache = [d[0], d[2], h // 2] if d else None
+        if self.state.get("kind") == "const":
+            return {}
+        return {"added": [(cache, U.dtype_name(x.dtype), 1), (cache, U.dtype_name(x.dtype), 1)]}
+
+
+def rotary_cache(op, state):
+    """Position ids and cos/sin caches for com.microsoft RotaryEmbedding.
+
+    The decomposed form has a cos/sin row per (batch, position). We flatten those rows into
+    a cache of ``batch*seq`` rows and index it with ``position_ids = arange(batch*seq)``
+    reshaped to [batch, seq], which is exact for any positions."""
+    h2 = state["head"] // 2
+    if state["kind"] == "const":
+        ch, sh = state["src"]
+        b, s = ch.shape[0], ch.shape[1]
+        pos = op.Constant(value=ir.tensor(np.arange(b * s, dtype=np.int64).reshape(b, s)))
+        cc = op.Constant(value=ir.tensor(np.ascontiguousarray(ch.reshape(b * s, h2))))
+        sc = op.Constant(value=ir.tensor(np.ascontiguousarray(sh.reshape(b * s, h2))))
+        return pos, cc, sc
+    f = state["src"]
+    fd = U.dims(f)
+    flat = op.Constant(value=ir.tensor(np.array([-1, h2], dtype=np.int64)))
+    cc = op.Reshape(op.Cos(f), flat)
+    sc = op.Reshape(op.Sin(f), flat)
+    if fd is not None and isinstance(fd[0], int) and isinstance(fd[1], int):
+        pos = op.Constant(value=ir.tensor(np.arange(fd[0] * fd[1], dtype=np.int64).reshape(fd[0], fd[1])))
+    else:
+        bs = op.Shape(f, start=0, end=2)
+        n = op.ReduceProd(bs, keepdims=0)
+        pos = op.Reshape(op.Range(op.Constant(value_int=0), n, op.Constant(value_int=1)), bs)
+    return pos, cc, sc
+
+
+def _is_causal_mask(mask: ir.Value) -> str | None:
+    m = U.const_array(mask)
+    if m is None:
+        return "mask is not a constant"
+    if m.ndim < 2 or any(d != 1 for d in m.shape[:-2]) or m.shape[-1] != m.shape[-2]:
+        return f"mask shape {m.shape} is not [S, S] (batch- and head-independent)"
+    m2 = m.reshape(m.shape[-2:]).astype(np.float64)
+    upper = np.triu(np.ones(m2.shape, dtype=bool), 1)
+    if not (np.all(m2[~upper] == 0) and np.all(m2[upper] <= -1e4)):
+        return "mask is not causal (0 on and below the diagonal, large negative above)"
+    return None
+
+
+def _heads_view(reshape_shape: ir.Value, src: ir.Value) -> tuple[int, int] | None:
+    """(heads, head_dim) from a Reshape target [B, S, heads, head_dim]."""
+    s = U.ints(reshape_shape)
+    if s is None or len(s) != 4 or s[2] <= 0 or s[3] <= 0:
+        return None
+    return s[2], s[3]
+
+
+class CausalGQA(FusionPattern):
+    """Causal attention (optionally grouped, optionally with rotary) -> GroupQueryAttention."""
+
+    rule_name = "gqa"
+    commute_rule = False
+
+    def pattern(self, op, q3, k3, v3, qs, ks, vs, qpos, qcc, qsc, kpos, kcc, ksc, ek, rk, ev, rv, scale, mask,
+                os_):
+        q = op.Transpose(op.Reshape(q3, qs, _allow_other_attributes=True), perm=[0, 2, 1, 3])
+        k = op.Transpose(op.Reshape(k3, ks, _allow_other_attributes=True), perm=[0, 2, 1, 3])
+        v = op.Transpose(op.Reshape(v3, vs, _allow_other_attributes=True), perm=[0, 2, 1, 3])
+        if self.params["rotary"]:
+            q = op.RotaryEmbedding(q, qpos, qcc, qsc, _domain=MS, _allow_other_attributes=True, _outputs=["qrot"])
+            k = op.RotaryEmbedding(k, kpos, kcc, ksc, _domain=MS, _allow_other_attributes=True, _outputs=["krot"])
+        if self.params["repeat"]:
+            k = op.Reshape(op.Expand(op.Unsqueeze(k, [2]), ek), rk, _allow_other_attributes=True)
+            v = op.Reshape(op.Expand(op.Unsqueeze(v, [2]), ev), rv, _allow_other_attributes=True)
+        scores = op.MatMul(q, op.Transpose(k, perm=[0, 1, 3, 2]))
+        scores = op.Div(scores, scale) if self.params["op"] == "div" else op.Mul(scores, scale)
+        probs = op.Softmax(op.Add(scores, mask), _outputs=["probs"])
+        ctx = op.MatMul(probs, v)
+        return op.Reshape(op.Transpose(ctx, perm=[0, 2, 1, 3]), os_, _allow_other_attributes=True)
+
+    def validate(self, context, q3, k3, v3, qs, ks, vs, scale, mask, probs, os_, qrot=None, krot=None, **_):
+        if q3.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+            return _fail("GroupQueryAttention on CPU takes float32/float16", q3)
+        hq, hk, hv = _heads_view(qs, q3), _heads_view(ks, k3), _heads_view(vs, v3)
+        if hq is None or hk is None or hv is None:
+            return _fail("q/k/v reshape targets are not constant [B, S, heads, head_dim]", qs)
+        if hk != hv or hq[1] != hk[1] or hq[0] % hk[0]:
+            return _fail(f"head layout q{hq} k{hk} v{hv} is not grouped-query compatible", ks)
+        if not self.params["repeat"] and hq[0] != hk[0]:
+            return _fail("kv heads differ from query heads without repeat_kv", ks)
+        if U.attr_int(probs.producer(), "axis", -1) not in (-1, 3):
+            return _fail(f"softmax over axis {U.attr_int(probs.producer(), 'axis', -1)}, not the key axis",
+                         probs.producer())
+        why = _is_causal_mask(mask)
+        if why:
+            return _fail(why, mask)
+        sv = U.scalar(scale)
+        if sv is None or sv == 0:
+            return _fail("attention scale is not a scalar constant", scale)
+        osd = U.ints(os_)
+        if osd is None or len(osd) != 3 or osd[2] not in (hq[0] * hq[1], -1):
+            return _fail(f"output reshape {osd} is not [B, S, heads*head_dim]", os_)
+        for rot in (qrot, krot):
+            if rot is not None:
+                a = {k: v.value for k, v in rot.producer().attributes.items()}
+                if a.get("interleaved", 0) or a.get("rotary_embedding_dim", 0) or a.get("is_packed_batching", 0):
+                    return _fail("rotary embedding attributes not supported in the 3-D form", rot.producer())
+        self.state.update(heads=hq[0], kv_heads=hk[0], head=hq[1],
+                          scale=float(1.0 / sv if self.params["op"] == "div" else sv))
+        return MatchResult()
+
+    def rewrite(self, op, q3, k3, v3, qpos=None, qcc=None, qsc=None, kpos=None, kcc=None, ksc=None, **_):
+        st = self.state
+        qd = U.dims(q3)
+        if self.params["rotary"]:
+            q3 = op.RotaryEmbedding(q3, qpos, qcc, qsc, num_heads=st["heads"], interleaved=0, _domain=MS)
+            k3 = op.RotaryEmbedding(k3, kpos, kcc, ksc, num_heads=st["kv_heads"], interleaved=0, _domain=MS)
+        if qd is not None and len(qd) == 3 and isinstance(qd[0], int) and isinstance(qd[1], int):
+            seqlens = op.Constant(value=ir.tensor(np.full((qd[0],), qd[1] - 1, dtype=np.int32)))
+            total = op.Constant(value=ir.tensor(np.array(qd[1], dtype=np.int32)))
+        else:
+            b = op.Shape(q3, start=0, end=1)
+            s = op.Cast(op.Shape(q3, start=1, end=2), to=ir.DataType.INT32)
+            seqlens = op.Expand(op.Sub(s, op.Constant(value=ir.tensor(np.array([1], np.int32)))), b)
+            total = op.Squeeze(s, op.Constant(value=ir.tensor(np.array([0], np.int64))))
+        outs = op.GroupQueryAttention(q3, k3, v3, None, None, seqlens, total, num_heads=st["heads"],
+                                      kv_num_heads=st["kv_heads"], scale=st["scale"], _domain=MS, _outputs=3)
+        return outs[0]
+
+    def benefit_hints(self, b):
+        q3 = b["q3"]
+        d = U.dims(q3)
+        # GQA writes present_key / present_value: [B, kv_heads, S, head_dim] each
+        kv = [d[0], self.state.get("kv_heads", 1), d[1], self.state.get("head", 1)] if d else None
+        return {"added": [(kv, U.dtype_name(q3.dtype), 0), (kv, U.dtype_name(q3.dtype), 0)]}
+
+
+class PaddedMHA(FusionPattern):
+    """Bidirectional attention with an additive mask (BERT) -> MultiHeadAttention."""
+
+    rule_name = "mha"
+    commute_rule = False
+
+    def pattern(self, op, q3, k3, v3, qs, ks, vs, scale, mask, os_):
+        q = op.Transpose(op.Reshape(q3, qs, _allow_other_attributes=True), perm=[0, 2, 1, 3])
+        k4 = op.Reshape(k3, ks, _allow_other_attributes=True)
+        if self.params["kt"] == "direct":
+            kt = op.Transpose(k4, perm=[0, 2, 3, 1])
+        else:
+            kt = op.Transpose(op.Transpose(k4, perm=[0, 2, 1, 3]), perm=[0, 1, 3, 2])
+        v = op.Transpose(op.Reshape(v3, vs, _allow_other_attributes=True), perm=[0, 2, 1, 3])
+        scores = op.MatMul(q, kt)
+        scores = op.Div(scores, scale) if self.params["op"] == "div" else op.Mul(scores, scale)
+        if self.params["mask"]:
+            scores = op.Add(scores, mask)
+        probs = op.Softmax(scores, _outputs=["probs"])
+        ctx = op.MatMul(probs, v)
+        return op.Reshape(op.Transpose(ctx, perm=[0, 2, 1, 3]), os_, _allow_other_attributes=True)
+
+    def validate(self, context, q3, k3, v3, qs, ks, vs, scale, probs, os_, mask=None, **_):
+        if q3.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+            return _fail("MultiHeadAttention on CPU takes float32/float16", q3)
+        hq, hk, hv = _heads_view(qs, q3), _heads_view(ks, k3), _heads_view(vs, v3)
+        if hq is None or hq != hk or hq != hv:
+            return _fail(f"q/k/v head layouts {hq} {hk} {hv} differ or are not constant", qs)
+        if U.attr_int(probs.producer(), "axis", -1) not in (-1, 3):
+            return _fail(f"softmax over axis {U.attr_int(probs.producer(), 'axis', -1)}, not the key axis",
+                         probs.producer())
+        sv = U.scalar(scale)
+        if sv is None or sv == 0:
+            return _fail("attention scale is not a scalar constant", scale)
+        if mask is not None:
+            md = U.dims(mask)
+            if md is None or len(md) != 4 or md[1] != 1:
+                return _fail(f"mask shape {md} is not [B|1, 1, S|1, T]", mask)
+            if mask.dtype != q3.dtype:
+                return _fail("mask dtype differs from the activations", mask)
+        osd = U.ints(os_)
+        if osd is None or len(osd) != 3 or osd[2] not in (hq[0] * hq[1], -1):
+            return _fail(f"output reshape {osd} is not [B, S, heads*head_dim]", os_)
+        self.state.update(heads=hq[0], scale=float(1.0 / sv if self.params["op"] == "div" else sv))
+        return MatchResult()
+
+    def rewrite(self, op, q3, k3, v3, mask=None, **_):
+        bias = None
+        if mask is not None:
+            md = U.dims(mask)
+            if md[2] == 1:  # [B, 1, 1, T] -> [B, 1, S, T]: MHA wants the query axis spelled out
+                s = op.Shape(q3, start=1, end=2)
+                tgt = op.Concat(op.Shape(mask, start=0, end=2), s, op.Shape(mask, start=3, end=4), axis=0)
+                bias = op.Expand(mask, tgt)
+            else:
+                bias = mask
+        return op.MultiHeadAttention(q3, k3, v3, None, None, bias, num_heads=self.state["heads"],
+                                     scale=self.state["scale"], _domain=MS)
+
+    def benefit_hints(self, b):
+        mask = b.get("mask")
+        if mask is None or (U.dims(mask) or [0, 0, 0])[2] != 1:
+            return {}
+        md, qd = U.dims(mask), U.dims(b["q3"])
+        return {"added": [([md[0], 1, qd[1] if qd else 1, md[3]], U.dtype_name(mask.dtype), 1)]}
