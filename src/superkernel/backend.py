@@ -24,6 +24,7 @@ import torch.fx as fx
 from .config import CompilerConfig
 from .explain import Explanation, GraphInfo, SegmentInfo
 from .graph_dump import dump_graph
+from .passes import reinplace_input_updates
 from .partition_graph import assemble, named_callable, split_partitions
 from .realize import Realizer
 from .segments import build_segments, graph_device, last_scope
@@ -70,6 +71,10 @@ class SuperKernelBackend:
         device = graph_device(gm)
         continues = self._last_scope
         self._last_scope = last_scope(gm)
+        if cfg.debug.graph_dump.type:
+            dump_graph(gm, cfg.debug.graph_dump, f"{name}_captured")
+        if not cfg.debug.run_eagerly:  # the exactness reference keeps the graph as captured
+            self.counters["inputs_updated_in_place"] += reinplace_input_updates(gm)
         segmentation = build_segments(gm, device, continues_scope=continues)
         num_ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
         info = GraphInfo(name=name, num_ops=num_ops, mode=cfg.mode, device=device, cuts=segmentation.cuts,
@@ -78,11 +83,11 @@ class SuperKernelBackend:
         self.counters["graphs"] += 1
         self.counters["cuts"] += len(segmentation.cuts)
         if cfg.debug.graph_dump.type:
-            dump_graph(gm, cfg.debug.graph_dump, f"{name}_captured", segmentation)
+            dump_graph(gm, cfg.debug.graph_dump, f"{name}_segments", segmentation)
         if self.static_kernels is not None:
             self.static_kernels.record_graph(gm, name)
 
-        if cfg.debug.run_eagerly:
+        if cfg.debug.run_eagerly:  # the exactness reference: the captured graph as it is
             for p in segmentation.segments:
                 info.segments.append(SegmentInfo(p.name, p.scope, p.first, p.last, p.num_ops, "reference"))
             info.compile_seconds = time.perf_counter() - start

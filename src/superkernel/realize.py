@@ -38,8 +38,11 @@ class Realizer:
         self.static_kernels = static_kernels
 
     def realize(self, module: PartitionModule, info: SegmentInfo | None) -> Callable[..., Any]:
+        from .runtime.cpu import flat_program
+
         part = module.partition
-        eager = module.gm.forward  # generated straight-line code, no nn.Module call overhead
+        # Operator by operator: the partition's straight-line ATen program (same kernels).
+        eager = flat_program(module.gm)
         if part.kind == "cut":
             return eager
         mode = self.config.mode
@@ -50,9 +53,9 @@ class Realizer:
         if mode == "reduce-overhead":
             if self.device == "cuda":
                 return self._guarded(module, info, lambda: self._cuda_graph(module, info, eager), eager, "cuda-graph")
+            self.counters["segments_flat"] += 1
             if info is not None:
                 info.realization = "cpu-flat"
-            self.counters["segments_flat"] += 1
             return eager
         kind = "inductor-triton" if self.device == "cuda" else ("inductor-cpp" if self.config.inductor.cpp_wrapper else "inductor-cpu")
 
@@ -110,4 +113,4 @@ class Realizer:
 
         self.counters["segments_cuda_graph"] += 1
         return CudaGraphSegment(fn, module.partition.name, module.mutated_inputs,
-                                on_failure=lambda exc: self.fallback(module, info, exc), fallback=module.gm.forward)
+                                on_failure=lambda exc: self.fallback(module, info, exc), fallback=flat_program(module.gm))
