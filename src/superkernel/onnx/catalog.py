@@ -89,7 +89,9 @@ CATALOG: tuple[RuleSpec, ...] = (
              "Softmax,MatMul,Transpose,Reshape", "com.microsoft GroupQueryAttention", 3, 40,
              "Causal (grouped-query or multi-head) attention with a constant causal mask, rotary folded "
              "into 3-D RotaryEmbedding.",
-             _v(R.CausalGQA, rotary=(True, False), repeat=(True, False), op=("div", "mul"))),
+             lambda: [v for v in _v(R.CausalGQA, rotary=(True, False), repeat=(True, False),
+                                    kt=("double", "direct"), op=("div", "mul"))()
+                      if v.params["kt"] == "double" or not (v.params["rotary"] or v.params["repeat"])]),
     RuleSpec("mha", "Reshape,Transpose,MatMul,Div|Mul,[Add mask],Softmax,MatMul,Transpose,Reshape",
              "com.microsoft MultiHeadAttention", 3, 40,
              "Bidirectional attention with an optional additive mask [B,1,1|S,T] (BERT).",

@@ -336,3 +336,13 @@ def _cleanup(model: ir.Model) -> None:
     irp.RemoveUnusedOpsetsPass()(model)
     irp.TopologicalSortPass()(model)
     irp.NameFixPass()(model)
+    # Optional outputs nobody reads get no name, so ONNX Runtime does not compute them
+    # (mean / inv_std_dev of the Skip*Normalization ops, present_key/value of GQA).
+    for n in model.graph:
+        if n.domain == MS and n.op_type in _OPTIONAL_OUTPUT_OPS:
+            for v in n.outputs[1:]:
+                if not v.uses() and not v.is_graph_output():
+                    v.name = ""
+
+
+_OPTIONAL_OUTPUT_OPS = {"SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "GroupQueryAttention"}

@@ -5,7 +5,7 @@
 The blocks are written the way real model code writes them (Hugging Face style), so the
 exported graphs contain the decomposed patterns graph-autofusion looks for:
 
-- ``ln_mlp``: on token-major 2-D activations [tokens, hidden], a hand-written LayerNorm (mean / variance / sqrt, as in the original BERT
+- ``ln_mlp``: a hand-written LayerNorm (mean / variance / sqrt, as in the original BERT
   code) followed by an MLP with exact (erf) GELU and a residual add.
 - ``bert``: a BERT encoder layer: self-attention with an additive padding mask, output
   projection + residual + LayerNorm, intermediate projection with tanh-GELU, output
@@ -171,8 +171,6 @@ MODELS = {"ln_mlp": LayerNormMLP, "bert": BertLayer, "llama": LlamaDecoderLayer}
 
 def example_inputs(name: str, d: Dims) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(0)
-    if name == "ln_mlp":  # token-major 2-D activations, as in a serving engine's flattened batch
-        return (torch.randn(d.batch * d.seq, d.hidden, generator=g),)
     x = torch.randn(d.batch, d.seq, d.hidden, generator=g)
     if name == "bert":
         mask = torch.ones(d.batch, d.seq, dtype=torch.int64)
@@ -187,33 +185,33 @@ INPUT_NAMES = {"ln_mlp": ["x"], "bert": ["hidden_states", "attention_mask"], "ll
 
 
 def export(name: str, path: str | os.PathLike, dims: Dims = Dims(), *, dynamic: bool = False,
-           opset: int = 18, seed: int = 0) -> str:
+           opset: int = 18, seed: int = 0, external_data: bool = False) -> str:
     """Export reference block ``name`` to ``path`` (ONNX) and return the path.
 
-    ``dynamic=True`` makes batch and sequence symbolic (``batch``, ``seq``; ``tokens`` for
-    the 2-D ``ln_mlp`` input).
+    ``dynamic=True`` makes batch and sequence symbolic (``batch``, ``seq``).
     """
     torch.manual_seed(seed)
     model = MODELS[name](dims).eval()
     args = example_inputs(name, dims)
-    return export_module(model, args, path, input_names=INPUT_NAMES[name], dynamic=dynamic, opset=opset)
+    return export_module(model, args, path, input_names=INPUT_NAMES[name], dynamic=dynamic, opset=opset,
+                         external_data=external_data)
 
 
 def export_module(model: nn.Module, args: tuple, path: str | os.PathLike, *, input_names: list[str] | None = None,
-                  dynamic: bool = False, opset: int = 18) -> str:
-    """torch.onnx.export (dynamo exporter) with the settings graph-autofusion is tested with."""
+                  dynamic: bool = False, opset: int = 18, external_data: bool = False) -> str:
+    """torch.onnx.export (dynamo exporter) with the settings graph-autofusion is tested with.
+
+    ``external_data=True`` puts the weights in ``<path>.data`` next to the model."""
     dynamic_shapes = None
     if dynamic:
         batch, seq = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("seq", min=2, max=4096)
-        if len(args) == 1 and args[0].dim() == 2:
-            dynamic_shapes = ({0: torch.export.Dim("tokens", min=2, max=65536)},)
-        else:
-            dynamic_shapes = tuple({0: batch, 1: seq} for _ in args)
+        dynamic_shapes = tuple({0: batch, 1: seq} for _ in args)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with torch.no_grad():
             torch.onnx.export(model, args, str(path), input_names=input_names, opset_version=opset,
-                              dynamo=True, dynamic_shapes=dynamic_shapes, verbose=False)
+                              dynamo=True, dynamic_shapes=dynamic_shapes, verbose=False,
+                              external_data=external_data)
     return str(path)
 
 
@@ -228,9 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-heads", type=int, default=Dims.kv_heads)
     p.add_argument("--intermediate", type=int, default=Dims.intermediate)
     p.add_argument("--dynamic", action="store_true", help="symbolic batch and sequence dimensions")
+    p.add_argument("--external-data", action="store_true", help="weights in <output>.data next to the model")
     a = p.parse_args(argv)
     d = Dims(a.batch, a.seq, a.hidden, a.heads, a.kv_heads, a.intermediate)
-    print(export(a.model, a.output, d, dynamic=a.dynamic))
+    print(export(a.model, a.output, d, dynamic=a.dynamic, external_data=a.external_data))
     return 0
 
 
