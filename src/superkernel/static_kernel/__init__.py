@@ -1,0 +1,18 @@
+"""Static kernel compilation: record shapes, build every kernel ahead of time, load packages.
+
+See docs/static_kernel.md. The backend uses :func:`open_session`; the command line is
+``superkernel static-compile`` (:mod:`superkernel.static_kernel.cli`).
+"""
+
+from __future__ import annotations
+
+from .package import Package, PackageError, find_packages, read_manifest
+from .session import (
+    BuildDirError, StaticKernelNotice, StaticKernelSession, StaticKernelWarning, open_session, resolve_build_dir,
+)
+from .signature import graph_structure_hash, partition_key
+
+__all__ = [
+    "BuildDirError", "Package", "PackageError", "StaticKernelNotice", "StaticKernelSession", "StaticKernelWarning",
+    "find_packages", "graph_structure_hash", "open_session", "partition_key", "read_manifest", "resolve_build_dir",
+]
