@@ -105,6 +105,8 @@ class SuperKernelBackend:
                 self.counters["segments"] += 1
             callables.append(named_callable(realizer.realize(module, seg_info), part.name))
         step = assemble(gm, modules, callables)
+        if self.static_kernels is not None:
+            self.static_kernels.finalize()  # end of this graph's build: write the package, release the lock
         if cfg.debug.graph_dump.type:
             dump_graph(step, cfg.debug.graph_dump, f"{name}_segmented", segmentation, modules)
         info.compile_seconds = time.perf_counter() - start
