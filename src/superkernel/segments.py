@@ -150,9 +150,12 @@ def unfusable_reason(node: fx.Node, graph_device: str) -> str | None:
     if val is not None and _has_unbacked_symbols(val):
         return f"{DATA_DEPENDENT_SHAPE}: {name} produces a shape only known at run time"
     if graph_device == "cuda":
-        for t in _tensor_vals(val):
-            if t.device.type == "cpu" and t.numel() > 1:
-                return f"{CPU_IN_CUDA}: {name} computes on the CPU"
+        if any(t.device.type == "cpu" for t in _tensor_vals(val)):
+            return f"{CPU_IN_CUDA}: {name} computes on the CPU"
+        for arg in node.all_input_nodes:
+            if any(t.device.type == "cpu" for t in _tensor_vals(arg.meta.get("val"))):
+                # A CUDA graph would bake the CPU value in at capture time.
+                return f"{CPU_IN_CUDA}: {name} reads the CPU tensor {arg.name} (host-to-device transfer)"
     return None
 
 

@@ -166,3 +166,24 @@ def test_graph_dump_writes_captured_and_segmented(tmp_path):
         segmented = (tmp_path / kind / f"graph_0_segmented.{kind}").read_text()
         assert "aten.sin" in captured
         assert "sk_s" in segmented  # the step calls the segment's callable
+
+
+def test_cpu_work_inside_a_cuda_scope_is_a_cut():
+    """Checked on FakeTensors, so it needs no GPU: a CUDA graph reading a CPU tensor would
+    bake its value in at capture time, so such ops are cut."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x, host):
+        with sk.super_kernel("gpu"):
+            y = x.sin()
+            z = y + host.to(x.device)  # host-to-device copy of a CPU tensor
+            return z.cos(), (host * 2)
+
+    # Trace with FakeTensors that claim to live on CUDA; annotations need preserve_node_meta.
+    with FakeTensorMode(), torch.fx.traceback.preserve_node_meta():
+        gm = make_fx(f, tracing_mode="fake")(torch.empty(4, device="cuda"), torch.empty(4))
+    seg = build_segments(gm, "cuda")
+    reasons = {c.op: c.reason for c in seg.cuts}
+    assert any("reads the CPU tensor" in r for r in reasons.values())
+    assert any("computes on the CPU" in r for r in reasons.values())
