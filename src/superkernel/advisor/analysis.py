@@ -1,0 +1,153 @@
+"""``superkernel analyze``: model structure plus a trial capture of every candidate scope plan.
+
+Step one of the adaptation workflow (seed 001): which parts the model has
+(attention, MoE with router/experts/shared experts, dense MLP, norms), whether
+prefill and decode are separate and the KV cache is preallocated, and -- from a
+trial capture per strategy -- graph breaks and the operators each candidate scope
+would be cut at, with reasons.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from ..decode import DecodeSession
+from .compiling import compile_superkernel
+from .strategies import ScopePlan, applicable, auto_plans
+from .structure import ModelStructure, analyze_structure
+
+
+@dataclass
+class TrialCapture:
+    """One strategy's scopes captured once with the exactness-reference backend."""
+
+    plan: ScopePlan
+    wrapped: list[str] = field(default_factory=list)
+    graphs: int = 0
+    graph_breaks: int = 0
+    segments: list[Any] = field(default_factory=list)   # superkernel.explain SegmentInfo
+    cuts: list[Any] = field(default_factory=list)       # superkernel.explain Cut
+    unscoped_ops: int = 0
+    total_ops: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+
+
+@dataclass
+class BreakInfo:
+    reason: str
+    where: str | None
+
+
+@dataclass
+class Analysis:
+    model_name: str
+    architecture: str
+    num_parameters: int
+    structure: ModelStructure
+    not_applicable: dict[str, str]                      # strategy -> reason
+    decode_graphs: int = 0
+    breaks: list[BreakInfo] = field(default_factory=list)
+    kv_cache: str = ""
+    prefill_decode: str = ""
+    suggested_order: list[str] = field(default_factory=list)
+    suggestion_why: str = ""
+    trials: list[TrialCapture] = field(default_factory=list)
+
+
+def kv_cache_description(session: DecodeSession) -> str:
+    layers = session.cache.layers
+    nbytes = sum(t.numel() * t.element_size() for layer in layers for t in (layer.keys, layer.values))
+    k = tuple(layers[0].keys.shape)
+    return (f"preallocated: transformers StaticCache, {len(layers)} layers x keys {k}, "
+            f"max_cache_len {session.max_cache_len}, {nbytes / 2**20:.2f} MiB; written in place (index_copy_)")
+
+
+PREFILL_DECODE = ("separated by the harness: the model has one forward for both (Hugging Face), so prefill runs "
+                  "once uncompiled and unscoped with the whole prompt (dynamic length) and only the decode step "
+                  "(1 token, static shapes) is compiled with scopes")
+
+
+def suggest(structure: ModelStructure) -> tuple[list[str], str]:
+    """The decision tree of seed 000: MoE models start with MoE, dense ones with attention, then grow."""
+    reasons = applicable(structure)
+    ok = [s for s, why in reasons.items() if why is None]
+    if structure.is_moe:
+        first = ["moe", "attention"]
+        why = "MoE model: start with the MoE blocks, then attention, then whole decoder layers"
+    else:
+        first = ["attention", "mlp"]
+        why = "dense transformer: start with attention (lowest risk), then MLP, then whole decoder layers"
+    order = [s for s in first if s in ok] + [s for s in ok if s not in first]
+    return order, why
+
+
+def dynamo_breaks(session: DecodeSession) -> tuple[int, list[BreakInfo]]:
+    """Graphs and graph-break reasons of the unscoped decode step (torch._dynamo.explain)."""
+    torch._dynamo.reset()
+    ids, pos = session.inputs(0)
+    with torch.no_grad():
+        out = torch._dynamo.explain(session.step_fn())(ids, pos)
+    session.restore_cache()
+    breaks = []
+    for b in out.break_reasons:
+        frame = b.user_stack[-1] if getattr(b, "user_stack", None) else None
+        where = f"{frame.filename}:{frame.lineno}" if frame is not None else None
+        breaks.append(BreakInfo(reason=" ".join(str(b.reason).split())[:300], where=where))
+    return out.graph_count, breaks
+
+
+def trial_capture(session: DecodeSession, plan: ScopePlan) -> TrialCapture:
+    """Apply the plan's scopes, capture one decode step with run_eagerly, read the explanation."""
+    import superkernel
+
+    trial = TrialCapture(plan=plan)
+    model = session.model
+    start = time.perf_counter()
+    try:
+        trial.wrapped = superkernel.apply_scopes(model, plan.scopes)
+        step, backend = compile_superkernel(session, "reduce-overhead", run_eagerly=True)
+        ids, pos = session.inputs(0)
+        with torch.no_grad():
+            step(ids, pos)
+        ex = superkernel.explain(backend)
+        trial.graphs = len(ex.graphs)
+        trial.graph_breaks = ex.graph_breaks
+        trial.segments = list(ex.segments)
+        trial.cuts = list(ex.cuts)
+        trial.unscoped_ops = sum(g.unscoped_ops for g in ex.graphs)
+        trial.total_ops = sum(g.num_ops for g in ex.graphs)
+    except Exception as exc:  # a plan that cannot be captured is reported, not fatal for analysis
+        trial.error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+    finally:
+        superkernel.remove_scopes(model)
+        session.restore_cache()
+        torch._dynamo.reset()
+    trial.seconds = time.perf_counter() - start
+    return trial
+
+
+def analyze(model_name: str, session: DecodeSession, plans: list[ScopePlan] | None = None,
+            on_trial: Callable[[str], None] | None = None) -> Analysis:
+    """Structure, prefill/decode and KV-cache facts, graph breaks, and one trial capture per plan.
+
+    ``plans`` defaults to every strategy that applies (bottom-up).
+    """
+    model = session.model
+    structure = analyze_structure(model)
+    reasons = applicable(structure)
+    order, why = suggest(structure)
+    result = Analysis(model_name=model_name, architecture=structure.architecture,
+                      num_parameters=sum(p.numel() for p in model.parameters()), structure=structure,
+                      not_applicable={s: r for s, r in reasons.items() if r}, kv_cache=kv_cache_description(session),
+                      prefill_decode=PREFILL_DECODE, suggested_order=order, suggestion_why=why)
+    result.decode_graphs, result.breaks = dynamo_breaks(session)
+    for plan in plans if plans is not None else auto_plans(structure):
+        if on_trial is not None:
+            on_trial(plan.strategy)
+        result.trials.append(trial_capture(session, plan))
+    return result

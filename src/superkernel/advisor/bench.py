@@ -1,0 +1,58 @@
+"""``superkernel bench``: re-measure a superkernel.yaml plan against the baselines."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .measure import run_baselines, run_plan
+from .plan_file import read_plan
+from .precision import MAX_AUTOTUNE_TOLERANCE
+from .progress import Reporter
+from .results import RunResult, fill_speedups
+from .strategies import ScopePlan
+from .workflow import OptimizeOptions, load_and_prepare, validate_scopes
+
+
+@dataclass
+class BenchOptions:
+    config: Path
+    model: str | None = None
+    steps: int = 32
+    warmup: int = 4
+    prompt_len: int = 32
+    seed: int = 0
+    device: str = "auto"
+    mode: str | None = None
+    tolerance: float = MAX_AUTOTUNE_TOLERANCE
+    threads: int | None = None
+    quiet: bool = False
+
+
+@dataclass
+class BenchOutcome:
+    model: str
+    results: list[RunResult] = field(default_factory=list)
+
+    @property
+    def plan(self) -> RunResult:
+        return next(r for r in self.results if r.kind == "plan")
+
+
+def bench(opts: BenchOptions, reporter: Reporter | None = None) -> BenchOutcome:
+    reporter = reporter or Reporter(quiet=opts.quiet)
+    spec = read_plan(opts.config)
+    model = opts.model or spec.model
+    if not model:
+        raise ValueError(f"{opts.config} names no model; pass --model NAME|PATH")
+    loaded, session = load_and_prepare(
+        OptimizeOptions(model=model, steps=opts.steps, warmup=opts.warmup, prompt_len=opts.prompt_len,
+                        seed=opts.seed, device=opts.device, threads=opts.threads), reporter)
+    plan = ScopePlan(spec.strategy or "custom", spec.scopes)
+    validate_scopes(loaded.model, [plan], spec.options)
+    results = run_baselines(session, reporter)
+    eager = results[0]
+    results += run_plan(session, plan, (opts.mode or spec.mode,), eager.logits, options=spec.options,
+                        tolerance=opts.tolerance, reporter=reporter)
+    fill_speedups(results, eager, next((r for r in results if r.name == "torch.compile" and not r.error), None))
+    return BenchOutcome(model=loaded.name, results=results)

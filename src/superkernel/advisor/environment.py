@@ -1,0 +1,62 @@
+"""Hardware and software versions, for the report (absolute times only with the hardware named)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+
+import torch
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def hardware(device: torch.device) -> str:
+    cpu = f"{cpu_name()} ({platform.machine()}, {os.cpu_count()} logical cores, torch threads {torch.get_num_threads()})"
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda}); host CPU {cpu}"
+    return f"CPU: {cpu}"
+
+
+def versions() -> dict[str, str]:
+    import transformers
+
+    import superkernel
+
+    return {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__,
+            "superkernel": superkernel.__version__, "platform": platform.platform()}
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("--device cuda requested but no CUDA device is available")
+    return torch.device(name)
+
+
+#: Below this many parameters a CPU decode step is launch-bound: one thread is nearly as
+#: fast, and unlike several threads it is not stalled when another process takes a core.
+SMALL_MODEL_PARAMS = 50_000_000
+
+
+def choose_threads(requested: int | None, device: torch.device, num_params: int) -> int:
+    """Apply --threads (None = auto) to torch and return the count in use."""
+    if requested is None:
+        if device.type == "cpu" and num_params < SMALL_MODEL_PARAMS:
+            requested = 1
+        else:
+            return torch.get_num_threads()
+    if requested < 1:
+        raise ValueError(f"--threads must be >= 1, got {requested}")
+    torch.set_num_threads(requested)
+    return requested

@@ -1,0 +1,105 @@
+"""Measure baselines and scope plans on one decode session, with precision checks."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+
+from ..decode import DecodeRun, DecodeSession, run_decode
+from .compiling import compile_inductor, compile_superkernel
+from .precision import MAX_AUTOTUNE_TOLERANCE, compare, judge
+from .progress import Reporter
+from .results import RunResult
+from .strategies import ScopePlan
+
+
+def _error_text(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:400]}"
+
+
+def _run(session: DecodeSession, step, label: str, reporter: Reporter) -> DecodeRun:
+    with reporter.task(f"compiling {label}", total=session.total_steps) as update:
+        return run_decode(session, step, label=label,
+                          on_step=reporter.decode_callback(update, f"compiling {label}", f"running {label}"))
+
+
+def _fill_timing(result: RunResult, run: DecodeRun) -> None:
+    result.median_ms, result.p90_ms = run.median_ms, run.p90_ms
+    result.tokens_per_s, result.compile_s = run.tokens_per_s, run.compile_seconds
+    result.logits = run.logits
+
+
+def run_baselines(session: DecodeSession, reporter: Reporter) -> list[RunResult]:
+    """Eager (uncompiled), plain torch.compile (Inductor) and, on CUDA, torch.compile reduce-overhead."""
+    results = []
+    eager = RunResult(name="eager", kind="baseline")
+    run = _run(session, session.step_fn(), "eager (uncompiled)", reporter)
+    _fill_timing(eager, run)
+    eager.compile_s = 0.0
+    results.append(eager)
+    variants = [("torch.compile", None)]
+    if session.device.type == "cuda":
+        variants.append(("torch.compile reduce-overhead", "reduce-overhead"))
+    for name, mode in variants:
+        res = RunResult(name=name, kind="baseline")
+        try:
+            _fill_timing(res, _run(session, compile_inductor(session, mode), name, reporter))
+        except Exception as exc:  # reported in the table; plans still run
+            res.error = _error_text(exc)
+        results.append(res)
+    for r in results:
+        if r.logits is not None:
+            r.vs_eager = compare(r.logits, eager.logits)
+    torch._dynamo.reset()
+    return results
+
+
+def _explain_into(result: RunResult, backend: Any) -> None:
+    import superkernel
+
+    ex = superkernel.explain(backend)
+    result.segments = len(ex.segments)
+    result.cuts = list(ex.cuts)
+    result.graph_breaks = ex.graph_breaks
+    result.fallbacks = [f"{s.name}: {s.fallback}" for s in ex.fallbacks]
+    result.realizations = dict(Counter(s.realization for s in ex.segments))
+
+
+def run_plan(session: DecodeSession, plan: ScopePlan, modes: tuple[str, ...], eager_logits: torch.Tensor, *,
+             options: str = "", tolerance: float = MAX_AUTOTUNE_TOLERANCE, reporter: Reporter) -> list[RunResult]:
+    """One exactness reference for the plan's scopes, then one measured run per mode."""
+    import superkernel
+
+    model = session.model
+    results = [RunResult(name=f"{plan.strategy} / {mode}", kind="plan", strategy=plan.strategy, mode=mode,
+                         scopes=plan.scopes) for mode in modes]
+    try:
+        wrapped = superkernel.apply_scopes(model, plan.scopes, options=options)
+        for r in results:
+            r.wrapped = wrapped
+        try:
+            ref_step, _ = compile_superkernel(session, "reduce-overhead", run_eagerly=True)
+            reference = _run(session, ref_step, f"{plan.strategy} / exactness reference", reporter).logits
+        except Exception as exc:
+            for r in results:
+                r.error = f"exactness reference could not be captured: {_error_text(exc)}"
+            return results
+        for r in results:
+            try:
+                step, backend = compile_superkernel(session, r.mode)
+                _fill_timing(r, _run(session, step, r.name, reporter))
+                _explain_into(r, backend)
+            except Exception as exc:
+                r.error = _error_text(exc)
+                continue
+            r.vs_reference = compare(r.logits, reference)
+            r.vs_eager = compare(r.logits, eager_logits)
+            r.verdict = judge(r.mode, r.vs_reference, reference, tolerance)
+    finally:
+        superkernel.remove_scopes(model)
+        session.restore_cache()
+        torch._dynamo.reset()
+    return results

@@ -1,0 +1,125 @@
+"""``superkernel.yaml``: the recommended scopes and mode, and ``superkernel.apply`` to use them.
+
+Format (version 1)::
+
+    version: 1
+    model: llama-tiny            # what it was measured on (informational)
+    strategy: attention          # informational
+    mode: reduce-overhead        # CompilerConfig.mode
+    options: ""                  # scope options, e.g. "stream-fusion=1"
+    scopes:                      # label -> module glob or list of globs
+      attention: [model.layers.*.self_attn]
+    measured: {...}              # numbers from the run that chose it (informational)
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from .files import atomic_write
+
+VERSION = 1
+_KEYS = {"version", "model", "strategy", "mode", "options", "scopes", "measured"}
+_MODES = ("reduce-overhead", "max-autotune")
+
+
+class PlanFileError(ValueError):
+    """A superkernel.yaml that cannot be read or is malformed."""
+
+
+@dataclass
+class PlanFile:
+    scopes: dict[str, list[str]]
+    mode: str
+    options: str = ""
+    model: str | None = None
+    strategy: str | None = None
+    measured: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": VERSION, "model": self.model, "strategy": self.strategy, "mode": self.mode,
+                "options": self.options, "scopes": self.scopes, "measured": self.measured}
+
+
+def _validate(data: Any, where: str) -> PlanFile:
+    if not isinstance(data, Mapping):
+        raise PlanFileError(f"{where}: expected a mapping with 'scopes' and 'mode', got {type(data).__name__}")
+    unknown = set(data) - _KEYS
+    if unknown:
+        raise PlanFileError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}; allowed: {', '.join(sorted(_KEYS))}")
+    if data.get("version", VERSION) != VERSION:
+        raise PlanFileError(f"{where}: version {data.get('version')!r} is not supported (this superkernel reads {VERSION})")
+    mode = data.get("mode")
+    if mode not in _MODES:
+        raise PlanFileError(f"{where}: mode must be one of {', '.join(_MODES)}, got {mode!r}")
+    scopes = data.get("scopes")
+    if not isinstance(scopes, Mapping) or not scopes:
+        raise PlanFileError(f"{where}: 'scopes' must be a non-empty mapping of label -> module glob(s)")
+    norm: dict[str, list[str]] = {}
+    for label, globs in scopes.items():
+        items = [globs] if isinstance(globs, str) else globs
+        if not isinstance(label, str) or not label or not isinstance(items, list) or not items \
+                or not all(isinstance(g, str) and g for g in items):
+            raise PlanFileError(f"{where}: scope {label!r} must map to a module glob or a list of globs, got {globs!r}")
+        norm[label] = list(items)
+    options = data.get("options") or ""
+    if not isinstance(options, str):
+        raise PlanFileError(f"{where}: 'options' must be a string like 'stream-fusion=1', got {options!r}")
+    from ..scope import parse_options
+
+    try:
+        parse_options(options)
+    except ValueError as exc:
+        raise PlanFileError(f"{where}: {exc}") from None
+    measured = data.get("measured") or {}
+    return PlanFile(scopes=norm, mode=mode, options=options, model=data.get("model"), strategy=data.get("strategy"),
+                    measured=dict(measured) if isinstance(measured, Mapping) else {})
+
+
+def read_plan(source: str | Path | Mapping[str, Any]) -> PlanFile:
+    """Read and validate a plan from a YAML path or an already-loaded dict."""
+    if isinstance(source, Mapping):
+        return _validate(source, "plan")
+    path = Path(source)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PlanFileError(f"plan file {str(path)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PlanFileError(f"cannot read plan file {str(path)!r}: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise PlanFileError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    return _validate(data, str(path))
+
+
+def write_plan(path: str | Path, plan: PlanFile, inputs: list[Path] = ()) -> Path:
+    header = (f"# superkernel plan, written by `superkernel optimize` on {_dt.date.today().isoformat()}.\n"
+              "# Use it: model = superkernel.apply(model, \"superkernel.yaml\")   (returns the compiled model)\n"
+              "# Re-measure: superkernel bench --config superkernel.yaml\n")
+    body = yaml.safe_dump(plan.to_dict(), sort_keys=False, default_flow_style=None, width=100)
+    return atomic_write(Path(path), header + body, inputs)
+
+
+def apply(model: Any, plan: str | Path | Mapping[str, Any], *, mode: str | None = None) -> Any:
+    """Put the plan's scopes on ``model`` and return it compiled with the superkernel backend.
+
+    The scopes are applied in place (earlier ones are removed first); the return value
+    is ``superkernel.compile(model, cfg)`` with ``cfg.mode`` from the plan (or ``mode``).
+    Use the returned module for decode steps with a static KV cache; run prefill with
+    the original ``model`` (scopes do nothing outside torch.compile).
+    """
+    import superkernel
+
+    spec = read_plan(plan)
+    cfg = superkernel.CompilerConfig()
+    cfg.mode = mode or spec.mode
+    superkernel.remove_scopes(model)
+    superkernel.apply_scopes(model, spec.scopes, options=spec.options)
+    return superkernel.compile(model, cfg)

@@ -1,0 +1,48 @@
+"""Progress display for compiles and decode runs (rich), silent when quiet."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Iterator
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+
+class Reporter:
+    def __init__(self, quiet: bool = False, console: Console | None = None) -> None:
+        self.quiet = quiet
+        self.console = console or Console(stderr=True)
+
+    def note(self, text: str) -> None:
+        if not self.quiet:
+            self.console.print(text, highlight=False)
+
+    @contextlib.contextmanager
+    def task(self, description: str, total: int | None = None) -> Iterator[Callable[..., None]]:
+        """Yield ``update(done=None, description=None)`` for one bar; a spinner when total is None."""
+        if self.quiet:
+            yield lambda *a, **k: None
+            return
+        progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=self.console, transient=False)
+        with progress:
+            task_id = progress.add_task(description, total=total)
+
+            def update(done: int | None = None, description: str | None = None) -> None:
+                kwargs = {}
+                if done is not None:
+                    kwargs["completed"] = done
+                if description is not None:
+                    kwargs["description"] = description
+                progress.update(task_id, **kwargs)
+
+            yield update
+            if total is None:
+                progress.update(task_id, total=1, completed=1)
+
+    def decode_callback(self, update: Callable[..., None], compiling: str, running: str) -> Callable[[int, int], None]:
+        """``on_step`` for run_decode: the first step (compile) shows ``compiling``, later ones ``running``."""
+        def on_step(done: int, total: int) -> None:
+            update(done=done, description=running if done >= 1 else compiling)
+        return on_step

@@ -1,0 +1,171 @@
+"""``superkernel_optimization_report.md``: the report of step four of the adaptation workflow."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from typing import Any
+
+from .analysis import Analysis
+from .precision import MAX_AUTOTUNE_TOLERANCE
+from .results import RunResult
+from .strategies import DESCRIPTIONS
+from .table import fmt_diff, markdown_table
+
+CHART_NAME = "decode_latency.png"
+REPORT_NAME = "superkernel_optimization_report.md"
+PLAN_NAME = "superkernel.yaml"
+
+
+def _pct_faster(base: float | None, new: float | None) -> str:
+    if not base or not new:
+        return "-"
+    return f"{(base - new) / base * 100:+.1f}%"
+
+
+def structure_section(a: Analysis) -> list[str]:
+    s = a.structure
+    out = [f"- Architecture: `{a.architecture}`, {a.num_parameters / 1e6:.2f} M parameters",
+           f"- Decoder layers: {s.num_layers} at `{s.layers_path}` (`{s.layers[0].cls if s.layers else '-'}`)",
+           f"- Attention: {s.attention_kind}, modules `{s.layers[0].attention if s.layers else '-'}` ...",
+           f"- Dense MLP layers: {len(s.mlp_paths)}; MoE layers: {len(s.moe_paths)}",
+           f"- Prefill / decode: {a.prefill_decode}",
+           f"- KV cache: {a.kv_cache}",
+           f"- Decode step capture (unscoped, torch._dynamo.explain): {a.decode_graphs} graph(s), "
+           f"{len(a.breaks)} graph break(s)"]
+    for b in a.breaks:
+        out.append(f"  - break{' at `' + b.where + '`' if b.where else ''}: {b.reason}")
+    out += ["", "| layer | attention | feed-forward | kind | router | experts | shared experts | norms |",
+            "|---|---|---|---|---|---|---|---|"]
+    for p in s.layers:
+        out.append(f"| {p.index} | `{p.attention or '-'}` | `{p.ffn or '-'}` | {p.ffn_kind or '-'} | "
+                   f"`{p.router or '-'}` | {('`' + p.experts + '`' + (f' ({p.num_experts})' if p.num_experts else '')) if p.experts else '-'} | "
+                   f"`{p.shared_experts or '-'}` | {len(p.norms)} |")
+    out += ["", f"Suggested order (seed decision tree): {' -> '.join(a.suggested_order)} — {a.suggestion_why}."]
+    if a.not_applicable:
+        out.append("Not applicable: " + "; ".join(f"`{k}` ({v})" for k, v in a.not_applicable.items()) + ".")
+    return out
+
+
+def cuts_section(results: list[RunResult]) -> list[str]:
+    out = []
+    seen: set[str] = set()
+    for r in results:
+        if r.kind != "plan" or r.strategy in seen or r.error:
+            continue
+        seen.add(r.strategy)
+        out.append(f"- `{r.strategy}`: {r.segments} segment(s), {len(r.cuts)} cut(s), {r.graph_breaks} graph break(s)"
+                   + (f", realized as {', '.join(f'{k} x{v}' for k, v in r.realizations.items())}" if r.realizations else ""))
+        for c in r.cuts:
+            out.append(f"  - scope `{c.scope}` cut at `{c.op}` (node {c.node_index})"
+                       f"{' at `' + c.source + '`' if c.source else ''}: {c.reason}")
+        for f in r.fallbacks:
+            out.append(f"  - fallback to eager: {f}")
+    errors = [r for r in results if r.error]
+    for r in errors:
+        out.append(f"- `{r.name}` could not run: {r.error}")
+    return out or ["- no plan was captured"]
+
+
+def apply_section(best: RunResult, options: str, model_name: str, is_zoo: bool) -> list[str]:
+    scopes = ",\n    ".join(f"{label!r}: {globs if len(globs) > 1 else globs[0]!r}" for label, globs in best.scopes.items())
+    model_arg = model_name if is_zoo else f"/path/to/checkpoint"
+    return [
+        "With the plan file written next to this report:", "",
+        "```python",
+        "import superkernel",
+        "compiled = superkernel.apply(model, \"superkernel.yaml\")  # scopes applied in place, returns the compiled model",
+        "# decode steps: compiled(input_ids=tok, past_key_values=static_cache, cache_position=pos)",
+        "# prefill: call the original model (scopes only act under torch.compile)",
+        "```", "",
+        "Or explicitly:", "",
+        "```python",
+        "import superkernel",
+        f"superkernel.apply_scopes(model, {{\n    {scopes},\n}}, options={options!r})",
+        "cfg = superkernel.CompilerConfig()",
+        f"cfg.mode = {best.mode!r}",
+        "compiled = superkernel.compile(model, cfg)",
+        "```", "",
+        f"Re-measure against the baselines: `superkernel bench --model {model_arg} --config superkernel.yaml`",
+    ]
+
+
+def render(*, analysis: Analysis, model_name: str, model_source: str, notes: list[str], results: list[RunResult],
+           recommended: RunResult | None, settings: dict[str, Any], hardware: str, versions: dict[str, str],
+           tolerance: float, plan_yaml: str | None, prefill_ms: float) -> str:
+    eager = next((r for r in results if r.name == "eager"), None)
+    inductor = next((r for r in results if r.name == "torch.compile"), None)
+    plans = [r for r in results if r.kind == "plan"]
+    lines = ["# SuperKernel optimization report", "",
+             f"Generated {_dt.datetime.now().isoformat(timespec='seconds')} by `superkernel optimize`.", "",
+             "## Configuration", "",
+             f"- Model: `{model_name}` ({model_source}{'; ' + '; '.join(notes) if notes else ''})",
+             f"- Strategy: `{settings['strategy']}` ({DESCRIPTIONS.get(settings['strategy'], '')}); "
+             f"modes: {', '.join(settings['modes'])}; scope options: `{settings['options'] or '(none)'}`",
+             f"- Decode: batch 1, prompt {settings['prompt_len']} tokens, {settings['warmup']} warm-up + "
+             f"{settings['steps']} timed steps, teacher-forced (every plan is fed the same tokens), static KV cache",
+             f"- Prefill (once, uncompiled, unscoped): {prefill_ms:.2f} ms — not included in any decode number",
+             f"- Hardware: {hardware}",
+             f"- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()), "",
+             "## Step 1: model analysis", "", *structure_section(analysis), "",
+             "## Results", "",
+             markdown_table(results, recommended), "",
+             f"![decode step latency per plan]({CHART_NAME})", "",
+             "Decode ms: median and p90 of the timed steps; compile s: the first call (tracing + compiling + one step). "
+             "Speedups are eager or torch.compile median / plan median, all measured in this run.", "",
+             "## Precision", "",
+             "Every decode step's logits are compared, from the same prompt and cache state, with the exactness "
+             "reference (the same scopes, captured graph run operator by operator: `debug.run_eagerly`) and with the "
+             "uncompiled model.", "",
+             "- `reduce-overhead` must be bit-identical to the reference (`torch.equal`, max abs diff 0).",
+             f"- `max-autotune` passes when max abs diff <= {tolerance:g} x max(1, max |reference logit|) (float32).",
+             "- The diff to the uncompiled model is reported, not judged: transformers takes other code paths under "
+             "torch.compile, so the last bits may differ.", ""]
+    for r in plans:
+        if r.error:
+            lines.append(f"- `{r.name}`: **ERROR** — {r.error}")
+        elif r.verdict is not None:
+            tag = "passed" if r.verdict.passed else "**FAILED**"
+            lines.append(f"- `{r.name}`: {tag} — {r.verdict.reason}; vs eager: max abs diff "
+                         f"{fmt_diff(r.vs_eager.max_abs)}, top-1 agreement {r.vs_eager.top1_agreement:.0%}")
+    lines += ["", "## Recommendation", ""]
+    if recommended is None:
+        lines.append("**No plan passed precision**: nothing is recommended and no superkernel.yaml was written.")
+    else:
+        lines += _why(recommended, plans, eager, inductor)
+        lines += ["", "## Cuts, graph breaks and fallbacks", "", *cuts_section(results), "",
+                  "## How to apply", "", *apply_section(recommended, settings["options"], model_name,
+                                                          model_source == "zoo")]
+        if plan_yaml:
+            lines += ["", "`superkernel.yaml`:", "", "```yaml", plan_yaml.rstrip(), "```"]
+    if recommended is None:
+        lines += ["", "## Cuts, graph breaks and fallbacks", "", *cuts_section(results)]
+    lines += ["", "## Notes", "",
+              "- Absolute times hold for the hardware above only; ratios are the result. On a busy machine the "
+              "median is the robust number, compare p90 for jitter.",
+              "- Decode steps use a preallocated StaticCache; prefill is never scoped or compiled."]
+    return "\n".join(lines) + "\n"
+
+
+def _why(best: RunResult, plans: list[RunResult], eager: RunResult | None, inductor: RunResult | None) -> list[str]:
+    passing = [r for r in plans if r.passed]
+    out = [f"**`{best.strategy}` in `{best.mode}` mode** — scopes: "
+           + "; ".join(f"`{label}` = {', '.join('`' + g + '`' for g in globs)}" for label, globs in best.scopes.items()),
+           "",
+           f"- Fastest of {len(passing)} plan(s) that passed precision ({len(plans) - len(passing)} failed or errored): "
+           f"median decode step {best.median_ms:.3f} ms (p90 {best.p90_ms:.3f} ms), {best.tokens_per_s:.0f} tokens/s.",
+           f"- Precision: {best.verdict.reason}."]
+    if eager is not None and eager.median_ms:
+        out.append(f"- vs eager ({eager.median_ms:.3f} ms): {best.speedup_vs_eager:.2f}x, "
+                   f"latency {_pct_faster(eager.median_ms, best.median_ms)} lower, throughput "
+                   f"{(best.tokens_per_s / eager.tokens_per_s - 1) * 100:+.1f}%.")
+    if inductor is not None and inductor.median_ms:
+        out.append(f"- vs plain torch.compile ({inductor.median_ms:.3f} ms): {best.speedup_vs_compile:.2f}x.")
+        if best.median_ms > inductor.median_ms:
+            out.append("- Note: plain torch.compile was faster than every passing superkernel plan in this run; "
+                       "the plan is still the best scoped configuration.")
+    if eager is not None and eager.median_ms and best.median_ms > eager.median_ms:
+        out.append("- Note: this plan is slower than eager on this machine; do not deploy it here.")
+    runner_up = sorted((r for r in passing if r is not best), key=lambda r: r.median_ms)[:1]
+    for r in runner_up:
+        out.append(f"- Runner-up: `{r.name}` at {r.median_ms:.3f} ms.")
+    return out

@@ -1,0 +1,130 @@
+"""Scope strategies: which submodules get which scope label.
+
+Each strategy turns a :class:`ModelStructure` into ``{label: [module globs]}`` for
+``superkernel.apply_scopes``. ``auto`` tries, bottom-up from the smallest scope
+(seed 000, method one), every strategy that applies to the model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .structure import ModelStructure
+
+#: Every strategy name, in the bottom-up order ``auto`` tries them.
+STRATEGY_ORDER = ("attention", "mlp", "moe", "decoder_layer", "all_layers")
+STRATEGIES = (*STRATEGY_ORDER, "custom", "auto")
+
+DESCRIPTIONS = {
+    "attention": "one scope 'attention' around every attention module (smallest, lowest risk)",
+    "mlp": "one scope 'mlp' around every dense MLP (feed-forward) module",
+    "moe": "one scope 'moe' around every MoE block (router + experts + shared experts)",
+    "decoder_layer": "one scope per decoder layer ('decoder_layer_<i>'): attention + MLP/MoE + norms",
+    "all_layers": "one scope 'all_layers' over the whole stack of decoder layers",
+    "custom": "your labels -> module globs (--scope LABEL=GLOB or --scopes-file FILE.yaml)",
+    "auto": "try every strategy that applies, bottom-up, recommend the fastest that passes precision",
+}
+
+
+class StrategyError(ValueError):
+    """A strategy that is unknown or does not apply to the model."""
+
+
+@dataclass(frozen=True)
+class ScopePlan:
+    strategy: str
+    scopes: dict[str, list[str]]      # label -> module globs
+
+    @property
+    def labels(self) -> list[str]:
+        return list(self.scopes)
+
+    def describe(self) -> str:
+        return "; ".join(f"{label}: {', '.join(globs)}" for label, globs in self.scopes.items())
+
+
+def compress(paths: list[str], layers_path: str | None, num_layers: int) -> list[str]:
+    """``model.layers.0.self_attn`` .. ``model.layers.N.self_attn`` -> ``model.layers.*.self_attn``.
+
+    Only when the paths cover every layer with the same suffix; otherwise the exact paths.
+    """
+    if not paths or not layers_path:
+        return list(paths)
+    prefix = layers_path + "."
+    suffixes = set()
+    indices = set()
+    for p in paths:
+        if not p.startswith(prefix):
+            return list(paths)
+        index, _, rest = p[len(prefix):].partition(".")
+        indices.add(index)
+        suffixes.add(rest)
+    if len(suffixes) == 1 and indices == {str(i) for i in range(num_layers)}:
+        rest = suffixes.pop()
+        return [f"{layers_path}.*" + (f".{rest}" if rest else "")]
+    return list(paths)
+
+
+def applicable(structure: ModelStructure) -> dict[str, str | None]:
+    """Strategy -> None when it applies, else the reason it does not."""
+    reasons: dict[str, str | None] = {}
+    no_layers = "no decoder layer stack found in the module tree"
+    reasons["attention"] = None if structure.attention_paths else "no attention modules found"
+    reasons["mlp"] = None if structure.mlp_paths else "no dense MLP modules (every feed-forward is MoE)"
+    reasons["moe"] = None if structure.moe_paths else "no MoE blocks (dense model)"
+    reasons["decoder_layer"] = None if structure.layers else no_layers
+    reasons["all_layers"] = None if structure.layers else no_layers
+    return reasons
+
+
+def plan_for(strategy: str, structure: ModelStructure) -> ScopePlan:
+    """The scopes of one built-in strategy (not ``auto`` or ``custom``)."""
+    if strategy not in STRATEGY_ORDER:
+        raise StrategyError(f"unknown strategy {strategy!r}; choose one of: {', '.join(STRATEGIES)}")
+    reason = applicable(structure)[strategy]
+    if reason:
+        raise StrategyError(f"strategy {strategy!r} does not apply to {structure.architecture}: {reason}")
+    n, lp = structure.num_layers, structure.layers_path
+    if strategy == "attention":
+        scopes = {"attention": compress(structure.attention_paths, lp, n)}
+    elif strategy == "mlp":
+        scopes = {"mlp": compress(structure.mlp_paths, lp, n)}
+    elif strategy == "moe":
+        scopes = {"moe": compress(structure.moe_paths, lp, n)}
+    elif strategy == "decoder_layer":
+        scopes = {f"decoder_layer_{p.index}": [p.path] for p in structure.layers}
+    else:
+        # The layers run back to back, so one label on each of them is one scope over the stack
+        # (the ModuleList itself has no forward to wrap).
+        scopes = {"all_layers": compress(structure.layer_paths, lp, n)}
+    return ScopePlan(strategy, scopes)
+
+
+def auto_plans(structure: ModelStructure) -> list[ScopePlan]:
+    """Every strategy that applies, bottom-up from the smallest scope."""
+    return [plan_for(s, structure) for s, why in applicable(structure).items() if why is None]
+
+
+def custom_plan(scopes: dict[str, str | list[str]]) -> ScopePlan:
+    if not scopes:
+        raise StrategyError("strategy 'custom' needs scopes: --scope LABEL=GLOB (repeatable) or --scopes-file FILE.yaml")
+    norm: dict[str, list[str]] = {}
+    for label, globs in scopes.items():
+        if not isinstance(label, str) or not label.strip():
+            raise StrategyError(f"scope labels must be non-empty strings, got {label!r}")
+        items = [globs] if isinstance(globs, str) else list(globs) if isinstance(globs, (list, tuple)) else None
+        if not items or not all(isinstance(g, str) and g.strip() for g in items):
+            raise StrategyError(f"scope {label!r}: expected a module glob or a list of globs, got {globs!r}")
+        norm.setdefault(label.strip(), []).extend(g.strip() for g in items)
+    return ScopePlan("custom", norm)
+
+
+def parse_scope_args(values: list[str]) -> dict[str, list[str]]:
+    """``["attn=model.layers.*.self_attn", "ffn=a,b"]`` -> ``{"attn": [...], "ffn": ["a", "b"]}``."""
+    out: dict[str, list[str]] = {}
+    for value in values:
+        label, sep, globs = value.partition("=")
+        if not sep or not label.strip() or not globs.strip():
+            raise StrategyError(f"--scope {value!r}: expected LABEL=GLOB[,GLOB...], e.g. attn=model.layers.*.self_attn")
+        out.setdefault(label.strip(), []).extend(g.strip() for g in globs.split(",") if g.strip())
+    return out

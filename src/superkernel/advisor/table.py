@@ -1,0 +1,74 @@
+"""The terminal table of baselines and plans (also reused, as text, by the report)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from .results import RunResult
+
+#: Column headers; the markdown report explains them under the table.
+COLUMNS = ("strategy", "mode", "scopes", "segments", "cuts", "decode ms median / p90", "tokens/s",
+           "vs eager", "vs torch.compile", "max abs diff vs reference", "max abs diff vs eager",
+           "top-1 vs ref", "precision", "compile s")
+
+
+def fmt_diff(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return "0" if value == 0 else f"{value:.2e}"
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def row(r: RunResult) -> list[str]:
+    """Cells of one result, in COLUMNS order."""
+    timed = r.median_ms is not None
+    if r.kind == "baseline":
+        strategy, mode, scopes, segs, cuts = r.name, "-", "-", "-", "-"
+    else:
+        strategy, mode = r.strategy or "-", r.mode or "-"
+        scopes = str(len(r.scopes))
+        segs = str(r.segments) if not r.error else "-"
+        cuts = str(len(r.cuts)) if not r.error else "-"
+    return [
+        strategy, mode, scopes, segs, cuts,
+        f"{r.median_ms:.3f} / {r.p90_ms:.3f}" if timed else "-",
+        f"{r.tokens_per_s:.0f}" if timed else "-",
+        _x(r.speedup_vs_eager), _x(r.speedup_vs_compile),
+        fmt_diff(r.vs_reference.max_abs) if r.vs_reference else "-",
+        fmt_diff(r.vs_eager.max_abs) if r.vs_eager else "-",
+        f"{r.vs_reference.top1_agreement:.0%}" if r.vs_reference else "-",
+        r.status if not r.error else "error",
+        "-" if r.compile_s is None or r.name == "eager" or r.error else f"{r.compile_s:.1f}",
+    ]
+
+
+_STYLE = {"passed": "green", "failed": "bold red", "error": "bold red", "baseline": "dim"}
+
+
+def rich_table(results: list[RunResult], recommended: RunResult | None, title: str) -> Table:
+    table = Table(title=title, header_style="bold", show_lines=False)
+    for col in COLUMNS:
+        table.add_column(col, justify="left" if col in ("strategy", "mode", "precision") else "right",
+                         overflow="fold")
+    for r in results:
+        cells = row(r)
+        cells[-2] = f"[{_STYLE.get(r.status, '')}]{cells[-2]}[/]"
+        if recommended is r:
+            cells[0] = f"[bold]* {cells[0]}[/]"
+        table.add_row(*cells)
+    return table
+
+
+def markdown_table(results: list[RunResult], recommended: RunResult | None) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    for r in results:
+        cells = row(r)
+        if recommended is r:
+            cells[0] = f"**{cells[0]}** (recommended)"
+        if r.status in ("failed", "error"):
+            cells[-2] = f"**{cells[-2].upper()}**"
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines)

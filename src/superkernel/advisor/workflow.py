@@ -1,0 +1,181 @@
+"""``superkernel optimize``: analyse, try scope strategies, verify precision, measure, recommend, report.
+
+The four steps of the adaptation workflow (seed 001), run in one process so every
+number in the report was measured in the same run as its baselines.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..decode import DecodeSession, prepare
+from ..models import DEFAULT_MODEL, LoadedModel, load_model
+from .analysis import Analysis, analyze
+from .chart import latency_chart
+from .compiling import MODES
+from .environment import choose_threads, hardware, pick_device, versions
+from .files import atomic_write
+from .measure import run_baselines, run_plan
+from .plan_file import PlanFile, write_plan
+from .precision import MAX_AUTOTUNE_TOLERANCE
+from .progress import Reporter
+from .report import CHART_NAME, PLAN_NAME, REPORT_NAME, render
+from .results import RunResult, fill_speedups, recommend
+from .strategies import STRATEGIES, ScopePlan, StrategyError, auto_plans, custom_plan, plan_for
+
+RESULTS_NAME = "results.json"
+LOGITS_NAME = "logits.safetensors"
+
+
+class WorkflowError(RuntimeError):
+    """The run finished but has no usable result (nothing passed, nothing captured)."""
+
+
+@dataclass
+class OptimizeOptions:
+    model: str = DEFAULT_MODEL
+    strategy: str = "auto"
+    modes: tuple[str, ...] = MODES
+    steps: int = 32
+    warmup: int = 4
+    prompt_len: int = 32
+    output: Path = Path("superkernel_out")
+    custom_scopes: dict[str, list[str]] = field(default_factory=dict)
+    options: str = ""
+    seed: int = 0
+    device: str = "auto"
+    tolerance: float = MAX_AUTOTUNE_TOLERANCE
+    threads: int | None = None                          # None: auto (see environment.choose_threads)
+    quiet: bool = False
+    inputs: list[Path] = field(default_factory=list)   # files given by the user, never overwritten
+
+
+@dataclass
+class Outcome:
+    results: list[RunResult]
+    recommended: RunResult | None
+    analysis: Analysis
+    files: dict[str, Path]
+    message: str
+
+
+def select_plans(strategy: str, analysis_structure, custom: dict[str, list[str]]) -> list[ScopePlan]:
+    if strategy == "auto":
+        return auto_plans(analysis_structure)
+    if strategy == "custom":
+        return [custom_plan(custom)]
+    if strategy not in STRATEGIES:
+        raise StrategyError(f"unknown strategy {strategy!r}; choose one of: {', '.join(STRATEGIES)}")
+    return [plan_for(strategy, analysis_structure)]
+
+
+def validate_scopes(model: torch.nn.Module, plans: list[ScopePlan], options: str) -> None:
+    """Fail fast on a bad glob or option before any compile (apply, then remove again)."""
+    import superkernel
+
+    for plan in plans:
+        try:
+            superkernel.apply_scopes(model, plan.scopes, options=options)
+        finally:
+            superkernel.remove_scopes(model)
+
+
+def load_and_prepare(opts: OptimizeOptions, reporter: Reporter) -> tuple[LoadedModel, DecodeSession]:
+    device = pick_device(opts.device)
+    with reporter.task(f"loading {opts.model}"):
+        loaded = load_model(opts.model, seed=opts.seed, device=device)
+    choose_threads(opts.threads, device, loaded.num_parameters)
+    with reporter.task("prefill + reference token sequence (uncompiled)"):
+        session = prepare(loaded.model, prompt_len=opts.prompt_len, steps=opts.steps, warmup=opts.warmup,
+                          seed=opts.seed, device=device)
+    return loaded, session
+
+
+def optimize(opts: OptimizeOptions, reporter: Reporter | None = None) -> Outcome:
+    reporter = reporter or Reporter(quiet=opts.quiet)
+    if opts.strategy not in STRATEGIES:
+        raise StrategyError(f"unknown strategy {opts.strategy!r}; choose one of: {', '.join(STRATEGIES)}")
+    if opts.strategy != "custom" and opts.custom_scopes:
+        raise StrategyError("--scope/--scopes-file give scopes for --strategy custom; add --strategy custom")
+    loaded, session = load_and_prepare(opts, reporter)
+    with reporter.task("analysing model structure and decode capture"):
+        analysis = analyze(loaded.name, session, plans=[])
+    plans = select_plans(opts.strategy, analysis.structure, opts.custom_scopes)
+    validate_scopes(loaded.model, plans, opts.options)
+    reporter.note(f"[bold]{loaded.name}[/]: {analysis.architecture}, {analysis.structure.num_layers} layers, "
+                  f"{analysis.structure.attention_kind} attention, {len(analysis.structure.moe_paths)} MoE layer(s); "
+                  f"plans: {', '.join(p.strategy for p in plans)} x {', '.join(opts.modes)}")
+
+    results = run_baselines(session, reporter)
+    eager = results[0]
+    for plan in plans:
+        results += run_plan(session, plan, tuple(opts.modes), eager.logits, options=opts.options,
+                            tolerance=opts.tolerance, reporter=reporter)
+    inductor = next((r for r in results if r.name == "torch.compile" and not r.error), None)
+    fill_speedups(results, eager, inductor)
+    best = recommend(results)
+
+    files = write_outputs(opts, loaded, session, analysis, results, best)
+    plan_results = [r for r in results if r.kind == "plan"]
+    if plan_results and all(r.error for r in plan_results):
+        message = f"model cannot be captured: every plan failed to compile or run (first: {plan_results[0].error})"
+    elif best is None:
+        failed = ", ".join(f"{r.name} ({r.verdict.reason if r.verdict else r.error})" for r in plan_results)
+        message = f"no plan passed precision: {failed}"
+    else:
+        message = (f"recommended: {best.name} — {best.median_ms:.3f} ms/step, "
+                   f"{best.speedup_vs_eager or 0:.2f}x vs eager, {best.speedup_vs_compile or 0:.2f}x vs torch.compile")
+    return Outcome(results=results, recommended=best, analysis=analysis, files=files, message=message)
+
+
+def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSession, analysis: Analysis,
+                  results: list[RunResult], best: RunResult | None) -> dict[str, Path]:
+    out = Path(opts.output)
+    inputs = list(opts.inputs)
+    if loaded.source == "checkpoint":
+        inputs += list(Path(loaded.name).iterdir())
+    files: dict[str, Path] = {}
+    plan_yaml = None
+    if best is not None:
+        plan = PlanFile(scopes=best.scopes, mode=best.mode, options=opts.options, model=loaded.name,
+                        strategy=best.strategy, measured=_measured(best, results, session))
+        files["plan"] = write_plan(out / PLAN_NAME, plan, inputs)
+        plan_yaml = files["plan"].read_text()
+    title = f"{loaded.name}: decode step latency ({hardware(session.device).split(' (')[0]})"
+    files["chart"] = atomic_write(out / CHART_NAME, latency_chart(results, best, title), inputs)
+    settings = {"strategy": opts.strategy, "modes": list(opts.modes), "options": opts.options, "steps": opts.steps,
+                "warmup": opts.warmup, "prompt_len": opts.prompt_len}
+    report = render(analysis=analysis, model_name=loaded.name, model_source=loaded.source, notes=loaded.notes,
+                    results=results, recommended=best, settings=settings, hardware=hardware(session.device),
+                    versions=versions(), tolerance=opts.tolerance, plan_yaml=plan_yaml,
+                    prefill_ms=session.prefill_seconds * 1e3)
+    files["report"] = atomic_write(out / REPORT_NAME, report, inputs)
+    payload = {"model": loaded.name, "hardware": hardware(session.device), "versions": versions(),
+               "settings": settings, "tolerance": opts.tolerance, "prefill_ms": session.prefill_seconds * 1e3,
+               "recommended": best.name if best else None, "results": [r.to_dict() for r in results]}
+    files["results"] = atomic_write(out / RESULTS_NAME, json.dumps(payload, indent=2, default=str) + "\n", inputs)
+    files["logits"] = atomic_write(out / LOGITS_NAME, _logits_bytes(results, session), inputs)
+    return files
+
+
+def _logits_bytes(results: list[RunResult], session: DecodeSession) -> bytes:
+    """Every run's decode logits (and the fed tokens), so the precision columns can be re-checked."""
+    from safetensors.torch import save
+
+    tensors = {r.name: r.logits.contiguous() for r in results if r.logits is not None}
+    tensors["__tokens__"] = session.tokens.cpu().contiguous()
+    return save(tensors)
+
+
+def _measured(best: RunResult, results: list[RunResult], session: DecodeSession) -> dict:
+    eager = next(r for r in results if r.name == "eager")
+    return {"decode_ms_median": round(best.median_ms, 4), "decode_ms_p90": round(best.p90_ms, 4),
+            "eager_ms_median": round(eager.median_ms, 4),
+            "speedup_vs_eager": round(best.speedup_vs_eager or 0, 3),
+            "speedup_vs_torch_compile": round(best.speedup_vs_compile or 0, 3),
+            "max_abs_diff_vs_reference": best.vs_reference.max_abs if best.vs_reference else None,
+            "hardware": hardware(session.device)}

@@ -1,0 +1,331 @@
+"""The ``superkernel`` command line: optimize, analyze, bench (and static-compile when available).
+
+Every bad input ends as one ``superkernel: error: ...`` line and exit status 2;
+a run that finishes without a usable plan exits with 1. Set SUPERKERNEL_TRACEBACK=1
+to see Python tracebacks instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+PROG = "superkernel"
+EXIT_NO_RESULT = 1
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors in one line."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def _positive(name: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {value}")
+        return value
+    return parse
+
+
+def _add_model_args(p: argparse.ArgumentParser, *, default: str | None) -> None:
+    from .models import ZOO
+
+    p.add_argument("--model", default=default, metavar="NAME|PATH",
+                   help=f"zoo model ({', '.join(ZOO)}) built from a transformers config with seeded random weights, "
+                        "or a local Hugging Face checkpoint directory (config.json + *.safetensors)"
+                        + (f"; default {default}" if default else ""))
+    p.add_argument("--seed", type=int, default=0, help="seed of the zoo weights and of the prompt tokens (default 0)")
+    p.add_argument("--device", default="auto", metavar="auto|cpu|cuda[:N]",
+                   help="where to run; auto = cuda when available, else cpu (default auto)")
+
+
+def _add_decode_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--steps", type=_positive("--steps"), default=32,
+                   help="timed decode steps per plan, after the warm-up (default 32)")
+    p.add_argument("--warmup", type=_positive("--warmup"), default=4,
+                   help="warm-up decode steps per plan, not timed; the first one includes compiling (default 4)")
+    p.add_argument("--prompt-len", type=_positive("--prompt-len"), default=32,
+                   help="prompt tokens prefilled once before decoding (default 32)")
+    p.add_argument("--threads", type=_positive("--threads"), default=None, metavar="N",
+                   help="CPU threads for torch (default auto: 1 for models under 50M parameters on CPU, whose "
+                        "decode step is launch-bound and times steadily on one thread; else torch's default)")
+
+
+def _add_precision_args(p: argparse.ArgumentParser) -> None:
+    from .advisor.precision import MAX_AUTOTUNE_TOLERANCE
+
+    p.add_argument("--tolerance", type=float, default=MAX_AUTOTUNE_TOLERANCE,
+                   help="max-autotune passes when max abs logit diff to the exactness reference <= TOLERANCE x "
+                        f"max(1, max |reference logit|) (default {MAX_AUTOTUNE_TOLERANCE:g}, float32); "
+                        "reduce-overhead must always be bit-identical")
+
+
+def _add_scope_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scope", action="append", default=[], metavar="LABEL=GLOB[,GLOB]",
+                   help="a scope of --strategy custom: label and module glob(s), '*' matches one path component, "
+                        "e.g. attn=model.layers.*.self_attn (repeatable)")
+    p.add_argument("--scopes-file", type=Path, metavar="FILE.yaml",
+                   help="scopes of --strategy custom from YAML: a mapping label -> glob(s), or a superkernel.yaml")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .advisor.strategies import DESCRIPTIONS, STRATEGIES
+
+    parser = _Parser(prog=PROG, description="Make PyTorch LLM decode faster with SuperKernel scopes: analyse a "
+                                            "model, try scope strategies, verify precision, measure, report.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    opt = sub.add_parser("optimize", help="analyse, try scope strategies, verify precision, measure, recommend, report",
+                         description="Run the four-step SuperKernel adaptation workflow on a model and write "
+                                     "superkernel_optimization_report.md, decode_latency.png, superkernel.yaml, "
+                                     "results.json and logits.safetensors to --output.",
+                         formatter_class=argparse.RawDescriptionHelpFormatter,
+                         epilog="strategies:\n" + "\n".join(f"  {k:<14} {v}" for k, v in DESCRIPTIONS.items()))
+    _add_model_args(opt, default="llama-tiny")
+    opt.add_argument("--strategy", default="auto", metavar="NAME",
+                     help=f"scope strategy: {', '.join(STRATEGIES)} (default auto; see below)")
+    opt.add_argument("--mode", default="both", metavar="MODE",
+                     help="reduce-overhead (binary fusion, bit-exact), max-autotune (source fusion) or both (default)")
+    _add_decode_args(opt)
+    _add_scope_args(opt)
+    opt.add_argument("--options", default="", metavar="KEY=VALUE[:KEY=VALUE]",
+                     help="scope options for every scope, e.g. stream-fusion=1 or strict-scope-check=abort (default none)")
+    _add_precision_args(opt)
+    opt.add_argument("--output", type=Path, default=Path("superkernel_out"), metavar="DIR",
+                     help="directory for the report, chart, plan and results (default ./superkernel_out)")
+    opt.add_argument("--quiet", action="store_true", help="no progress bars, only the table and the result line")
+    opt.set_defaults(func=_cmd_optimize)
+
+    ana = sub.add_parser("analyze", help="model structure, prefill/decode, KV cache, graph breaks and cuts per scope plan",
+                         description="Step one of the workflow: find decoder layers, attention, MoE (router, experts, "
+                                     "shared experts), dense MLPs and norms; check prefill/decode separation and the "
+                                     "KV cache; capture each candidate scope plan once and list its cuts with reasons.")
+    _add_model_args(ana, default="llama-tiny")
+    ana.add_argument("--strategy", default="auto", metavar="NAME",
+                     help=f"which plans to trial-capture: {', '.join(STRATEGIES)} (default auto = every one that applies)")
+    _add_scope_args(ana)
+    ana.add_argument("--prompt-len", type=_positive("--prompt-len"), default=8,
+                     help="prompt tokens prefilled before the trial capture (default 8)")
+    ana.add_argument("--json", type=Path, metavar="FILE", help="also write the analysis as JSON to FILE")
+    ana.set_defaults(func=_cmd_analyze)
+
+    ben = sub.add_parser("bench", help="re-measure a superkernel.yaml plan against eager and torch.compile",
+                         description="Load the model, apply the plan's scopes and mode, check precision against the "
+                                     "exactness reference and measure decode latency against the baselines.")
+    ben.add_argument("--config", type=Path, required=True, metavar="FILE.yaml",
+                     help="a plan written by superkernel optimize (superkernel.yaml)")
+    _add_model_args(ben, default=None)
+    ben.add_argument("--mode", default=None, metavar="MODE",
+                     help="override the plan's mode: reduce-overhead or max-autotune")
+    _add_decode_args(ben)
+    _add_precision_args(ben)
+    ben.add_argument("--quiet", action="store_true", help="no progress bars")
+    ben.set_defaults(func=_cmd_bench)
+
+    _register_static_compile(sub)
+    return parser
+
+
+def _register_static_compile(sub) -> None:
+    try:
+        from .static_kernel import cli as static_cli
+    except ImportError:
+        return
+    register = getattr(static_cli, "register", None)
+    if register is not None:
+        register(sub)
+
+
+def _modes(text: str) -> tuple[str, ...]:
+    from .advisor.compiling import MODES
+
+    if text == "both":
+        return MODES
+    if text not in MODES:
+        raise ValueError(f"unknown mode {text!r}; choose reduce-overhead, max-autotune or both")
+    return (text,)
+
+
+def _custom_scopes(args) -> dict[str, list[str]]:
+    from .advisor.plan_file import PlanFileError
+    from .advisor.strategies import StrategyError, custom_plan, parse_scope_args
+
+    scopes = parse_scope_args(args.scope)
+    if args.scopes_file is not None:
+        import yaml
+
+        try:
+            data = yaml.safe_load(args.scopes_file.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise StrategyError(f"--scopes-file {str(args.scopes_file)!r} does not exist") from None
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+            raise PlanFileError(f"--scopes-file {args.scopes_file}: {' '.join(str(exc).split())}") from None
+        if isinstance(data, dict) and "scopes" in data:
+            data = data["scopes"]
+        if not isinstance(data, dict):
+            raise StrategyError(f"--scopes-file {args.scopes_file}: expected a mapping label -> module glob(s)")
+        for label, globs in custom_plan(data).scopes.items():
+            scopes.setdefault(label, []).extend(globs)
+    return scopes
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    wide = None if stream.isatty() or os.environ.get("COLUMNS") else 200  # logs and pipes get the whole table
+    return Console(stderr=stderr, width=wide)
+
+
+def _cmd_optimize(args) -> int:
+    from .advisor.console import print_results
+    from .advisor.progress import Reporter
+    from .advisor.workflow import OptimizeOptions, optimize
+
+    opts = OptimizeOptions(model=args.model, strategy=args.strategy, modes=_modes(args.mode), steps=args.steps,
+                           warmup=args.warmup, prompt_len=args.prompt_len, output=args.output,
+                           custom_scopes=_custom_scopes(args), options=args.options, seed=args.seed,
+                           device=args.device, tolerance=args.tolerance, threads=args.threads,
+                           quiet=args.quiet, inputs=[p for p in (args.scopes_file,) if p is not None])
+    from .scope import parse_options
+
+    parse_options(opts.options)
+    outcome = optimize(opts, Reporter(quiet=args.quiet))
+    console = _console()
+    print_results(outcome.results, outcome.recommended, f"superkernel optimize: {args.model}", console)
+    for key in ("report", "chart", "plan", "results"):
+        if key in outcome.files:
+            console.print(f"  {key}: {outcome.files[key]}")
+    if outcome.recommended is None:
+        sys.stderr.write(f"{PROG}: error: {outcome.message}\n")
+        return EXIT_NO_RESULT
+    console.print(outcome.message, highlight=False)
+    return 0
+
+
+def _cmd_analyze(args) -> int:
+    import json
+
+    from .advisor.analysis import analyze
+    from .advisor.files import atomic_write
+    from .advisor.progress import Reporter
+    from .advisor.structure import analyze_structure
+    from .advisor.workflow import OptimizeOptions, load_and_prepare, select_plans, validate_scopes
+
+    if args.strategy != "custom" and (args.scope or args.scopes_file):
+        from .advisor.strategies import StrategyError
+
+        raise StrategyError("--scope/--scopes-file give scopes for --strategy custom; add --strategy custom")
+    reporter = Reporter(quiet=False)
+    loaded, session = load_and_prepare(
+        OptimizeOptions(model=args.model, prompt_len=args.prompt_len, steps=1, warmup=1, seed=args.seed,
+                        device=args.device), reporter)
+    from .advisor.strategies import STRATEGIES, StrategyError
+
+    if args.strategy not in STRATEGIES:
+        raise StrategyError(f"unknown strategy {args.strategy!r}; choose one of: {', '.join(STRATEGIES)}")
+    plans = select_plans(args.strategy, analyze_structure(loaded.model), _custom_scopes(args))
+    validate_scopes(loaded.model, plans, "")
+    with reporter.task(f"trial capture of {len(plans)} plan(s)", total=len(plans)) as update:
+        done = []
+
+        def on_trial(name: str) -> None:
+            update(done=len(done), description=f"trial capture: {name}")
+            done.append(name)
+
+        result = analyze(loaded.name, session, plans, on_trial=on_trial)
+        update(done=len(plans))
+    from .advisor.console import print_analysis
+
+    print_analysis(result, _console())
+    if args.json is not None:
+        atomic_write(args.json, json.dumps(_analysis_dict(result), indent=2, default=str) + "\n",
+                     [p for p in (args.scopes_file,) if p is not None])
+    failed = [t for t in result.trials if t.error]
+    if result.trials and len(failed) == len(result.trials):
+        sys.stderr.write(f"{PROG}: error: model cannot be captured: {failed[0].error}\n")
+        return EXIT_NO_RESULT
+    return 0
+
+
+def _analysis_dict(a) -> dict:
+    from dataclasses import asdict
+
+    return {
+        "model": a.model_name, "architecture": a.architecture, "num_parameters": a.num_parameters,
+        "structure": asdict(a.structure), "not_applicable": a.not_applicable, "decode_graphs": a.decode_graphs,
+        "graph_breaks": [asdict(b) for b in a.breaks], "kv_cache": a.kv_cache, "prefill_decode": a.prefill_decode,
+        "suggested_order": a.suggested_order,
+        "trials": [{"strategy": t.plan.strategy, "scopes": t.plan.scopes, "wrapped": t.wrapped, "graphs": t.graphs,
+                    "graph_breaks": t.graph_breaks, "segments": [asdict(s) for s in t.segments],
+                    "cuts": [asdict(c) for c in t.cuts], "unscoped_ops": t.unscoped_ops, "ops": t.total_ops,
+                    "seconds": t.seconds, "error": t.error} for t in a.trials],
+    }
+
+
+def _cmd_bench(args) -> int:
+    from .advisor.bench import BenchOptions, bench
+    from .advisor.console import print_results
+    from .advisor.progress import Reporter
+
+    if args.mode is not None:
+        _modes(args.mode)
+    outcome = bench(BenchOptions(config=args.config, model=args.model, steps=args.steps, warmup=args.warmup,
+                                 prompt_len=args.prompt_len, seed=args.seed, device=args.device, mode=args.mode,
+                                 tolerance=args.tolerance, threads=args.threads, quiet=args.quiet),
+                    Reporter(quiet=args.quiet))
+    console = _console()
+    print_results(outcome.results, None, f"superkernel bench: {outcome.model} with {args.config}", console)
+    plan = outcome.plan
+    if plan.error:
+        sys.stderr.write(f"{PROG}: error: the plan could not be captured: {plan.error}\n")
+        return EXIT_NO_RESULT
+    if not plan.passed:
+        sys.stderr.write(f"{PROG}: error: the plan failed precision: {plan.verdict.reason}\n")
+        return EXIT_NO_RESULT
+    console.print(f"{plan.name}: {plan.median_ms:.3f} ms/step, {plan.speedup_vs_eager or 0:.2f}x vs eager, "
+                  f"{plan.speedup_vs_compile or 0:.2f}x vs torch.compile; precision: {plan.verdict.reason}",
+                  highlight=False)
+    return 0
+
+
+def _expected_errors() -> tuple[type[BaseException], ...]:
+    from .advisor.files import OutputError
+    from .advisor.plan_file import PlanFileError
+    from .advisor.strategies import StrategyError
+    from .models import ModelLoadError
+    from .scope_apply import ScopeGlobError
+
+    return (ModelLoadError, StrategyError, ScopeGlobError, PlanFileError, OutputError, ValueError, OSError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "func", None) is None:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"{PROG}: interrupted\n")
+        return 130
+    except _expected_errors() as exc:
+        if os.environ.get("SUPERKERNEL_TRACEBACK"):
+            raise
+        sys.stderr.write(f"{PROG}: error: {' '.join(str(exc).split())}\n")
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
