@@ -78,12 +78,11 @@ def parse_dims(items: Sequence[str]) -> dict[str, int]:
 
 
 def print_catalog(console: Console) -> None:
-    t = Table(title="graph-autofusion rule catalog", show_lines=False)
-    for h in ("name", "level", "pattern", "fused op", "description"):
-        t.add_column(h, overflow="fold")
+    console.print("graph-autofusion rule catalog (name, opt level, fused op, pattern, description)")
     for r in catalog.CATALOG:
-        t.add_row(r.name, str(r.opt_level), r.pattern, r.fused_op, r.description)
-    console.print(t)
+        console.print(f"{r.name:<24} level {r.opt_level}  -> {r.fused_op}", markup=False)
+        console.print(f"{'':<24} pattern: {r.pattern}", markup=False)
+        console.print(f"{'':<24} {r.description}", markup=False)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -92,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse: --help is 0, a usage error is 2
         return int(e.code or 0)
-    out = Console(highlight=False, soft_wrap=False, width=120)
+    out = Console(highlight=False, soft_wrap=True)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
 
     def fail(msg: str) -> int:
