@@ -43,7 +43,9 @@ class SuperKernelBackend:
         self.config = copy.deepcopy(compiler_config)
         self.counters: Counter[str] = Counter()
         self._graphs: list[GraphInfo] = []
-        self._last_scope = ""
+        # (scope the previous graph ended in, Dynamo's graph-break reason if it ended in one)
+        self._previous: tuple[str, str | None] = ("", None)
+        self._pending_break: str | None = None
         self._graph_breaks_at_start = _dynamo_graph_breaks()
         self.static_kernels = None
         if self.config.experimental_config.static_kernel.enable:
@@ -54,6 +56,8 @@ class SuperKernelBackend:
     # -- torch.compile entry -------------------------------------------------------
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         name = f"graph_{len(self._graphs)}"
+        reason = getattr(gm, "compile_subgraph_reason", None)  # why Dynamo ended this graph
+        self._pending_break = _break_text(reason) if getattr(reason, "graph_break", False) else None
         return capture(gm, example_inputs, functools.partial(self.compile_aten, name=name),
                        decompositions=self._decompositions())
 
@@ -69,13 +73,16 @@ class SuperKernelBackend:
         start = time.perf_counter()
         cfg = self.config
         device = graph_device(gm)
-        continues = self._last_scope
-        self._last_scope = last_scope(gm)
+        # A graph that starts in the scope the previous graph ended in, right after Dynamo
+        # broke the previous graph, continues that scope: the break is a cut.
+        prev_scope, prev_break = self._previous
+        self._previous = (last_scope(gm), self._pending_break)
         if cfg.debug.graph_dump.type:
             dump_graph(gm, cfg.debug.graph_dump, f"{name}_captured")
         if not cfg.debug.run_eagerly:  # the exactness reference keeps the graph as captured
             self.counters["inputs_updated_in_place"] += reinplace_input_updates(gm)
-        segmentation = build_segments(gm, device, continues_scope=continues)
+        segmentation = build_segments(gm, device, continues_scope=prev_scope if prev_break else None,
+                                      break_reason=prev_break)
         num_ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
         info = GraphInfo(name=name, num_ops=num_ops, mode=cfg.mode, device=device, cuts=segmentation.cuts,
                          unscoped_ops=sum(p.num_ops for p in segmentation.partitions if p.kind == "unscoped"))
@@ -121,8 +128,17 @@ class SuperKernelBackend:
         """Forget what was compiled (use together with ``torch._dynamo.reset()``)."""
         self._graphs.clear()
         self.counters.clear()
-        self._last_scope = ""
+        self._previous, self._pending_break = ("", None), None
         self._graph_breaks_at_start = _dynamo_graph_breaks()
+
+
+def _break_text(reason: Any) -> str:
+    where = ""
+    stack = getattr(reason, "user_stack", None) or []
+    if stack:
+        frame = stack[-1]
+        where = f" at {frame.filename}:{frame.lineno}"
+    return f"{getattr(reason, 'reason', 'graph break')}{where}".strip()
 
 
 def capture(gm: fx.GraphModule, example_inputs: list[Any], fw_compiler: Callable[..., Any],

@@ -232,13 +232,14 @@ def build_segments(
     device: str | None = None,
     *,
     continues_scope: str | None = None,
+    break_reason: str | None = None,
     on_cut: Callable[[Cut], None] | None = None,
 ) -> Segmentation:
     """Partition ``gm``'s operators into segments, unscoped runs and cut operators.
 
-    ``continues_scope``: the scope the previous graph of the same frame ended in; when
-    this graph starts in that scope again, Dynamo broke the graph inside it, which is
-    recorded as a cut. ``strict-scope-check=abort`` raises :class:`SuperKernelScopeError`.
+    ``continues_scope``: the scope the previous graph ended in when Dynamo ended that graph
+    with a graph break (``break_reason``); if this graph starts in the same scope, the
+    break split the scope, which is recorded as a cut. ``strict-scope-check=abort`` raises :class:`SuperKernelScopeError`.
     """
     device = device or graph_device(gm)
     partitions: list[Partition] = []
@@ -276,7 +277,8 @@ def build_segments(
         if not seen_first_op:
             seen_first_op = True
             if scope and continues_scope == scope:
-                record_cut(Cut(scope, index, _op_name(node.target), GRAPH_BREAK, source_line(node)), options)
+                reason = GRAPH_BREAK + (f": {break_reason}" if break_reason else "")
+                record_cut(Cut(scope, index, _op_name(node.target), reason, source_line(node)), options)
         reason = unfusable_reason(node, device) if scope else None
         if reason is not None:
             record_cut(Cut(scope, index, _op_name(node.target), reason, source_line(node)), options)

@@ -187,3 +187,22 @@ def test_cpu_work_inside_a_cuda_scope_is_a_cut():
     reasons = {c.op: c.reason for c in seg.cuts}
     assert any("reads the CPU tensor" in r for r in reasons.values())
     assert any("computes on the CPU" in r for r in reasons.values())
+
+
+def test_graph_break_between_two_graphs_of_one_scope_is_a_cut():
+    """A break the frame can resume from (here: outside the annotation block but inside
+    the scope's region via two blocks with the same label) cuts the scope across graphs."""
+    def f(x):
+        with sk.super_kernel("s"):
+            y = x.sin()
+        torch._dynamo.graph_break()
+        with sk.super_kernel("s"):
+            return y.cos()
+
+    fn, backend = compile_ro(f)
+    x = torch.randn(4)
+    assert torch.equal(fn(x), f(x))
+    ex = sk.explain(backend)
+    assert len(ex.graphs) == 2
+    (cut,) = ex.cuts
+    assert cut.scope == "s" and cut.reason.startswith("graph break") and "graph_break" in cut.reason
