@@ -138,7 +138,8 @@ def _break_text(reason: Any) -> str:
     if stack:
         frame = stack[-1]
         where = f" at {frame.filename}:{frame.lineno}"
-    return f"{getattr(reason, 'reason', 'graph break')}{where}".strip()
+    text = (getattr(reason, "reason", "") or "graph break").strip().splitlines()[0]
+    return f"{text}{where}"
 
 
 def capture(gm: fx.GraphModule, example_inputs: list[Any], fw_compiler: Callable[..., Any],
