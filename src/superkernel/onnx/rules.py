@@ -578,8 +578,23 @@ def rotary_cache(op, state):
     return pos, cc, sc
 
 
-def _is_causal_mask(mask: ir.Value) -> str | None:
+def _mask_value(mask: ir.Value) -> np.ndarray | None:
+    """A constant mask, or Trilu(constant, k) as the exporter leaves large causal masks."""
     m = U.const_array(mask)
+    if m is not None:
+        return m
+    p = mask.producer()
+    if p is not None and p.op_type == "Trilu" and p.domain in ("", "ai.onnx"):
+        base = U.const_array(p.inputs[0])
+        k = U.scalar(p.inputs[1]) if len(p.inputs) > 1 and p.inputs[1] is not None else 0
+        if base is not None and k is not None and base.ndim >= 2:
+            upper = U.attr_int(p, "upper", 1)
+            return np.triu(base, int(k)) if upper else np.tril(base, int(k))
+    return None
+
+
+def _is_causal_mask(mask: ir.Value) -> str | None:
+    m = _mask_value(mask)
     if m is None:
         return "mask is not a constant"
     if m.ndim < 2 or any(d != 1 for d in m.shape[:-2]) or m.shape[-1] != m.shape[-2]:
