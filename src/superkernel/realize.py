@@ -23,6 +23,7 @@ from typing import Any, Callable
 from .config import CompilerConfig
 from .explain import SegmentInfo
 from .partition_graph import PartitionModule
+from .scope import parse_options
 from .segments import SuperKernelScopeError
 
 
@@ -52,7 +53,10 @@ class Realizer:
             return eager
         if mode == "reduce-overhead":
             if self.device == "cuda":
-                return self._guarded(module, info, lambda: self._cuda_graph(module, info, eager), eager, "cuda-graph")
+                program, label = eager, "cuda-graph"
+                if parse_options(part.options).stream_fusion:
+                    program, label = self._multi_stream(module)
+                return self._guarded(module, info, lambda: self._cuda_graph(module, info, program), eager, label)
             self.counters["segments_flat"] += 1
             if info is not None:
                 info.realization = "cpu-flat"
@@ -107,6 +111,13 @@ class Realizer:
         if module.partition.kind == "segment":
             self.counters["segments_compiled"] += 1
         return fn
+
+    def _multi_stream(self, module: PartitionModule) -> tuple[Callable[..., Any], str]:
+        from .runtime.streams import assign_streams, multi_stream_program, num_streams
+
+        assignment = assign_streams(module.gm)
+        self.counters["segments_multi_stream"] += 1
+        return multi_stream_program(module.gm, assignment), f"cuda-graph+{num_streams(assignment)}streams"
 
     def _cuda_graph(self, module: PartitionModule, info: SegmentInfo | None, fn: Callable[..., Any]) -> Callable[..., Any]:
         from .runtime.cuda_graph import CudaGraphSegment
