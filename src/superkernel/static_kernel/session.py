@@ -645,6 +645,11 @@ class StaticKernelSession:
         return None
 
     @property
+    def packages_written(self) -> list[Path]:
+        """Packages this process wrote (the newest replaces earlier ones) that still exist."""
+        return [p for s in self._states.values() for p in s.written if p.exists()]
+
+    @property
     def run_dirs(self) -> list[Path]:
         return [s.run_dir for s in self._states.values() if s.run_dir is not None]
 

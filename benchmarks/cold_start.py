@@ -1,0 +1,183 @@
+"""Cold start: time from process start to the first decode step's output (llama-tiny).
+
+Three ways to start, each in fresh processes, median of ``--runs`` runs:
+
+(a) ``torch.compile`` (default TorchInductor backend), empty caches
+(b) the superkernel backend compiling (static kernels off), empty caches
+(c) the superkernel backend loading a static kernel package, empty caches
+
+"Empty caches": every run gets its own fresh ``TORCHINDUCTOR_CACHE_DIR`` and ``TMPDIR``
+(TorchInductor's precompiled headers live under the temp dir), so nothing compiled by an
+earlier run is reused — in (c) everything comes from the package. The package is built
+once beforehand by ``superkernel static-compile`` (its time is reported, not counted).
+The clock starts in the parent just before the child process is spawned and stops when
+the child has the first decode step's logits. Target: (c) <= (a) / 5.
+
+    python benchmarks/cold_start.py [--runs 3] [--model llama-tiny]
+
+Writes benchmarks/results/cold_start.json and cold_start.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+MARK = "COLD_START_FIRST_OUTPUT"
+
+CHILD = r"""
+import os, sys, time
+t_spawn = float(os.environ["COLD_START_T0"])
+import torch
+import superkernel
+from superkernel.models import load_model
+from superkernel.static_kernel.cli import decode_session, batch_inputs
+which, model_name, build_dir = sys.argv[1], sys.argv[2], sys.argv[3]
+prompt_len, cache_len = int(sys.argv[4]), int(sys.argv[5])
+loaded = load_model(model_name, seed=0)
+session = decode_session(loaded.model, batch=1, prompt_len=prompt_len, max_cache_len=cache_len)
+step = session.step_fn()
+if which == "torch_compile":
+    compiled = torch.compile(step, dynamic=False)
+else:
+    cfg = superkernel.CompilerConfig()
+    if which == "superkernel_static":
+        cfg.experimental_config.static_kernel.enable = True
+        cfg.experimental_config.static_kernel.build_dir = build_dir
+    compiled = superkernel.compile(step, cfg)
+ids, pos = batch_inputs(session, 0, 1)
+with torch.no_grad():
+    out = compiled(ids, pos)
+first = float(out.float().sum())
+t_out = time.time()
+counters = {}
+if which != "torch_compile":
+    from superkernel.backend import find_backend
+    be = find_backend(compiled)
+    counters = dict(be.counters)
+    if be.static_kernels is not None:
+        counters.update({"static_" + k: v for k, v in be.static_kernels.counters.items()})
+import json
+print("%s %s" % ("MARK", json.dumps({"seconds": t_out - t_spawn, "checksum": first, "counters": counters})))
+""".replace('"MARK"', repr(MARK))
+
+WAYS = {
+    "torch_compile": "(a) torch.compile, empty caches",
+    "superkernel_compile": "(b) superkernel backend compiling, empty caches",
+    "superkernel_static": "(c) superkernel backend loading a static package, empty caches",
+}
+
+
+def fresh_env(scratch: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    cache = Path(tempfile.mkdtemp(prefix="inductor_", dir=scratch))
+    tmp = Path(tempfile.mkdtemp(prefix="tmp_", dir=scratch))
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    env["TMPDIR"] = str(tmp)
+    env.pop("TORCHINDUCTOR_FORCE_DISABLE_CACHES", None)
+    return env
+
+
+def one_run(which: str, args: argparse.Namespace, build_dir: Path, scratch: Path) -> dict:
+    env = fresh_env(scratch)
+    env["COLD_START_T0"] = repr(time.time())
+    proc = subprocess.run([sys.executable, "-c", CHILD, which, args.model, str(build_dir), str(args.prompt_len),
+                           str(args.prompt_len + 36)], env=env, capture_output=True, text=True, timeout=1800)
+    for line in proc.stdout.splitlines():
+        if line.startswith(MARK + " "):
+            return json.loads(line[len(MARK) + 1:])
+    raise RuntimeError(f"{which} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def build_package(args: argparse.Namespace, build_dir: Path, scratch: Path) -> float:
+    env = fresh_env(scratch)
+    start = time.time()
+    proc = subprocess.run([sys.executable, "-m", "superkernel.static_kernel.cli", "--model", args.model,
+                           "--build-dir", str(build_dir), "--prompt-len", str(args.prompt_len)],
+                          env=env, capture_output=True, text=True, timeout=3600)
+    if proc.returncode != 0:
+        raise RuntimeError(f"static-compile failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+    return time.time() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=int, default=3, help="fresh processes per way (default 3)")
+    p.add_argument("--model", default="llama-tiny")
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--out", type=Path, default=RESULTS)
+    args = p.parse_args(argv)
+
+    scratch = Path(tempfile.mkdtemp(prefix="sk_cold_start_"))
+    build_dir = scratch / "build"
+    build_dir.mkdir()
+    try:
+        print(f"building the static package for {args.model} ...", flush=True)
+        build_seconds = build_package(args, build_dir, scratch)
+        print(f"  built in {build_seconds:.1f}s", flush=True)
+        runs: dict[str, list[dict]] = {w: [] for w in WAYS}
+        for i in range(args.runs):  # interleaved, so drift hits every way alike
+            for which in WAYS:
+                r = one_run(which, args, build_dir, scratch)
+                runs[which].append(r)
+                print(f"  run {i + 1}/{args.runs} {which}: {r['seconds']:.2f}s", flush=True)
+        median = {w: statistics.median(r["seconds"] for r in rs) for w, rs in runs.items()}
+        checks = {w: [r["checksum"] for r in rs] for w, rs in runs.items()}
+        static_counters = runs["superkernel_static"][-1]["counters"]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+    a, b, c = median["torch_compile"], median["superkernel_compile"], median["superkernel_static"]
+    result = {
+        "benchmark": "cold_start", "model": args.model, "runs": args.runs, "prompt_len": args.prompt_len,
+        "hardware": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                     "python": platform.python_version()},
+        "torch": __import__("torch").__version__,
+        "median_seconds": median, "all_seconds": {w: [r["seconds"] for r in rs] for w, rs in runs.items()},
+        "ratios": {"a_over_c": a / c, "b_over_c": b / c, "a_over_b": a / b},
+        "target": "(c) <= (a)/5", "target_met": c <= a / 5,
+        "package_build_seconds": build_seconds,
+        "static_counters_last_run": static_counters,
+        "first_output_checksums": checks,
+        "same_output_b_c": checks["superkernel_compile"][0] == checks["superkernel_static"][0],
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "cold_start.json").write_text(json.dumps(result, indent=1) + "\n")
+    lines = [
+        f"# Cold start: process start to first decode-step output ({args.model})",
+        "",
+        f"Hardware: {result['hardware']['cores']}-core {platform.machine()} CPU, torch {result['torch']}, "
+        f"median of {args.runs} fresh processes per way, empty TorchInductor caches every run.",
+        "",
+        "| way | median s | all runs s |",
+        "|---|---:|---|",
+    ]
+    for w, label in WAYS.items():
+        lines.append(f"| {label} | {median[w]:.2f} | {', '.join(f'{s:.2f}' for s in result['all_seconds'][w])} |")
+    lines += [
+        "",
+        f"Ratios: (a)/(c) = {a / c:.1f}x, (b)/(c) = {b / c:.1f}x, (a)/(b) = {a / b:.2f}x. "
+        f"Target (c) <= (a)/5: {'met' if result['target_met'] else 'NOT met'}.",
+        f"Package build (superkernel static-compile, once, not counted): {build_seconds:.1f}s.",
+        f"(c) static counters: {json.dumps({k: v for k, v in static_counters.items() if k.startswith('static_')})}",
+        f"First output identical between (b) and (c): {result['same_output_b_c']}.",
+        "",
+    ]
+    (args.out / "cold_start.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,304 @@
+"""``superkernel static-compile``: build a static kernel package, list or clean packages.
+
+::
+
+    superkernel static-compile --model llama-tiny --build-dir DIR [--config superkernel.yaml] [--batch-sizes 1,2,4]
+    superkernel static-compile --list DIR      # packages, what they hold, whether they match this machine
+    superkernel static-compile --clean DIR     # remove packages, records and build leftovers
+
+The build loads the model (``superkernel.models.load_model``), applies the plan's scopes
+and mode when ``--config`` is given, compiles the decode step with the superkernel
+backend (static kernels enabled) once per batch size, runs one warm-up step each (which
+records every operator's shapes and compiles every partition ahead of time) and writes
+one package. A later process that compiles the same decode step with static kernels
+enabled and the same build dir loads the package instead of compiling.
+
+The graphs must be the ones the deployment will run: same model, same plan, same
+decode-step function (``superkernel.decode``'s), same KV-cache length
+(``--prompt-len`` + 36 by default, as ``superkernel.decode.prepare``) and batch sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .package import OUTPUTS_DIR, PackageError, describe, environment, find_packages, read_manifest
+
+
+def _batch_sizes(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.replace(" ", "").split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--batch-sizes must be comma-separated positive integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"--batch-sizes must be comma-separated positive integers, got {text!r}")
+    return sorted(set(values))
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--list", type=Path, metavar="DIR", dest="list_dir",
+                      help="show the packages in DIR, what they hold and whether they match this machine")
+    what.add_argument("--clean", type=Path, metavar="DIR", dest="clean_dir",
+                      help="remove the packages, shape records and build leftovers in DIR")
+    p.add_argument("--model", default=None, metavar="NAME|PATH",
+                   help="zoo model (e.g. llama-tiny) or a local Hugging Face checkpoint directory")
+    p.add_argument("--config", type=Path, default=None, metavar="FILE.yaml",
+                   help="a plan written by superkernel optimize (superkernel.yaml): its scopes and mode are applied")
+    p.add_argument("--build-dir", type=Path, default=None, metavar="DIR",
+                   help="where records and the package go (must exist and be writable)")
+    p.add_argument("--batch-sizes", type=_batch_sizes, default=None, metavar="1,2,4",
+                   help="build one static variant per batch size (default: the config's batch_sizes, else 1)")
+    p.add_argument("--mode", default=None, choices=("max-autotune", "reduce-overhead"),
+                   help="override the plan's mode (static kernels are built for max-autotune partitions)")
+    p.add_argument("--prompt-len", type=_positive, default=32, help="prompt tokens prefilled before decoding (default 32)")
+    p.add_argument("--max-cache-len", type=_positive, default=None,
+                   help="KV-cache length of the decode step (default prompt-len + 36, as superkernel.decode.prepare)")
+    p.add_argument("--seed", type=int, default=0, help="seed of zoo weights and prompt (default 0)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``static-compile`` subcommand to the main ``superkernel`` parser."""
+    p = subparsers.add_parser(
+        "static-compile", help="record shapes and build every kernel ahead of time into a package",
+        description="Static kernel compilation: run the decode step once per batch size with static kernels "
+                    "enabled, record every operator's shapes, compile every partition ahead of time and write "
+                    "one package (static_kernel_<datetime>.skpkg) that later processes load instead of compiling.")
+    add_arguments(p)
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if getattr(args, "list_dir", None) is not None:
+            return list_packages(args.list_dir, as_json=args.json)
+        if getattr(args, "clean_dir", None) is not None:
+            return clean(args.clean_dir)
+        if not args.model or args.build_dir is None:
+            print("superkernel static-compile: error: --model and --build-dir are required to build "
+                  "(or use --list DIR / --clean DIR)", file=sys.stderr)
+            return 2
+        result = build(args.model, args.build_dir, batch_sizes=args.batch_sizes, plan=args.config, mode=args.mode,
+                       prompt_len=args.prompt_len, max_cache_len=args.max_cache_len, seed=args.seed)
+    except (ValueError, OSError, PackageError) as exc:
+        print(f"superkernel static-compile: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result, indent=1, default=str))
+    else:
+        c = result["counters"]
+        print(f"package: {result['package'] or '(none written: nothing new to build)'}")
+        print(f"batch sizes {result['batch_sizes']}: {c.get('compiled', 0)} partitions compiled, "
+              f"{c.get('loaded', 0)} loaded from an existing package, {c.get('records', 0)} shape records "
+              f"in {', '.join(result['record_dirs']) or '-'} ({result['seconds']:.1f}s)")
+    return 0 if result["package"] or result["counters"].get("loaded") else 1
+
+
+# --- build -------------------------------------------------------------------------------
+
+def build(model: str, build_dir: Path, *, batch_sizes: list[int] | None = None, plan: Path | None = None,
+          mode: str | None = None, prompt_len: int = 32, max_cache_len: int | None = None, seed: int = 0,
+          device: str = "cpu") -> dict[str, Any]:
+    """Build (or extend) the package in ``build_dir`` for ``model``'s decode step; returns a summary."""
+    import torch
+
+    import superkernel
+    from superkernel.backend import find_backend
+    from superkernel.models import load_model
+
+    from .session import resolve_build_dir
+
+    start = time.perf_counter()
+    build_dir = resolve_build_dir(build_dir)
+    loaded = load_model(model, seed=seed, device=device)
+    cfg = superkernel.CompilerConfig()
+    if plan is not None:
+        from superkernel.advisor.plan_file import read_plan
+
+        spec = read_plan(plan)
+        cfg.mode = spec.mode
+        superkernel.remove_scopes(loaded.model)
+        superkernel.apply_scopes(loaded.model, spec.scopes, options=spec.options)
+    if mode is not None:
+        cfg.mode = mode
+    cfg.experimental_config.static_kernel.enable = True
+    cfg.experimental_config.static_kernel.build_dir = str(build_dir)
+    sizes = batch_sizes or list(cfg.experimental_config.static_kernel.batch_sizes) or [1]
+    cfg.experimental_config.static_kernel.batch_sizes = sizes
+    cache_len = max_cache_len or prompt_len + 36
+
+    results: dict[str, Any] = {"model": model, "batch_sizes": sizes, "build_dir": str(build_dir), "package": None,
+                               "counters": {}, "record_dirs": []}
+    packages: list[str] = []
+    counters: dict[str, int] = {}
+    for batch in sizes:
+        session = decode_session(loaded.model, batch=batch, prompt_len=prompt_len, max_cache_len=cache_len,
+                                 seed=seed, device=device)
+        step = superkernel.compile(session.step_fn(), cfg)
+        backend = find_backend(step)
+        assert backend.static_kernels is not None
+        backend.static_kernels.extend = True  # build shapes the package lacks instead of falling back
+        ids, pos = batch_inputs(session, 0, batch)
+        with torch.no_grad():
+            step(ids, pos)
+        backend.static_kernels.finalize()
+        packages += [str(p) for p in backend.static_kernels.packages_written if str(p) not in packages]
+        for k, v in backend.static_kernels.counters.items():
+            counters[k] = counters.get(k, 0) + int(v)
+        results["record_dirs"] += [str(d) for d in backend.static_kernels.run_dirs if str(d) not in results["record_dirs"]]
+        torch._dynamo.reset()
+    existing = find_packages(build_dir)
+    alive = [p for p in packages if Path(p).exists()]
+    results["package"] = alive[-1] if alive else (str(existing[0]) if existing and counters.get("loaded") else None)
+    results["counters"] = counters
+    results["seconds"] = time.perf_counter() - start
+    return results
+
+
+def decode_session(model: Any, *, batch: int, prompt_len: int, max_cache_len: int, seed: int = 0,
+                   device: str = "cpu") -> Any:
+    """A :class:`superkernel.decode.DecodeSession` for ``batch`` sequences, prefilled eagerly.
+
+    Its ``step_fn`` and StaticCache are built exactly as ``superkernel.decode.prepare``
+    builds them (so the captured decode graph is the one the harness compiles), without
+    the greedy reference decode the harness runs for its precision checks.
+    """
+    import torch
+    from transformers import StaticCache
+
+    from superkernel.decode import DecodeSession, make_prompt
+
+    warmup = 4
+    steps = max_cache_len - prompt_len - warmup
+    if steps < 1:
+        raise ValueError(f"--max-cache-len {max_cache_len} leaves no decode steps after a {prompt_len}-token prompt")
+    dev = torch.device(device)
+    prompt = make_prompt(int(model.config.vocab_size), prompt_len, seed, dev).repeat(batch, 1)
+    cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
+    with torch.no_grad():
+        out = model(input_ids=prompt, past_key_values=cache, cache_position=torch.arange(prompt_len, device=dev),
+                    use_cache=True)
+    tokens = out.logits[:, -1].argmax(-1)
+    return DecodeSession(model=model, device=dev, prompt_ids=prompt, tokens=tokens, cache=cache, snapshot=[],
+                         warmup=warmup, steps=steps, prefill_seconds=0.0, max_cache_len=max_cache_len)
+
+
+def batch_inputs(session: Any, i: int, batch: int) -> tuple[Any, Any]:
+    import torch
+
+    ids = session.tokens.reshape(batch, 1)
+    pos = torch.tensor([session.prompt_len + i], device=session.device)
+    return ids, pos
+
+
+# --- list / clean --------------------------------------------------------------------------
+
+def list_packages(build_dir: Path, *, as_json: bool = False) -> int:
+    build_dir = Path(build_dir)
+    if not build_dir.is_dir():
+        print(f"superkernel static-compile: error: {str(build_dir)!r} is not a directory", file=sys.stderr)
+        return 2
+    rows = []
+    for path in find_packages(build_dir):
+        row: dict[str, Any] = {"path": str(path)}
+        try:
+            pkg = read_manifest(path)
+            row.update(describe(pkg))
+            kind = pkg.manifest.get("environment", {}).get("device_kind", "cpu")
+            from .package import environment_mismatch
+
+            reason = environment_mismatch(pkg.manifest.get("environment", {}), environment(kind))
+            try:
+                pkg.verify()
+                integrity = "ok"
+            except PackageError as exc:
+                integrity = str(exc)
+            row["integrity"] = integrity
+            row["matches_this_machine"] = reason is None and integrity == "ok"
+            row["why_not"] = reason or (None if integrity == "ok" else integrity)
+        except PackageError as exc:
+            row.update({"matches_this_machine": False, "why_not": str(exc)})
+        rows.append(row)
+    if as_json:
+        print(json.dumps(rows, indent=1, default=str))
+        return 0
+    if not rows:
+        print(f"no static kernel packages under {build_dir / OUTPUTS_DIR}")
+        return 0
+    for row in rows:
+        ok = "matches this machine" if row["matches_this_machine"] else f"does NOT match: {row['why_not']}"
+        print(row["path"])
+        if "artifacts" in row:
+            env = row.get("environment", {})
+            graphs = "; ".join(f"{h[:10]} {','.join(g['names'])} ({g['variants']} shape variant(s))"
+                               for h, g in row["graphs"].items())
+            print(f"  created {row['created']}  {row['artifacts']} compiled partitions, {row['kernels']} kernel "
+                  f"libraries, {row['bytes'] / 1e6:.2f} MB")
+            print(f"  torch {env.get('torch')}  python {env.get('python')}  {env.get('device_kind')} "
+                  f"[{env.get('device_capability')}]  config {row.get('config_fingerprint')}")
+            print(f"  graphs: {graphs or '-'}")
+        print(f"  {ok} (compiler config is checked when a backend loads it)")
+    return 0
+
+
+def clean(build_dir: Path) -> int:
+    build_dir = Path(build_dir)
+    root = build_dir / OUTPUTS_DIR
+    if not root.is_dir():
+        print(f"nothing to clean: {root} does not exist")
+        return 0
+    from .storage import build_lock
+
+    lock = build_lock(root)
+    try:
+        lock.acquire(timeout=0.5)
+    except Exception:  # noqa: BLE001 - filelock.Timeout
+        print(f"superkernel static-compile: error: a build is running in {root}; try again when it ends",
+              file=sys.stderr)
+        return 2
+    removed_pkgs = 0
+    removed_dirs = 0
+    try:
+        for child in sorted(root.iterdir()):
+            if child.is_dir() and child.name.endswith("_outputs"):
+                removed_pkgs += len(list(child.glob("static_kernel_*.skpkg")))
+                shutil.rmtree(child, ignore_errors=True)
+                removed_dirs += 1
+    finally:
+        lock.release()
+    try:
+        os.unlink(root / ".build.lock")
+        root.rmdir()
+    except OSError:
+        pass
+    print(f"removed {removed_pkgs} package(s) and {removed_dirs} output folder(s) from {root}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="superkernel static-compile")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,76 @@
+"""Static kernel test helpers: fresh child processes with empty TorchInductor caches."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+
+
+def fresh_env(tmp: Path, **extra: str) -> dict[str, str]:
+    """Environment of a child with its own, empty TorchInductor cache and temp dir."""
+    env = dict(os.environ)
+    cache = tmp / f"inductor_{len(list(tmp.glob('inductor_*')))}"
+    tdir = tmp / f"tmp_{len(list(tmp.glob('tmp_*')))}"
+    cache.mkdir(parents=True)
+    tdir.mkdir(parents=True)
+    env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
+    env["TMPDIR"] = str(tdir)
+    env.update(extra)
+    return env
+
+
+def run_child(tmp: Path, build_dir: Path, batch: int, out: Path, *flags: str, background: bool = False,
+              **env_extra: str):
+    cmd = [sys.executable, str(HERE / "_child.py"), str(build_dir), str(batch), str(out), *flags]
+    env = fresh_env(tmp, **env_extra)
+    if background:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    return parse_child(proc.returncode, proc.stdout, proc.stderr)
+
+
+def parse_child(code: int, stdout: str, stderr: str) -> dict:
+    for line in stdout.splitlines():
+        if line.startswith("RESULT "):
+            result = json.loads(line[len("RESULT "):])
+            result["stderr"] = stderr
+            return result
+    raise AssertionError(f"child failed (exit {code}):\n{stdout[-2000:]}\n{stderr[-4000:]}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_inductor_cache(tmp_path_factory):
+    """In-process tests install kernels into TorchInductor's cache dir: use a private one."""
+    old = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(tmp_path_factory.mktemp("inductor_cache"))
+    yield
+    if old is None:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    else:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = old
+
+
+@pytest.fixture(autouse=True)
+def _reset_static_states():
+    from superkernel.static_kernel.session import reset_states
+
+    reset_states()
+    yield
+    reset_states()
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """A build dir holding one package built by a child process (batch 2), and that run's result."""
+    tmp = tmp_path_factory.mktemp("built")
+    build_dir = tmp / "build"
+    build_dir.mkdir()
+    result = run_child(tmp, build_dir, 2, tmp / "build_out.pt")
+    return {"tmp": tmp, "build_dir": build_dir, "result": result, "out": tmp / "build_out.pt"}

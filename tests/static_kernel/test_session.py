@@ -1,0 +1,213 @@
+"""The session API on a small ATen graph, in this process: keys, mismatches, corruption, CLI."""
+
+from __future__ import annotations
+
+import json
+import warnings
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from superkernel import CompilerConfig
+from superkernel.static_kernel import (
+    BuildDirError, StaticKernelWarning, find_packages, open_session, partition_key, read_manifest,
+)
+from superkernel.static_kernel import cli as static_cli
+from superkernel.static_kernel.session import reset_states
+
+
+def _fn(x, w, b):
+    return (torch.relu(torch.mm(x, w) + b) * 3.0,)
+
+
+def _graph(rows: int = 4):
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randn(rows, 16, generator=g), torch.randn(16, 8, generator=g), torch.randn(8, generator=g)]
+    gm = make_fx(_fn, tracing_mode="fake")(*inputs)
+    return gm, inputs
+
+
+def _config(build_dir: Path, **inductor) -> CompilerConfig:
+    cfg = CompilerConfig()
+    cfg.experimental_config.static_kernel.enable = True
+    cfg.experimental_config.static_kernel.build_dir = str(build_dir)
+    for k, v in inductor.items():
+        setattr(cfg.inductor, k, v)
+    return cfg
+
+
+def _never(*_a):
+    raise AssertionError("the normal compile path must not run here")
+
+
+def _run(cfg: CompilerConfig, rows: int = 4, compile_fn=_never):
+    session = open_session(cfg)
+    gm, inputs = _graph(rows)
+    session.record_graph(gm, "graph_0")
+    fn = session.compiled_partition(gm, inputs, compile_fn)
+    out = fn(*inputs)
+    session.finalize()
+    return session, out, inputs
+
+
+@pytest.fixture(scope="module")
+def package_dir(tmp_path_factory):
+    """One package (no fresh-process load check: that is covered end to end elsewhere)."""
+    import os
+
+    build_dir = tmp_path_factory.mktemp("pkg")
+    os.environ["SUPERKERNEL_STATIC_VERIFY"] = "0"
+    try:
+        reset_states()
+        session, out, inputs = _run(_config(build_dir))
+        reset_states()
+    finally:
+        os.environ.pop("SUPERKERNEL_STATIC_VERIFY", None)
+    assert session.counters["compiled"] == 1
+    return build_dir
+
+
+@pytest.fixture
+def pkg_copy(package_dir, tmp_path, monkeypatch):
+    import shutil
+
+    monkeypatch.setenv("SUPERKERNEL_STATIC_VERIFY", "0")
+    target = tmp_path / "build"
+    shutil.copytree(package_dir, target)
+    (pkg,) = find_packages(target)
+    return target, pkg
+
+
+def _rewrite(pkg: Path, edit_manifest=None, edit_file=None) -> None:
+    with zipfile.ZipFile(pkg) as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+    manifest = json.loads(members["manifest.json"])
+    if edit_manifest:
+        edit_manifest(manifest)
+    members["manifest.json"] = json.dumps(manifest).encode()
+    if edit_file:
+        name = next(n for n in members if n.startswith("artifacts/"))
+        members[name] = edit_file(members[name])
+    with zipfile.ZipFile(pkg, "w") as zf:
+        for n, data in members.items():
+            zf.writestr(n, data)
+
+
+def test_partition_key_is_stable_and_shape_specific():
+    gm1, in1 = _graph(4)
+    gm2, in2 = _graph(4)
+    gm3, in3 = _graph(5)
+    k1 = partition_key(gm1, in1, "fp")
+    assert k1 == partition_key(gm2, in2, "fp")
+    assert k1 != partition_key(gm3, in3, "fp") and k1 != partition_key(gm1, in1, "other-config")
+    assert partition_key(gm1, [torch.randn(4, 16).t().contiguous().t(), *in1[1:]], "fp") != k1  # strides count
+
+
+def test_matching_package_loads_without_compiling(pkg_copy):
+    build_dir, pkg = pkg_copy
+    session, out, inputs = _run(_config(build_dir))
+    assert session.counters["loaded"] == 1 and session.counters.get("compiled", 0) == 0
+    torch.testing.assert_close(out[0], _fn(*inputs)[0])
+    assert find_packages(build_dir) == [pkg]
+
+
+@pytest.mark.parametrize("what,edit,expect", [
+    ("version", lambda m: m["environment"].update(torch="1.0.0"), "torch differs"),
+    ("device", lambda m: m["environment"].update(device_capability="x86_64:sse4_2"), "device_capability differs"),
+    ("config", lambda m: m.update(config_fingerprint="0000-0000"), "compiler config differs"),
+])
+def test_mismatched_package_is_ignored_and_rebuilt(pkg_copy, what, edit, expect):
+    build_dir, pkg = pkg_copy
+    _rewrite(pkg, edit_manifest=edit)
+    with pytest.warns(StaticKernelWarning, match=expect):
+        session, out, inputs = _run(_config(build_dir))
+    assert session.counters["compiled"] == 1 and session.counters.get("loaded", 0) == 0
+    torch.testing.assert_close(out[0], _fn(*inputs)[0])
+    new = [p for p in find_packages(build_dir) if p != pkg]
+    assert len(new) == 1 and read_manifest(new[0]).manifest["environment"]["torch"] == torch.__version__
+    reset_states()
+    session, _, _ = _run(_config(build_dir))  # the rebuilt package is the one used next time
+    assert session.counters["loaded"] == 1 and session.counters.get("compiled", 0) == 0
+
+
+def test_other_compiler_config_does_not_use_the_package(pkg_copy):
+    build_dir, pkg = pkg_copy
+    with pytest.warns(StaticKernelWarning, match="compiler config differs"):
+        session, out, inputs = _run(_config(build_dir, cpp_wrapper=False))
+    assert session.counters["compiled"] == 1
+    torch.testing.assert_close(out[0], _fn(*inputs)[0])
+
+
+def test_corrupted_package_is_detected_replaced_and_removed(pkg_copy):
+    build_dir, pkg = pkg_copy
+    _rewrite(pkg, edit_file=lambda data: data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
+    with pytest.warns(StaticKernelWarning, match="sha256"):
+        session, out, inputs = _run(_config(build_dir))
+    assert session.counters["compiled"] == 1 and session.counters.get("loaded", 0) == 0
+    torch.testing.assert_close(out[0], _fn(*inputs)[0])
+    remaining = find_packages(build_dir)
+    assert len(remaining) == 1 and remaining[0] != pkg and not pkg.exists()
+
+
+def test_unreadable_package_never_crashes(pkg_copy):
+    build_dir, pkg = pkg_copy
+    pkg.write_bytes(b"not a zip")
+    with pytest.warns(StaticKernelWarning, match="damaged zip"):
+        session, out, inputs = _run(_config(build_dir))
+    assert session.counters["compiled"] == 1
+
+
+def test_symbolic_shapes_use_the_normal_path(tmp_path):
+    gm, inputs = _graph(4)
+    session = open_session(_config(tmp_path))
+    calls = []
+    sym = make_fx(_fn, tracing_mode="symbolic")(*inputs)
+    fake_inputs = [n.meta["val"] for n in sym.graph.nodes if n.op == "placeholder"]
+    fn = session.compiled_partition(sym, fake_inputs, lambda: calls.append(1) or (lambda *a: _fn(*a)))
+    assert calls == [1] and session.counters["dynamic"] == 1
+    assert not find_packages(tmp_path)
+    del fn, gm
+
+
+def test_build_dir_must_exist_and_be_writable(tmp_path):
+    with pytest.raises(BuildDirError, match="does not exist"):
+        open_session(_config(tmp_path / "missing"))
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        import os
+
+        if os.access(ro, os.W_OK):  # running as root: permissions are not enforced
+            pytest.skip("directory permissions are not enforced for this user")
+        with pytest.raises(BuildDirError, match="not writable"):
+            open_session(_config(ro))
+    finally:
+        ro.chmod(0o700)
+
+
+def test_cli_list_and_clean(pkg_copy, capsys):
+    build_dir, pkg = pkg_copy
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="superkernel")
+    sub = parser.add_subparsers(dest="command")
+    static_cli.register(sub)
+    args = parser.parse_args(["static-compile", "--list", str(build_dir)])
+    assert args.func is static_cli.run and args.func(args) == 0
+    out = capsys.readouterr().out
+    assert pkg.name in out and "matches this machine" in out and "1 compiled partitions" in out
+    _rewrite(pkg, edit_manifest=lambda m: m["environment"].update(python="2.7.0"))
+    args = parser.parse_args(["static-compile", "--list", str(build_dir), "--json"])
+    assert args.func(args) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0]["matches_this_machine"] is False and "python differs" in rows[0]["why_not"]
+    args = parser.parse_args(["static-compile", "--clean", str(build_dir)])
+    assert args.func(args) == 0
+    assert not find_packages(build_dir) and "removed 1 package" in capsys.readouterr().out
+    args = parser.parse_args(["static-compile", "--model", "llama-tiny", "--build-dir", str(build_dir / "nope")])
+    assert args.func(args) == 2
+    assert "does not exist" in capsys.readouterr().err
