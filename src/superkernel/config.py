@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -107,10 +108,24 @@ class DebugConfig(Section):
     _sections = {"graph_dump": GraphDumpConfig}
 
 
+def _writable_dir(value: Any) -> str | None:
+    if value is None:
+        return None
+    if not value.strip():
+        return "expected a directory path (or None for the running script's directory)"
+    path = os.path.expanduser(value)
+    if not os.path.isdir(path):
+        return "the directory does not exist; create it first"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return "the directory is not writable by this user"
+    return None
+
+
 class StaticKernelConfig(Section):
     _fields = {
         "enable": Field(False, "record shapes, build kernels ahead of time, and load packages", kind=bool),
-        "build_dir": Field(None, "directory of records and packages (default: next to the running script)", kind=(str, type(None))),
+        "build_dir": Field(None, "directory of records and packages (default: next to the running script); "
+                                 "must exist and be writable", kind=(str, type(None)), check=_writable_dir),
         "batch_sizes": Field([], "batch sizes to build one static variant each for", check=_positive_int_list),
     }
 
