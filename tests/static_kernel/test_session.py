@@ -173,8 +173,14 @@ def test_symbolic_shapes_use_the_normal_path(tmp_path):
 
 
 def test_build_dir_must_exist_and_be_writable(tmp_path):
+    with pytest.raises(ValueError, match="build_dir: the directory does not exist"):
+        _config(tmp_path / "missing")  # validated on assignment, like the rest of CompilerConfig
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    cfg = _config(gone)
+    gone.rmdir()
     with pytest.raises(BuildDirError, match="does not exist"):
-        open_session(_config(tmp_path / "missing"))
+        open_session(cfg)  # and again when the backend opens the session
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o500)
