@@ -30,17 +30,19 @@ def latency_chart(results: list[RunResult], recommended: RunResult | None, title
             colors.append("#e57373")
         hatches.append("//" if r.kind == "plan" and not r.passed else "")
     fig, ax = plt.subplots(figsize=(8, 0.45 * len(timed) + 1.6), dpi=110)
-    bars = ax.barh(range(len(timed)), medians, xerr=[[0] * len(timed), spread], color=colors, capsize=3)
+    bars = ax.barh(range(len(timed)), medians, xerr=[[0] * len(timed), spread], color=colors, capsize=3,
+                   error_kw={"ecolor": "#616161", "elinewidth": 1})
     for bar, hatch in zip(bars, hatches):
         bar.set_hatch(hatch)
-    for i, (r, m) in enumerate(zip(timed, medians)):
+    right = max([m + d for m, d in zip(medians, spread)] + [1e-9])
+    for i, (r, m, d) in enumerate(zip(timed, medians, spread)):
         tag = " (recommended)" if r is recommended else (" FAILED" if r.kind == "plan" and not r.passed else "")
-        ax.text(m, i, f" {m:.3f} ms{tag}", va="center", fontsize=8)
+        ax.text(m + d + right * 0.01, i, f"{m:.3f} ms{tag}", va="center", fontsize=8)
     ax.set_yticks(range(len(timed)), labels=labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("decode step latency, ms (median; bar to p90)")
     ax.set_title(title, fontsize=10)
-    ax.set_xlim(0, max(medians + [0.0]) * 1.35 + 1e-9)
+    ax.set_xlim(0, right * 1.3)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png")

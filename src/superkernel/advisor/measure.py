@@ -69,8 +69,12 @@ def _explain_into(result: RunResult, backend: Any) -> None:
 
 
 def run_plan(session: DecodeSession, plan: ScopePlan, modes: tuple[str, ...], eager_logits: torch.Tensor, *,
-             options: str = "", tolerance: float = MAX_AUTOTUNE_TOLERANCE, reporter: Reporter) -> list[RunResult]:
-    """One exactness reference for the plan's scopes, then one measured run per mode."""
+             options: str = "", tolerance: float = MAX_AUTOTUNE_TOLERANCE, reporter: Reporter,
+             references: dict[str, torch.Tensor] | None = None) -> list[RunResult]:
+    """One exactness reference for the plan's scopes, then one measured run per mode.
+
+    The reference logits are stored in ``references[plan.strategy]`` when a dict is given.
+    """
     import superkernel
 
     model = session.model
@@ -83,6 +87,8 @@ def run_plan(session: DecodeSession, plan: ScopePlan, modes: tuple[str, ...], ea
         try:
             ref_step, _ = compile_superkernel(session, "reduce-overhead", run_eagerly=True)
             reference = _run(session, ref_step, f"{plan.strategy} / exactness reference", reporter).logits
+            if references is not None:
+                references[plan.strategy] = reference
         except Exception as exc:
             for r in results:
                 r.error = f"exactness reference could not be captured: {_error_text(exc)}"

@@ -83,7 +83,7 @@ def _validate(data: Any, where: str) -> PlanFile:
 
 def read_plan(source: str | Path | Mapping[str, Any]) -> PlanFile:
     """Read and validate a plan from a YAML path or an already-loaded dict."""
-    if isinstance(source, Mapping):
+    if not isinstance(source, (str, Path)):
         return _validate(source, "plan")
     path = Path(source)
     try:

@@ -37,7 +37,11 @@ class Reporter:
                     kwargs["description"] = description
                 progress.update(task_id, **kwargs)
 
-            yield update
+            try:
+                yield update
+            except BaseException:
+                progress.live.transient = True  # a failed step leaves no half bar above the error line
+                raise
             if total is None:
                 progress.update(task_id, total=1, completed=1)
 

@@ -13,22 +13,24 @@ from pathlib import Path
 import torch
 
 from ..decode import DecodeSession, prepare
-from ..models import DEFAULT_MODEL, LoadedModel, load_model
+from ..models import DEFAULT_MODEL, LoadedModel, load_model, looks_like_path
 from .analysis import Analysis, analyze
 from .chart import latency_chart
 from .compiling import MODES
 from .environment import choose_threads, hardware, pick_device, versions
-from .files import atomic_write
+from .files import atomic_write, check_not_input
 from .measure import run_baselines, run_plan
 from .plan_file import PlanFile, write_plan
 from .precision import MAX_AUTOTUNE_TOLERANCE
 from .progress import Reporter
 from .report import CHART_NAME, PLAN_NAME, REPORT_NAME, render
 from .results import RunResult, fill_speedups, recommend
+from .structure import analyze_structure
 from .strategies import STRATEGIES, ScopePlan, StrategyError, auto_plans, custom_plan, plan_for
 
 RESULTS_NAME = "results.json"
 LOGITS_NAME = "logits.safetensors"
+OUTPUT_NAMES = (REPORT_NAME, CHART_NAME, PLAN_NAME, RESULTS_NAME, LOGITS_NAME)
 
 
 class WorkflowError(RuntimeError):
@@ -101,25 +103,30 @@ def optimize(opts: OptimizeOptions, reporter: Reporter | None = None) -> Outcome
         raise StrategyError(f"unknown strategy {opts.strategy!r}; choose one of: {', '.join(STRATEGIES)}")
     if opts.strategy != "custom" and opts.custom_scopes:
         raise StrategyError("--scope/--scopes-file give scopes for --strategy custom; add --strategy custom")
+    if opts.strategy == "custom":
+        custom_plan(opts.custom_scopes)  # fails before loading anything when no scopes were given
+    for name in OUTPUT_NAMES:  # before the run, not after minutes of measuring
+        check_not_input(Path(opts.output) / name, _inputs(opts))
     loaded, session = load_and_prepare(opts, reporter)
+    plans = select_plans(opts.strategy, analyze_structure(loaded.model), opts.custom_scopes)
+    validate_scopes(loaded.model, plans, opts.options)
     with reporter.task("analysing model structure and decode capture"):
         analysis = analyze(loaded.name, session, plans=[])
-    plans = select_plans(opts.strategy, analysis.structure, opts.custom_scopes)
-    validate_scopes(loaded.model, plans, opts.options)
     reporter.note(f"[bold]{loaded.name}[/]: {analysis.architecture}, {analysis.structure.num_layers} layers, "
                   f"{analysis.structure.attention_kind} attention, {len(analysis.structure.moe_paths)} MoE layer(s); "
                   f"plans: {', '.join(p.strategy for p in plans)} x {', '.join(opts.modes)}")
 
     results = run_baselines(session, reporter)
     eager = results[0]
+    references: dict[str, torch.Tensor] = {}
     for plan in plans:
         results += run_plan(session, plan, tuple(opts.modes), eager.logits, options=opts.options,
-                            tolerance=opts.tolerance, reporter=reporter)
+                            tolerance=opts.tolerance, reporter=reporter, references=references)
     inductor = next((r for r in results if r.name == "torch.compile" and not r.error), None)
     fill_speedups(results, eager, inductor)
     best = recommend(results)
 
-    files = write_outputs(opts, loaded, session, analysis, results, best)
+    files = write_outputs(opts, loaded, session, analysis, results, best, references)
     plan_results = [r for r in results if r.kind == "plan"]
     if plan_results and all(r.error for r in plan_results):
         message = f"model cannot be captured: every plan failed to compile or run (first: {plan_results[0].error})"
@@ -133,11 +140,10 @@ def optimize(opts: OptimizeOptions, reporter: Reporter | None = None) -> Outcome
 
 
 def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSession, analysis: Analysis,
-                  results: list[RunResult], best: RunResult | None) -> dict[str, Path]:
+                  results: list[RunResult], best: RunResult | None,
+                  references: dict[str, torch.Tensor]) -> dict[str, Path]:
     out = Path(opts.output)
-    inputs = list(opts.inputs)
-    if loaded.source == "checkpoint":
-        inputs += list(Path(loaded.name).iterdir())
+    inputs = _inputs(opts)
     files: dict[str, Path] = {}
     plan_yaml = None
     if best is not None:
@@ -158,15 +164,25 @@ def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSes
                "settings": settings, "tolerance": opts.tolerance, "prefill_ms": session.prefill_seconds * 1e3,
                "recommended": best.name if best else None, "results": [r.to_dict() for r in results]}
     files["results"] = atomic_write(out / RESULTS_NAME, json.dumps(payload, indent=2, default=str) + "\n", inputs)
-    files["logits"] = atomic_write(out / LOGITS_NAME, _logits_bytes(results, session), inputs)
+    files["logits"] = atomic_write(out / LOGITS_NAME, _logits_bytes(results, references, session), inputs)
     return files
 
 
-def _logits_bytes(results: list[RunResult], session: DecodeSession) -> bytes:
-    """Every run's decode logits (and the fed tokens), so the precision columns can be re-checked."""
+def _inputs(opts: OptimizeOptions) -> list[Path]:
+    inputs = list(opts.inputs)
+    model_dir = Path(opts.model).expanduser()
+    if looks_like_path(opts.model) and model_dir.is_dir():
+        inputs += list(model_dir.iterdir())
+    return inputs
+
+
+def _logits_bytes(results: list[RunResult], references: dict[str, torch.Tensor], session: DecodeSession) -> bytes:
+    """Every run's decode logits, each strategy's exactness reference (``"<strategy> / reference"``)
+    and the fed tokens, so every precision number in the report can be re-checked."""
     from safetensors.torch import save
 
     tensors = {r.name: r.logits.contiguous() for r in results if r.logits is not None}
+    tensors.update({f"{name} / reference": t.contiguous() for name, t in references.items()})
     tensors["__tokens__"] = session.tokens.cpu().contiguous()
     return save(tensors)
 

@@ -1,0 +1,49 @@
+"""Shared fixtures of the workflow tests: each tiny model is built once per session.
+
+The expensive things (model builds, one end-to-end ``superkernel optimize`` run) are
+session-scoped; tests that apply scopes must remove them again (``remove_scopes``).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from superkernel.models import load_model
+
+from .wf_helpers import ZOO_NAMES, run_cli
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _threads():
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def zoo():
+    """Zoo name -> LoadedModel, built once (do not change weights; remove scopes you apply)."""
+    return {name: load_model(name) for name in ZOO_NAMES}
+
+
+@pytest.fixture(scope="session")
+def llama(zoo):
+    return zoo["llama-tiny"]
+
+
+@pytest.fixture(scope="session")
+def llama_session(llama):
+    from superkernel.decode import prepare
+
+    return prepare(llama.model, prompt_len=8, steps=3, warmup=1, seed=0)
+
+
+@pytest.fixture(scope="session")
+def e2e(tmp_path_factory):
+    """One real ``superkernel optimize`` run on llama-tiny: attention strategy, both modes, few steps."""
+    out = tmp_path_factory.mktemp("optimize_out")
+    result = run_cli("optimize", "--model", "llama-tiny", "--strategy", "attention", "--steps", "3", "--warmup", "1",
+                     "--prompt-len", "8", "--output", str(out), "--quiet")
+    data = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else None
+    return result, out, data

@@ -1,0 +1,83 @@
+"""``superkernel analyze`` on every zoo model, and cuts with reasons from a trial capture."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import superkernel
+from superkernel.advisor.analysis import analyze
+from superkernel.advisor.strategies import plan_for
+from superkernel.advisor.structure import analyze_structure
+
+from .conftest import ZOO_NAMES, run_cli
+
+EXPECTED_TRIALS = {
+    "llama-tiny": ["attention", "mlp", "decoder_layer", "all_layers"],
+    "qwen3-moe-tiny": ["attention", "moe", "decoder_layer", "all_layers"],
+    "deepseek-v3-tiny": ["attention", "mlp", "moe", "decoder_layer", "all_layers"],
+}
+
+
+@pytest.mark.parametrize("name", ZOO_NAMES)
+def test_analyze_cli_on_every_zoo_model(name, tmp_path):
+    out = tmp_path / "analysis.json"
+    result = run_cli("analyze", "--model", name, "--prompt-len", "4", "--json", str(out))
+    assert result.code == 0, result.err
+    data = json.loads(out.read_text())
+    assert data["model"] == name
+    assert data["structure"]["layers_path"] == "model.layers"
+    assert len(data["structure"]["layers"]) == 4
+    assert data["decode_graphs"] == 1 and data["graph_breaks"] == []
+    assert "preallocated" in data["kv_cache"] and "prefill" in data["prefill_decode"]
+    assert [t["strategy"] for t in data["trials"]] == EXPECTED_TRIALS[name]
+    for trial in data["trials"]:
+        assert trial["error"] is None
+        assert trial["graphs"] == 1
+        assert trial["segments"], trial                         # the scopes really reached the graph
+        assert {s["scope"] for s in trial["segments"]} <= set(trial["scopes"])
+        assert trial["unscoped_ops"] < trial["ops"]
+    by_name = {t["strategy"]: t for t in data["trials"]}
+    assert len(by_name["all_layers"]["segments"]) == 1          # one scope over the back-to-back layers
+    assert len(by_name["decoder_layer"]["segments"]) == 4
+    # terminal output names the parts found
+    assert "decoder layers: 4" in result.out
+    if name != "llama-tiny":
+        assert "MoE layers: " in result.out and ("experts" in result.out)
+    if name == "deepseek-v3-tiny":
+        assert "MLA" in result.out and "shared_experts" in result.out
+
+
+def test_trial_capture_reports_cuts_with_reasons_and_source(llama_session):
+    """An operator that cannot be fused inside a scope is listed with its reason and model source line."""
+    from superkernel.segments import register_unfusable, unregister_unfusable
+
+    plan = plan_for("attention", analyze_structure(llama_session.model))
+    register_unfusable(torch.ops.aten.index_copy_, "test: KV-cache write marked unfusable")
+    register_unfusable(torch.ops.aten.index_copy, "test: KV-cache write marked unfusable")
+    try:
+        result = analyze("llama-tiny", llama_session, [plan])
+    finally:
+        unregister_unfusable(torch.ops.aten.index_copy_)
+        unregister_unfusable(torch.ops.aten.index_copy)
+    trial = result.trials[0]
+    assert trial.error is None
+    assert len(trial.cuts) == 8  # keys and values in each of 4 layers
+    assert {c.reason for c in trial.cuts} == {"test: KV-cache write marked unfusable"}
+    assert all(c.scope == "attention" and "index_copy" in c.op for c in trial.cuts)
+    assert all(c.source and "cache_utils.py" in c.source for c in trial.cuts)
+    assert len(trial.segments) > 4  # the cuts split each attention scope
+    assert superkernel.scope_apply.scoped_modules(llama_session.model) == {}
+
+
+def test_analyze_custom_scopes_and_bad_glob(tmp_path):
+    ok = run_cli("analyze", "--strategy", "custom", "--scope", "qk=model.layers.*.self_attn.q_proj",
+                 "--prompt-len", "4", "--json", str(tmp_path / "a.json"))
+    assert ok.code == 0, ok.err
+    trial = json.loads((tmp_path / "a.json").read_text())["trials"][0]
+    assert trial["wrapped"] == [f"model.layers.{i}.self_attn.q_proj" for i in range(4)]
+    bad = run_cli("analyze", "--strategy", "custom", "--scope", "qk=model.layers.*.attn")
+    assert bad.code == 2
+    assert "matches no submodule" in bad.err and "self_attn" in bad.err  # suggests close module paths

@@ -1,0 +1,55 @@
+"""Decode harness: prefill once, teacher-forced steps, cache restore, statistics."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from superkernel.decode import DecodeRun, prepare, run_decode
+
+
+def test_session_shapes_and_teacher_tokens(llama_session):
+    s = llama_session
+    assert s.prompt_ids.shape == (1, 8)
+    assert s.tokens.shape == (s.warmup + s.steps,)
+    assert s.max_cache_len == 8 + s.warmup + s.steps
+    assert all(layer.keys.shape[2] == s.max_cache_len for layer in s.cache.layers)  # preallocated
+    assert s.prefill_seconds > 0
+
+
+def test_tokens_are_the_eager_greedy_sequence(llama_session):
+    run = run_decode(llama_session, llama_session.step_fn())
+    # step i is fed tokens[i]; greedy means its argmax is the token fed at step i + 1
+    assert torch.equal(run.logits.argmax(-1)[:-1], llama_session.tokens[1:].cpu())
+
+
+def test_every_run_starts_from_the_same_cache_state(llama_session):
+    first = run_decode(llama_session, llama_session.step_fn())
+    second = run_decode(llama_session, llama_session.step_fn())
+    assert torch.equal(first.logits, second.logits)
+    # and a run that feeds something else does not leak into the next one
+    base = llama_session.step_fn()
+    run_decode(llama_session, lambda ids, pos: base(torch.zeros_like(ids), pos))
+    assert torch.equal(run_decode(llama_session, llama_session.step_fn()).logits, first.logits)
+
+
+def test_compiled_step_is_fed_the_same_inputs(llama_session):
+    eager = run_decode(llama_session, llama_session.step_fn())
+    compiled = run_decode(llama_session, torch.compile(llama_session.step_fn(), backend="eager", dynamic=False))
+    assert compiled.logits.shape == eager.logits.shape
+    torch.testing.assert_close(compiled.logits, eager.logits, rtol=0, atol=1e-5)
+
+
+def test_statistics_exclude_warmup():
+    times = [10.0, 0.001, 0.002, 0.003, 0.004, 0.010]
+    run = DecodeRun(label="x", logits=torch.zeros(6, 2), step_seconds=times, warmup=1, compile_seconds=10.0)
+    assert run.median_ms == pytest.approx(3.0)
+    assert run.p90_ms == pytest.approx(7.6)  # linear interpolation between 4 ms and 10 ms
+    assert run.tokens_per_s == pytest.approx(1000 / 3.0)
+
+
+def test_bad_lengths_are_rejected(llama):
+    with pytest.raises(ValueError, match="warmup must be >= 1"):
+        prepare(llama.model, prompt_len=4, steps=2, warmup=0)
+    with pytest.raises(ValueError, match="max_position_embeddings"):
+        prepare(llama.model, prompt_len=4000, steps=2, warmup=1)

@@ -1,0 +1,142 @@
+"""``superkernel optimize`` end to end on llama-tiny, and the honesty of its precision columns."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from superkernel.advisor import measure
+from superkernel.advisor.plan_file import read_plan
+
+from .wf_helpers import error_lines, run_cli
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_optimize_exits_zero_and_writes_every_output(e2e):
+    result, out, data = e2e
+    assert result.code == 0, result.err
+    for name in ("superkernel_optimization_report.md", "decode_latency.png", "superkernel.yaml", "results.json",
+                 "logits.safetensors"):
+        assert (out / name).is_file(), name
+    assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]  # atomic writes leave nothing behind
+    assert "recommended:" in result.out and "attention" in result.out
+
+
+def test_results_cover_baselines_and_both_modes(e2e):
+    _, _, data = e2e
+    names = [r["name"] for r in data["results"]]
+    assert names == ["eager", "torch.compile", "attention / reduce-overhead", "attention / max-autotune"]
+    for r in data["results"]:
+        assert r["decode_ms_median"] > 0 and r["decode_ms_p90"] >= r["decode_ms_median"]
+        assert r["tokens_per_s"] == pytest.approx(1000 / r["decode_ms_median"])
+    eager, compiled = data["results"][0]["decode_ms_median"], data["results"][1]["decode_ms_median"]
+    for r in data["results"][2:]:
+        assert r["status"] == "passed"
+        assert r["segments"] == 4 and r["wrapped_modules"] == [f"model.layers.{i}.self_attn" for i in range(4)]
+        assert r["speedup_vs_eager"] == pytest.approx(eager / r["decode_ms_median"])
+        assert r["speedup_vs_torch_compile"] == pytest.approx(compiled / r["decode_ms_median"])
+        assert r["compile_s"] > 0
+    assert data["recommended"] in names[2:]
+
+
+def test_precision_columns_recomputed_from_saved_logits(e2e):
+    """Every reported diff is what comparing the saved tensors gives."""
+    _, out, data = e2e
+    logits = load_file(str(out / "logits.safetensors"))
+    eager = logits["eager"]
+    reference = logits["attention / reference"]
+    assert eager.shape == (1 + 3, 2048) and logits["__tokens__"].shape == (4,)
+    for r in data["results"]:
+        mine = logits[r["name"]]
+        assert r["vs_eager"]["max_abs"] == pytest.approx((mine.double() - eager.double()).abs().max().item(), abs=0)
+        assert r["vs_eager"]["identical"] == torch.equal(mine, eager)
+        if r["kind"] != "plan":
+            continue
+        assert r["vs_reference"]["max_abs"] == pytest.approx((mine.double() - reference.double()).abs().max().item(),
+                                                             abs=0)
+        assert r["vs_reference"]["identical"] == torch.equal(mine, reference)
+        agree = (mine.argmax(-1) == reference.argmax(-1)).double().mean().item()
+        assert r["vs_reference"]["top1_agreement"] == agree
+    ro = next(r for r in data["results"] if r["mode"] == "reduce-overhead")
+    assert ro["vs_reference"]["identical"] and ro["vs_reference"]["max_abs"] == 0.0
+    assert torch.equal(logits[ro["name"]], reference)
+
+
+def test_report_is_complete(e2e):
+    _, out, data = e2e
+    report = (out / "superkernel_optimization_report.md").read_text()
+    for heading in ("## Configuration", "## Step 1: model analysis", "## Results", "## Precision",
+                    "## Recommendation", "## Cuts, graph breaks and fallbacks", "## How to apply"):
+        assert heading in report
+    assert "llama-tiny" in report and "Hardware: CPU:" in report and "torch 2." in report
+    assert "transformers " in report
+    assert re.search(r"!\[[^\]]*\]\(decode_latency\.png\)", report)
+    table_rows = [l for l in report.splitlines() if l.startswith("| ") and "reduce-overhead" in l]
+    assert table_rows and "(recommended)" in report
+    assert "superkernel.apply(model, \"superkernel.yaml\")" in report
+    assert "```yaml" in report and "cfg.mode =" in report
+    assert "0.001 x max(1, max |reference logit|)" in report
+
+
+def test_chart_is_a_png_with_a_bar_per_run(e2e):
+    _, out, _ = e2e
+    data = (out / "decode_latency.png").read_bytes()
+    assert data.startswith(PNG_MAGIC)
+    import matplotlib.image
+
+    image = matplotlib.image.imread(str(out / "decode_latency.png"))
+    assert image.shape[0] > 200 and image.shape[1] > 400
+
+
+def test_yaml_is_the_recommended_plan(e2e):
+    _, out, data = e2e
+    text = (out / "superkernel.yaml").read_text()
+    plan = read_plan(out / "superkernel.yaml")
+    best = next(r for r in data["results"] if r["name"] == data["recommended"])
+    assert plan.scopes == best["scopes"] == {"attention": ["model.layers.*.self_attn"]}
+    assert plan.mode == best["mode"] and plan.model == "llama-tiny"
+    assert yaml.safe_load(text)["version"] == 1
+
+
+def _perturbed_compile(real):
+    """Make every non-reference reduce-overhead step add a tiny offset to its logits."""
+    def compile_superkernel(session, mode, *, run_eagerly=False):
+        step, backend = real(session, mode, run_eagerly=run_eagerly)
+        if run_eagerly or mode != "reduce-overhead":
+            return step, backend
+        return (lambda ids, pos: step(ids, pos) + 1e-6), backend
+    return compile_superkernel
+
+
+def test_a_plan_that_is_not_bit_exact_fails_and_nothing_is_recommended(monkeypatch, tmp_path):
+    monkeypatch.setattr(measure, "compile_superkernel", _perturbed_compile(measure.compile_superkernel))
+    result = run_cli("optimize", "--strategy", "attention", "--mode", "reduce-overhead", "--steps", "2",
+                     "--warmup", "1", "--prompt-len", "4", "--output", str(tmp_path), "--quiet")
+    assert result.code == 1
+    lines = error_lines(result.err)
+    assert len(lines) == 1 and "no plan passed precision" in lines[0] and "not bit-identical" in lines[0]
+    assert not (tmp_path / "superkernel.yaml").exists()
+    report = (tmp_path / "superkernel_optimization_report.md").read_text()
+    assert "**FAILED**" in report and "No plan passed precision" in report
+    import json
+
+    ro = json.loads((tmp_path / "results.json").read_text())["results"][2]
+    assert ro["status"] == "failed" and not ro["vs_reference"]["identical"]
+    assert 5e-7 < ro["vs_reference"]["max_abs"] < 2e-6            # the injected 1e-6, after fp32 rounding
+    assert f"max abs diff {ro['vs_reference']['max_abs']:.3g}" in report  # the numbers of the failure are shown
+
+
+def test_a_model_that_cannot_be_captured_exits_nonzero(monkeypatch, tmp_path):
+    def broken(session, mode, *, run_eagerly=False):
+        raise RuntimeError("simulated capture failure")
+    monkeypatch.setattr(measure, "compile_superkernel", broken)
+    result = run_cli("optimize", "--strategy", "attention", "--steps", "2", "--warmup", "1", "--prompt-len", "4",
+                     "--output", str(tmp_path), "--quiet")
+    assert result.code == 1
+    lines = error_lines(result.err)
+    assert len(lines) == 1 and "model cannot be captured" in lines[0] and "simulated capture failure" in lines[0]

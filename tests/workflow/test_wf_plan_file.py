@@ -1,0 +1,95 @@
+"""superkernel.yaml: write/read, validation, superkernel.apply, and superkernel bench."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import superkernel
+from superkernel.advisor.files import OutputError, atomic_write
+from superkernel.advisor.plan_file import PlanFile, PlanFileError, read_plan, write_plan
+from superkernel.decode import run_decode
+
+from .wf_helpers import error_lines, run_cli
+
+ATTN = {"attention": ["model.layers.*.self_attn"]}
+
+
+def test_round_trip(tmp_path):
+    plan = PlanFile(scopes=ATTN, mode="reduce-overhead", options="stream-fusion=1", model="llama-tiny",
+                    strategy="attention", measured={"decode_ms_median": 1.5})
+    path = write_plan(tmp_path / "superkernel.yaml", plan)
+    assert path.read_text().startswith("# superkernel plan")
+    again = read_plan(path)
+    assert again == plan
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"mode": "reduce-overhead", "scopes": ATTN, "extra": 1}, "unknown key"),
+    ({"mode": "fast", "scopes": ATTN}, "mode must be one of"),
+    ({"mode": "max-autotune", "scopes": {}}, "non-empty mapping"),
+    ({"mode": "max-autotune", "scopes": {"a": 3}}, "module glob or a list"),
+    ({"mode": "max-autotune", "scopes": ATTN, "options": "colour=blue"}, "unknown scope option"),
+    ({"mode": "max-autotune", "scopes": ATTN, "version": 9}, "version 9 is not supported"),
+    ([1, 2], "expected a mapping"),
+])
+def test_malformed_plans(data, message):
+    with pytest.raises(PlanFileError, match=message):
+        read_plan(data)
+
+
+def test_invalid_yaml_file(tmp_path):
+    bad = tmp_path / "superkernel.yaml"
+    bad.write_text("mode: [\n")
+    with pytest.raises(PlanFileError, match="not valid YAML"):
+        read_plan(bad)
+
+
+def test_apply_returns_a_compiled_model_with_the_scopes(llama_session):
+    model = llama_session.model
+    compiled = superkernel.apply(model, {"mode": "reduce-overhead", "scopes": ATTN})
+    try:
+        assert superkernel.scope_apply.scoped_modules(model) == {f"model.layers.{i}.self_attn": "attention"
+                                                                  for i in range(4)}
+        cache = llama_session.cache
+
+        def step(ids, pos):
+            return compiled(input_ids=ids, past_key_values=cache, cache_position=pos, use_cache=True).logits[:, -1, :]
+
+        got = run_decode(llama_session, step)
+        ex = superkernel.explain(compiled)
+        assert ex.scopes == ["attention"] and len(ex.segments) == 4
+        eager = run_decode(llama_session, llama_session.step_fn())
+        torch.testing.assert_close(got.logits, eager.logits, rtol=0, atol=1e-5)
+    finally:
+        superkernel.remove_scopes(model)
+
+
+def test_bench_remeasures_a_plan(tmp_path):
+    path = write_plan(tmp_path / "superkernel.yaml", PlanFile(scopes=ATTN, mode="reduce-overhead", model="llama-tiny"))
+    result = run_cli("bench", "--config", str(path), "--steps", "2", "--warmup", "1", "--prompt-len", "4", "--quiet")
+    assert result.code == 0, result.err
+    assert "eager" in result.out and "torch.compile" in result.out
+    last = result.out.strip().splitlines()[-1]
+    assert last.startswith("custom / reduce-overhead:") and "ms/step" in last  # no strategy in the file: custom
+    assert "bit-identical" in last and "vs eager" in last
+
+
+def test_bench_needs_a_model(tmp_path):
+    path = write_plan(tmp_path / "p.yaml", PlanFile(scopes=ATTN, mode="reduce-overhead"))
+    result = run_cli("bench", "--config", str(path))
+    assert result.code == 2 and "names no model" in error_lines(result.err)[0]
+
+
+def test_atomic_write_replaces_and_refuses_inputs(tmp_path):
+    target = tmp_path / "out.json"
+    atomic_write(target, json.dumps({"a": 1}))
+    atomic_write(target, json.dumps({"a": 2}))
+    assert json.loads(target.read_text()) == {"a": 2}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
+    assert target.stat().st_mode & 0o044  # readable by others like a normal file, not mkstemp's 0600
+    with pytest.raises(OutputError, match="refusing to write"):
+        atomic_write(target, "x", inputs=[target])
+    assert json.loads(target.read_text()) == {"a": 2}
