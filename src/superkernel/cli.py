@@ -309,6 +309,12 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     return (ModelLoadError, StrategyError, ScopeGlobError, PlanFileError, OutputError, ValueError, OSError)
 
 
+def _no_result_errors() -> tuple[type[BaseException], ...]:
+    from .advisor.workflow import WorkflowError
+
+    return (WorkflowError,)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -317,6 +323,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         return int(args.func(args) or 0)
+    except _no_result_errors() as exc:
+        if os.environ.get("SUPERKERNEL_TRACEBACK"):
+            raise
+        sys.stderr.write(f"{PROG}: error: {' '.join(str(exc).split())}\n")
+        return EXIT_NO_RESULT
     except KeyboardInterrupt:
         sys.stderr.write(f"{PROG}: interrupted\n")
         return 130

@@ -110,3 +110,16 @@ def test_malformed_scopes_file(tmp_path):
     bad.write_text("attention: [unclosed\n")
     result = run_cli("optimize", "--strategy", "custom", "--scopes-file", str(bad), "--output", str(tmp_path))
     assert result.code == 2 and len(error_lines(result.err)) == 1 and "--scopes-file" in result.err
+
+
+def test_model_without_static_cache_support_exits_one(monkeypatch, tmp_path):
+    from superkernel.advisor import workflow
+
+    def no_static_cache(*args, **kwargs):
+        raise NotImplementedError("this cache layout is not supported")
+
+    monkeypatch.setattr(workflow, "prepare", no_static_cache)
+    result = run_cli("optimize", "--output", str(tmp_path), "--quiet")
+    assert result.code == 1
+    assert error_lines(result.err) == ["superkernel: error: llama-tiny cannot decode with a preallocated StaticCache: "
+                                       "NotImplementedError: this cache layout is not supported"]

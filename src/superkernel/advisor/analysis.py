@@ -63,8 +63,11 @@ def kv_cache_description(session: DecodeSession) -> str:
     layers = session.cache.layers
     nbytes = sum(t.numel() * t.element_size() for layer in layers for t in (layer.keys, layer.values))
     k = tuple(layers[0].keys.shape)
+    declared = getattr(session.model, "_can_compile_fullgraph", None)
+    claim = {True: "; the model class declares full-graph compile support",
+             False: "; the model class does not declare full-graph compile support"}.get(declared, "")
     return (f"preallocated: transformers StaticCache, {len(layers)} layers x keys {k}, "
-            f"max_cache_len {session.max_cache_len}, {nbytes / 2**20:.2f} MiB; written in place (index_copy_)")
+            f"max_cache_len {session.max_cache_len}, {nbytes / 2**20:.2f} MiB; written in place (index_copy_){claim}")
 
 
 PREFILL_DECODE = ("separated by the harness: the model has one forward for both (Hugging Face), so prefill runs "

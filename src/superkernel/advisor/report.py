@@ -16,10 +16,9 @@ REPORT_NAME = "superkernel_optimization_report.md"
 PLAN_NAME = "superkernel.yaml"
 
 
-def _pct_faster(base: float | None, new: float | None) -> str:
-    if not base or not new:
-        return "-"
-    return f"{(base - new) / base * 100:+.1f}%"
+def _latency_change(base: float, new: float) -> str:
+    change = (base - new) / base * 100
+    return f"{change:.1f}% lower" if change >= 0 else f"{-change:.1f}% higher"
 
 
 def structure_section(a: Analysis) -> list[str]:
@@ -66,9 +65,8 @@ def cuts_section(results: list[RunResult]) -> list[str]:
     return out or ["- no plan was captured"]
 
 
-def apply_section(best: RunResult, options: str, model_name: str, is_zoo: bool) -> list[str]:
+def apply_section(best: RunResult, options: str, model_name: str) -> list[str]:
     scopes = ",\n    ".join(f"{label!r}: {globs if len(globs) > 1 else globs[0]!r}" for label, globs in best.scopes.items())
-    model_arg = model_name if is_zoo else f"/path/to/checkpoint"
     return [
         "With the plan file written next to this report:", "",
         "```python",
@@ -85,7 +83,7 @@ def apply_section(best: RunResult, options: str, model_name: str, is_zoo: bool) 
         f"cfg.mode = {best.mode!r}",
         "compiled = superkernel.compile(model, cfg)",
         "```", "",
-        f"Re-measure against the baselines: `superkernel bench --model {model_arg} --config superkernel.yaml`",
+        f"Re-measure against the baselines: `superkernel bench --model {model_name} --config superkernel.yaml`",
     ]
 
 
@@ -133,8 +131,7 @@ def render(*, analysis: Analysis, model_name: str, model_source: str, notes: lis
     else:
         lines += _why(recommended, plans, eager, inductor)
         lines += ["", "## Cuts, graph breaks and fallbacks", "", *cuts_section(results), "",
-                  "## How to apply", "", *apply_section(recommended, settings["options"], model_name,
-                                                          model_source == "zoo")]
+                  "## How to apply", "", *apply_section(recommended, settings["options"], model_name)]
         if plan_yaml:
             lines += ["", "`superkernel.yaml`:", "", "```yaml", plan_yaml.rstrip(), "```"]
     if recommended is None:
@@ -156,7 +153,7 @@ def _why(best: RunResult, plans: list[RunResult], eager: RunResult | None, induc
            f"- Precision: {best.verdict.reason}."]
     if eager is not None and eager.median_ms:
         out.append(f"- vs eager ({eager.median_ms:.3f} ms): {best.speedup_vs_eager:.2f}x, "
-                   f"latency {_pct_faster(eager.median_ms, best.median_ms)} lower, throughput "
+                   f"latency {_latency_change(eager.median_ms, best.median_ms)}, throughput "
                    f"{(best.tokens_per_s / eager.tokens_per_s - 1) * 100:+.1f}%.")
     if inductor is not None and inductor.median_ms:
         out.append(f"- vs plain torch.compile ({inductor.median_ms:.3f} ms): {best.speedup_vs_compile:.2f}x.")

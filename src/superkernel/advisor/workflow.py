@@ -92,8 +92,14 @@ def load_and_prepare(opts: OptimizeOptions, reporter: Reporter) -> tuple[LoadedM
         loaded = load_model(opts.model, seed=opts.seed, device=device)
     choose_threads(opts.threads, device, loaded.num_parameters)
     with reporter.task("prefill + reference token sequence (uncompiled)"):
-        session = prepare(loaded.model, prompt_len=opts.prompt_len, steps=opts.steps, warmup=opts.warmup,
-                          seed=opts.seed, device=device)
+        try:
+            session = prepare(loaded.model, prompt_len=opts.prompt_len, steps=opts.steps, warmup=opts.warmup,
+                              seed=opts.seed, device=device)
+        except ValueError:
+            raise  # bad lengths: a usage error
+        except Exception as exc:
+            raise WorkflowError(f"{loaded.name} cannot decode with a preallocated StaticCache: "
+                                f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from exc
     return loaded, session
 
 
