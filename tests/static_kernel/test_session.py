@@ -217,3 +217,19 @@ def test_cli_list_and_clean(pkg_copy, capsys):
     args = parser.parse_args(["static-compile", "--model", "llama-tiny", "--build-dir", str(build_dir / "nope")])
     assert args.func(args) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_reduce_overhead_records_shapes_without_lock_or_package(tmp_path):
+    cfg = _config(tmp_path)
+    cfg.mode = "reduce-overhead"
+    session = open_session(cfg)
+    gm, _ = _graph(4)
+    session.record_graph(gm, "graph_0")
+    (run_dir,) = session.run_dirs
+    names = sorted(p.name for p in (run_dir / run_dir.name.split("_")[1]).glob("*.json"))
+    assert "mm_float32_ND_4x16_16x8_0.json" in names and session.counters["records"] == len(names)
+    assert session.finalize() is None and not find_packages(tmp_path)
+    from superkernel.static_kernel.storage import build_lock
+
+    lock = build_lock(tmp_path / "static_kernel_outputs")
+    assert not lock.is_locked

@@ -208,8 +208,10 @@ class _Artifact:
 class _BuildState:
     """Everything one process knows about one build directory (shared by its sessions)."""
 
-    def __init__(self, build_dir: Path, fingerprint: str, device_kind: str, patches: dict[str, Any]) -> None:
+    def __init__(self, build_dir: Path, fingerprint: str, device_kind: str, patches: dict[str, Any],
+                 compiles: bool = True) -> None:
         self.build_dir = build_dir
+        self.compiles = compiles  # False: reduce-overhead / run_eagerly, nothing to build: record only, no lock
         self.root = build_dir / OUTPUTS_DIR
         self.fingerprint = fingerprint
         self.device_kind = device_kind
@@ -235,6 +237,7 @@ class _BuildState:
         self.recorder: ShapeRecorder | None = None
         self._notified: set[str] = set()
         self.current_graph: str | None = None
+        self._probe: threading.Thread | None = None
 
     # -- where things go ------------------------------------------------------------------
     def ensure_run_dir(self) -> Path:
@@ -294,12 +297,42 @@ class _BuildState:
         warnings.warn(f"superkernel static kernels: ignoring package {path}: {reason}; "
                       "a fresh build replaces it", StaticKernelWarning, stacklevel=4)
 
+    def prewarm(self) -> None:
+        """Adopt a usable package early (no lock taken) and start TorchInductor's CPU-ISA probe.
+
+        Called when the backend is created, before Dynamo traces: the probe (one short
+        subprocess per vector ISA, which every load of a CPU kernel needs once per process)
+        then runs on another core while the graph is being captured.
+        """
+        with self.mutex:
+            if self.checked or not self.compiles:
+                return
+            pkg = self._usable_packages()
+            if pkg is None:
+                return  # check() decides later (and may build)
+            self.checked = True
+            self.package = pkg
+            try:
+                self._install(pkg)
+            except Exception:  # noqa: BLE001 - the load path reports problems
+                return
+            if self.device_kind == "cpu" and self._probe is None:
+                self._probe = threading.Thread(target=_probe_vec_isa, name="superkernel-isa-probe", daemon=True)
+                self._probe.start()
+
+    def _install(self, pkg: Package) -> None:
+        if self.kernels_installed != pkg.path:
+            self.counters["kernels_installed"] += install_kernels(pkg, compat.inductor_cache_dir())
+            self.kernels_installed = pkg.path
+
     def check(self) -> None:
         """Decide once: load a usable package, or become the builder (waiting for one first)."""
         with self.mutex:
             if self.checked:
                 return
             self.checked = True
+            if not self.compiles:
+                return
             pkg = self._usable_packages()
             if pkg is not None:
                 self.package = pkg
@@ -375,12 +408,12 @@ class _BuildState:
                 g["variants"].append(shapes)
             if not self.holding and self.package is not None and h not in self.package.graphs and h not in self.carried_graphs:
                 old = self.package
-                if self.become_builder(need_graph=h):
+                if self.become_builder(need_graph=h) and old.path not in self.written:  # (own package: next graph)
                     warnings.warn(
                         f"superkernel static kernels: package {old.path} was built for other graphs "
                         f"(graph {graph_name!r} is not in it: model, code or config changed); "
                         "building a new package that replaces it", StaticKernelWarning, stacklevel=3)
-            if self.holding:
+            if self.holding or not self.compiles:
                 self.ensure_run_dir()
                 assert self.recorder is not None
                 self.counters["records"] += self.recorder.record_graph(gm, graph_name, h)
@@ -461,11 +494,11 @@ class _BuildState:
         return self._load_bytes(key, pkg.artifact_bytes(key), pkg)
 
     def _load_bytes(self, key: str, data: bytes, pkg: Package | None) -> Callable[..., Any] | None:
+        if self._probe is not None:
+            self._probe.join(timeout=120)  # started at prewarm: don't probe twice
         try:
-            cache_dir = compat.inductor_cache_dir()
-            if pkg is not None and self.kernels_installed != pkg.path:
-                self.counters["kernels_installed"] += install_kernels(pkg, cache_dir)
-                self.kernels_installed = pkg.path
+            if pkg is not None:
+                self._install(pkg)
             CompiledArtifact = compat.compiled_artifact_cls()
             with tempfile.TemporaryDirectory(prefix="sk_artifact_") as tmp:
                 path = os.path.join(tmp, f"{key}.bin")
@@ -576,27 +609,43 @@ class _BuildState:
         self.counters["load_checked"] += len(paths)
 
 
-_STATES: dict[tuple[str, str, str], _BuildState] = {}
+def _probe_vec_isa() -> None:
+    try:
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+        pick_vec_isa()
+    except Exception:  # noqa: BLE001 - the main thread probes again and reports
+        pass
+
+
+_STATES: dict[tuple[str, str, str, bool], _BuildState] = {}
 _STATES_GUARD = threading.Lock()
 
 
-def _state(build_dir: Path, fingerprint: str, device_kind: str, patches: dict[str, Any]) -> _BuildState:
-    key = (str(build_dir), fingerprint, device_kind)
+def _state(build_dir: Path, fingerprint: str, device_kind: str, patches: dict[str, Any],
+           compiles: bool = True) -> _BuildState:
+    key = (str(build_dir), fingerprint, device_kind, compiles)
     with _STATES_GUARD:
         state = _STATES.get(key)
         if state is None:
-            state = _BuildState(build_dir, fingerprint, device_kind, patches)
+            state = _BuildState(build_dir, fingerprint, device_kind, patches, compiles)
             _STATES[key] = state
         return state
 
 
 @atexit.register
 def _finalize_all() -> None:
+    """Write what is still pending, release locks, and remove the private build caches."""
+    import shutil
+
     for state in list(_STATES.values()):
         try:
             state.finalize()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+        if state.run_dir is not None:
+            for leftover in (".inductor_cache", ".artifacts"):
+                shutil.rmtree(state.run_dir / leftover, ignore_errors=True)
 
 
 # --- the hook --------------------------------------------------------------------------
@@ -613,6 +662,12 @@ class StaticKernelSession:
         self.device_kind = device_kind
         self.extend = extend
         self._states: dict[str, _BuildState] = {}
+        if device_kind in (None, "cpu") and os.environ.get("SUPERKERNEL_STATIC_PREWARM", "1") != "0":
+            try:
+                if find_packages(self.build_dir):
+                    self._state_for("cpu").prewarm()
+            except Exception:  # noqa: BLE001 - an optimization only; first use checks again
+                pass
 
     # -- state per device ---------------------------------------------------------------------
     def _state_for(self, device_kind: str) -> _BuildState:
@@ -626,7 +681,10 @@ class StaticKernelSession:
 
                 extra = hashlib.sha256(json.dumps(patches, sort_keys=True).encode()).hexdigest()[:8]
                 fingerprint = f"{self._fingerprint or 'none'}-{extra}"
-            state = _state(self.build_dir, fingerprint, device_kind, patches)
+            cfg = self.compiler_config
+            compiles = cfg is None or (getattr(cfg, "mode", "max-autotune") == "max-autotune"
+                                       and not getattr(getattr(cfg, "debug", None), "run_eagerly", False))
+            state = _state(self.build_dir, fingerprint, device_kind, patches, compiles)
             self._states[device_kind] = state
         return state
 
