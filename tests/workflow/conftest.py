@@ -16,9 +16,13 @@ from superkernel.models import load_model
 from .wf_helpers import ZOO_NAMES, run_cli
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="package", autouse=True)
 def _threads():
+    """One thread, as the CLI picks for the tiny zoo on CPU (it sets it in-process); restored afterwards."""
+    before = torch.get_num_threads()
     torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")

@@ -113,3 +113,18 @@ def test_corrupt_safetensors_is_one_clear_error(llama, tmp_path):
     (d / "model.safetensors").write_bytes(b"\x00" * 64)
     with pytest.raises(ModelLoadError, match="cannot load checkpoint"):
         load_model(str(d))
+
+
+def test_cli_analyzes_a_local_checkpoint(zoo, tmp_path):
+    import json as _json
+
+    from .wf_helpers import run_cli
+
+    ckpt = tmp_path / "qwen_ckpt"
+    _write_checkpoint(zoo["qwen3-moe-tiny"].model, ckpt)
+    out = tmp_path / "a.json"
+    result = run_cli("analyze", "--model", str(ckpt), "--strategy", "moe", "--prompt-len", "4", "--json", str(out))
+    assert result.code == 0, result.err
+    data = _json.loads(out.read_text())
+    assert data["model"] == str(ckpt) and data["architecture"] == "Qwen3MoeForCausalLM"
+    assert [t["strategy"] for t in data["trials"]] == ["moe"] and data["trials"][0]["error"] is None

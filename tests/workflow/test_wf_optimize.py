@@ -81,6 +81,11 @@ def test_report_is_complete(e2e):
     assert "superkernel.apply(model, \"superkernel.yaml\")" in report
     assert "```yaml" in report and "cfg.mode =" in report
     assert "0.001 x max(1, max |reference logit|)" in report
+    cuts = report.split("## Cuts, graph breaks and fallbacks", 1)[1]
+    assert "- `attention`: 0 cut(s), 0 graph break(s)" in cuts
+    for r in data["results"][2:]:  # one realization line per mode, from that plan's own explain()
+        realized = ", ".join(f"{k} x{v}" for k, v in r["realizations"].items())
+        assert f"  - {r['mode']}: {r['segments']} segment(s), realized as {realized}" in cuts
 
 
 def test_chart_is_a_png_with_a_bar_per_run(e2e):

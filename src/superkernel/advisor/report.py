@@ -47,21 +47,24 @@ def structure_section(a: Analysis) -> list[str]:
 
 def cuts_section(results: list[RunResult]) -> list[str]:
     out = []
-    seen: set[str] = set()
-    for r in results:
-        if r.kind != "plan" or r.strategy in seen or r.error:
+    plans = [r for r in results if r.kind == "plan"]
+    for strategy in dict.fromkeys(r.strategy for r in plans):
+        runs = [r for r in plans if r.strategy == strategy and not r.error]
+        if not runs:
             continue
-        seen.add(r.strategy)
-        out.append(f"- `{r.strategy}`: {r.segments} segment(s), {len(r.cuts)} cut(s), {r.graph_breaks} graph break(s)"
-                   + (f", realized as {', '.join(f'{k} x{v}' for k, v in r.realizations.items())}" if r.realizations else ""))
-        for c in r.cuts:
+        first = runs[0]  # cuts and breaks come from the capture, the same in every mode
+        out.append(f"- `{strategy}`: {len(first.cuts)} cut(s), {first.graph_breaks} graph break(s)")
+        for c in first.cuts:
             out.append(f"  - scope `{c.scope}` cut at `{c.op}` (node {c.node_index})"
                        f"{' at `' + c.source + '`' if c.source else ''}: {c.reason}")
-        for f in r.fallbacks:
-            out.append(f"  - fallback to eager: {f}")
-    errors = [r for r in results if r.error]
-    for r in errors:
-        out.append(f"- `{r.name}` could not run: {r.error}")
+        for r in runs:
+            realized = ", ".join(f"{k} x{v}" for k, v in r.realizations.items()) or "-"
+            out.append(f"  - {r.mode}: {r.segments} segment(s), realized as {realized}")
+            for f in r.fallbacks:
+                out.append(f"    - fallback to eager: {f}")
+    for r in results:
+        if r.error:
+            out.append(f"- `{r.name}` could not run: {r.error}")
     return out or ["- no plan was captured"]
 
 
@@ -164,5 +167,8 @@ def _why(best: RunResult, plans: list[RunResult], eager: RunResult | None, induc
         out.append("- Note: this plan is slower than eager on this machine; do not deploy it here.")
     runner_up = sorted((r for r in passing if r is not best), key=lambda r: r.median_ms)[:1]
     for r in runner_up:
-        out.append(f"- Runner-up: `{r.name}` at {r.median_ms:.3f} ms.")
+        tie = r.median_ms - best.median_ms <= best.p90_ms - best.median_ms
+        out.append(f"- Runner-up: `{r.name}` at {r.median_ms:.3f} ms"
+                   + (" — within the recommended plan's p90 spread, so practically a tie: rerun with more "
+                      "--steps, or prefer the smaller scope." if tie else "."))
     return out
