@@ -42,6 +42,7 @@ def test_results_cover_baselines_and_both_modes(e2e):
         assert r["speedup_vs_torch_compile"] == pytest.approx(compiled / r["decode_ms_median"])
         assert r["compile_s"] > 0
     assert data["recommended"] in names[2:]
+    assert isinstance(data["eager_drift"], float)
 
 
 def test_precision_columns_recomputed_from_saved_logits(e2e):
@@ -81,6 +82,7 @@ def test_report_is_complete(e2e):
     assert "superkernel.apply(model, \"superkernel.yaml\")" in report
     assert "```yaml" in report and "cfg.mode =" in report
     assert "0.001 x max(1, max |reference logit|)" in report
+    assert f"eager was timed again after all plans, {data['eager_drift']:+.1%}" in report
     cuts = report.split("## Cuts, graph breaks and fallbacks", 1)[1]
     assert "- `attention`: 0 cut(s), 0 graph break(s)" in cuts
     for r in data["results"][2:]:  # one realization line per mode, from that plan's own explain()

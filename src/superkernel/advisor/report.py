@@ -92,7 +92,7 @@ def apply_section(best: RunResult, options: str, model_name: str) -> list[str]:
 
 def render(*, analysis: Analysis, model_name: str, model_source: str, notes: list[str], results: list[RunResult],
            recommended: RunResult | None, settings: dict[str, Any], hardware: str, versions: dict[str, str],
-           tolerance: float, plan_yaml: str | None, prefill_ms: float) -> str:
+           tolerance: float, plan_yaml: str | None, prefill_ms: float, eager_drift: float | None = None) -> str:
     eager = next((r for r in results if r.name == "eager"), None)
     inductor = next((r for r in results if r.name == "torch.compile"), None)
     plans = [r for r in results if r.kind == "plan"]
@@ -141,8 +141,14 @@ def render(*, analysis: Analysis, model_name: str, model_source: str, notes: lis
         lines += ["", "## Cuts, graph breaks and fallbacks", "", *cuts_section(results)]
     lines += ["", "## Notes", "",
               "- Absolute times hold for the hardware above only; ratios are the result. On a busy machine the "
-              "median is the robust number, compare p90 for jitter.",
-              "- Decode steps use a preallocated StaticCache; prefill is never scoped or compiled."]
+              "median is the robust number, compare p90 for jitter."]
+    if eager_drift is not None:
+        size = abs(eager_drift)
+        verdict = ("under 5%: the machine's speed stayed steady during the run" if size < 0.05 else
+                   "differences between plans smaller than this are within the machine's drift")
+        lines.append(f"- Machine drift: eager was timed again after all plans, {eager_drift:+.1%} against its first "
+                     f"median ({verdict}).")
+    lines.append("- Decode steps use a preallocated StaticCache; prefill is never scoped or compiled.")
     return "\n".join(lines) + "\n"
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..decode import DecodeSession, prepare
+from ..decode import DecodeSession, prepare, run_decode
 from ..models import DEFAULT_MODEL, LoadedModel, load_model, looks_like_path
 from .analysis import Analysis, analyze
 from .chart import latency_chart
@@ -131,8 +131,9 @@ def optimize(opts: OptimizeOptions, reporter: Reporter | None = None) -> Outcome
     inductor = next((r for r in results if r.name == "torch.compile" and not r.error), None)
     fill_speedups(results, eager, inductor)
     best = recommend(results)
+    drift = eager_drift(session, eager, reporter)
 
-    files = write_outputs(opts, loaded, session, analysis, results, best, references)
+    files = write_outputs(opts, loaded, session, analysis, results, best, references, drift)
     plan_results = [r for r in results if r.kind == "plan"]
     if plan_results and all(r.error for r in plan_results):
         message = f"model cannot be captured: every plan failed to compile or run (first: {plan_results[0].error})"
@@ -145,9 +146,22 @@ def optimize(opts: OptimizeOptions, reporter: Reporter | None = None) -> Outcome
     return Outcome(results=results, recommended=best, analysis=analysis, files=files, message=message)
 
 
+def eager_drift(session: DecodeSession, eager: RunResult, reporter: Reporter) -> float | None:
+    """Time eager once more after all plans: how much the machine's speed moved during the run.
+
+    Plans are measured one after another (each needs a fresh Dynamo state), so a change in
+    background load shows up as a shift between them; this number says how large it was.
+    """
+    if not eager.median_ms:
+        return None
+    with reporter.task("eager again (drift check)", total=session.total_steps) as update:
+        again = run_decode(session, session.step_fn(), on_step=lambda done, total: update(done=done))
+    return again.median_ms / eager.median_ms - 1
+
+
 def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSession, analysis: Analysis,
                   results: list[RunResult], best: RunResult | None,
-                  references: dict[str, torch.Tensor]) -> dict[str, Path]:
+                  references: dict[str, torch.Tensor], drift: float | None = None) -> dict[str, Path]:
     out = Path(opts.output)
     inputs = _inputs(opts)
     files: dict[str, Path] = {}
@@ -164,11 +178,12 @@ def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSes
     report = render(analysis=analysis, model_name=loaded.name, model_source=loaded.source, notes=loaded.notes,
                     results=results, recommended=best, settings=settings, hardware=hardware(session.device),
                     versions=versions(), tolerance=opts.tolerance, plan_yaml=plan_yaml,
-                    prefill_ms=session.prefill_seconds * 1e3)
+                    prefill_ms=session.prefill_seconds * 1e3, eager_drift=drift)
     files["report"] = atomic_write(out / REPORT_NAME, report, inputs)
     payload = {"model": loaded.name, "hardware": hardware(session.device), "versions": versions(),
                "settings": settings, "tolerance": opts.tolerance, "prefill_ms": session.prefill_seconds * 1e3,
-               "recommended": best.name if best else None, "results": [r.to_dict() for r in results]}
+               "recommended": best.name if best else None, "eager_drift": drift,
+               "results": [r.to_dict() for r in results]}
     files["results"] = atomic_write(out / RESULTS_NAME, json.dumps(payload, indent=2, default=str) + "\n", inputs)
     files["logits"] = atomic_write(out / LOGITS_NAME, _logits_bytes(results, references, session), inputs)
     return files
