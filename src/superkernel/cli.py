@@ -197,9 +197,6 @@ def _cmd_optimize(args) -> int:
                            custom_scopes=_custom_scopes(args), options=args.options, seed=args.seed,
                            device=args.device, tolerance=args.tolerance, threads=args.threads,
                            quiet=args.quiet, inputs=[p for p in (args.scopes_file,) if p is not None])
-    from .scope import parse_options
-
-    parse_options(opts.options)
     outcome = optimize(opts, Reporter(quiet=args.quiet))
     console = _console()
     print_results(outcome.results, outcome.recommended, f"superkernel optimize: {args.model}", console)

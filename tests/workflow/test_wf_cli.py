@@ -123,3 +123,8 @@ def test_model_without_static_cache_support_exits_one(monkeypatch, tmp_path):
     assert result.code == 1
     assert error_lines(result.err) == ["superkernel: error: llama-tiny cannot decode with a preallocated StaticCache: "
                                        "NotImplementedError: this cache layout is not supported"]
+
+
+def test_non_positive_tolerance_is_rejected(tmp_path):
+    result = run_cli("optimize", "--tolerance", "0", "--output", str(tmp_path))
+    assert result.code == 2 and error_lines(result.err) == ["superkernel: error: --tolerance must be > 0, got 0.0"]

@@ -103,16 +103,30 @@ def load_and_prepare(opts: OptimizeOptions, reporter: Reporter) -> tuple[LoadedM
     return loaded, session
 
 
-def optimize(opts: OptimizeOptions, reporter: Reporter | None = None) -> Outcome:
-    reporter = reporter or Reporter(quiet=opts.quiet)
+def check_options(opts: OptimizeOptions) -> None:
+    """Everything that can be checked before loading the model (one clear error, at once)."""
+    from ..scope import parse_options
+
     if opts.strategy not in STRATEGIES:
         raise StrategyError(f"unknown strategy {opts.strategy!r}; choose one of: {', '.join(STRATEGIES)}")
     if opts.strategy != "custom" and opts.custom_scopes:
         raise StrategyError("--scope/--scopes-file give scopes for --strategy custom; add --strategy custom")
     if opts.strategy == "custom":
-        custom_plan(opts.custom_scopes)  # fails before loading anything when no scopes were given
+        custom_plan(opts.custom_scopes)
+    bad_modes = [m for m in opts.modes if m not in MODES]
+    if bad_modes or not opts.modes:
+        raise ValueError(f"unknown mode(s) {bad_modes or opts.modes!r}; choose from {', '.join(MODES)}")
+    if not opts.tolerance > 0:
+        raise ValueError(f"--tolerance must be > 0, got {opts.tolerance}")
+    parse_options(opts.options)
     for name in OUTPUT_NAMES:  # before the run, not after minutes of measuring
         check_not_input(Path(opts.output) / name, _inputs(opts))
+
+
+def optimize(opts: OptimizeOptions, reporter: Reporter | None = None) -> Outcome:
+    """Run the whole workflow; raises on bad input, returns an Outcome (recommended may be None)."""
+    reporter = reporter or Reporter(quiet=opts.quiet)
+    check_options(opts)
     loaded, session = load_and_prepare(opts, reporter)
     plans = select_plans(opts.strategy, analyze_structure(loaded.model), opts.custom_scopes)
     validate_scopes(loaded.model, plans, opts.options)
