@@ -157,24 +157,11 @@ def _modes(text: str) -> tuple[str, ...]:
 
 
 def _custom_scopes(args) -> dict[str, list[str]]:
-    from .advisor.plan_file import PlanFileError
-    from .advisor.strategies import StrategyError, custom_plan, parse_scope_args
+    from .advisor.strategies import load_scopes_file, parse_scope_args
 
     scopes = parse_scope_args(args.scope)
     if args.scopes_file is not None:
-        import yaml
-
-        try:
-            data = yaml.safe_load(args.scopes_file.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise StrategyError(f"--scopes-file {str(args.scopes_file)!r} does not exist") from None
-        except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-            raise PlanFileError(f"--scopes-file {args.scopes_file}: {' '.join(str(exc).split())}") from None
-        if isinstance(data, dict) and "scopes" in data:
-            data = data["scopes"]
-        if not isinstance(data, dict):
-            raise StrategyError(f"--scopes-file {args.scopes_file}: expected a mapping label -> module glob(s)")
-        for label, globs in custom_plan(data).scopes.items():
+        for label, globs in load_scopes_file(args.scopes_file).items():
             scopes.setdefault(label, []).extend(globs)
     return scopes
 
@@ -246,28 +233,13 @@ def _cmd_analyze(args) -> int:
 
     print_analysis(result, _console())
     if args.json is not None:
-        atomic_write(args.json, json.dumps(_analysis_dict(result), indent=2, default=str) + "\n",
+        atomic_write(args.json, json.dumps(result.to_dict(), indent=2, default=str) + "\n",
                      [p for p in (args.scopes_file,) if p is not None])
     failed = [t for t in result.trials if t.error]
     if result.trials and len(failed) == len(result.trials):
         sys.stderr.write(f"{PROG}: error: model cannot be captured: {failed[0].error}\n")
         return EXIT_NO_RESULT
     return 0
-
-
-def _analysis_dict(a) -> dict:
-    from dataclasses import asdict
-
-    return {
-        "model": a.model_name, "architecture": a.architecture, "num_parameters": a.num_parameters,
-        "structure": asdict(a.structure), "not_applicable": a.not_applicable, "decode_graphs": a.decode_graphs,
-        "graph_breaks": [asdict(b) for b in a.breaks], "kv_cache": a.kv_cache, "prefill_decode": a.prefill_decode,
-        "suggested_order": a.suggested_order,
-        "trials": [{"strategy": t.plan.strategy, "scopes": t.plan.scopes, "wrapped": t.wrapped, "graphs": t.graphs,
-                    "graph_breaks": t.graph_breaks, "segments": [asdict(s) for s in t.segments],
-                    "cuts": [asdict(c) for c in t.cuts], "unscoped_ops": t.unscoped_ops, "ops": t.total_ops,
-                    "seconds": t.seconds, "error": t.error} for t in a.trials],
-    }
 
 
 def _cmd_bench(args) -> int:

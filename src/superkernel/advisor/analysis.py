@@ -58,6 +58,22 @@ class Analysis:
     suggestion_why: str = ""
     trials: list[TrialCapture] = field(default_factory=list)
 
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return {
+            "model": self.model_name, "architecture": self.architecture, "num_parameters": self.num_parameters,
+            "structure": asdict(self.structure), "not_applicable": self.not_applicable,
+            "decode_graphs": self.decode_graphs, "graph_breaks": [asdict(b) for b in self.breaks],
+            "kv_cache": self.kv_cache, "prefill_decode": self.prefill_decode,
+            "suggested_order": self.suggested_order,
+            "trials": [{"strategy": t.plan.strategy, "scopes": t.plan.scopes, "wrapped": t.wrapped,
+                        "graphs": t.graphs, "graph_breaks": t.graph_breaks,
+                        "segments": [asdict(s) for s in t.segments], "cuts": [asdict(c) for c in t.cuts],
+                        "unscoped_ops": t.unscoped_ops, "ops": t.total_ops, "seconds": t.seconds, "error": t.error}
+                       for t in self.trials],
+        }
+
 
 def kv_cache_description(session: DecodeSession) -> str:
     layers = session.cache.layers

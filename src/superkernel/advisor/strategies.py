@@ -8,6 +8,7 @@ Each strategy turns a :class:`ModelStructure` into ``{label: [module globs]}`` f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from .structure import ModelStructure
 
@@ -117,6 +118,23 @@ def custom_plan(scopes: dict[str, str | list[str]]) -> ScopePlan:
             raise StrategyError(f"scope {label!r}: expected a module glob or a list of globs, got {globs!r}")
         norm.setdefault(label.strip(), []).extend(g.strip() for g in items)
     return ScopePlan("custom", norm)
+
+
+def load_scopes_file(path: Path) -> dict[str, list[str]]:
+    """Scopes from YAML: ``label: glob`` / ``label: [globs]``, or a superkernel.yaml's ``scopes``."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise StrategyError(f"--scopes-file {str(path)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise StrategyError(f"--scopes-file {path}: {' '.join(str(exc).split())}") from None
+    if isinstance(data, dict) and "scopes" in data:
+        data = data["scopes"]
+    if not isinstance(data, dict):
+        raise StrategyError(f"--scopes-file {path}: expected a mapping label -> module glob(s)")
+    return custom_plan(data).scopes
 
 
 def parse_scope_args(values: list[str]) -> dict[str, list[str]]:
