@@ -81,3 +81,17 @@ def test_analyze_custom_scopes_and_bad_glob(tmp_path):
     bad = run_cli("analyze", "--strategy", "custom", "--scope", "qk=model.layers.*.attn")
     assert bad.code == 2
     assert "matches no submodule" in bad.err and "self_attn" in bad.err  # suggests close module paths
+
+
+def test_scopes_that_reach_no_graph_are_flagged():
+    from types import SimpleNamespace
+
+    from superkernel.advisor.analysis import TrialCapture, missing_labels
+    from superkernel.advisor.strategies import ScopePlan
+
+    segments = [SimpleNamespace(scope="attention")]
+    assert missing_labels(["attention", "moe"], segments) == ["moe"]
+    trial = TrialCapture(plan=ScopePlan("custom", {"attention": ["a"], "moe": ["b"]}), segments=segments)
+    assert trial.uncaptured == ["moe"]
+    trial.error = "capture failed"
+    assert trial.uncaptured == []  # an error is reported as such, not as a missing scope

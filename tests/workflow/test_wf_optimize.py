@@ -38,6 +38,7 @@ def test_results_cover_baselines_and_both_modes(e2e):
     for r in data["results"][2:]:
         assert r["status"] == "passed"
         assert r["segments"] == 4 and r["wrapped_modules"] == [f"model.layers.{i}.self_attn" for i in range(4)]
+        assert r["uncaptured_scopes"] == []
         assert r["speedup_vs_eager"] == pytest.approx(eager / r["decode_ms_median"])
         assert r["speedup_vs_torch_compile"] == pytest.approx(compiled / r["decode_ms_median"])
         assert r["compile_s"] > 0

@@ -36,6 +36,16 @@ class TrialCapture:
     seconds: float = 0.0
     error: str | None = None
 
+    @property
+    def uncaptured(self) -> list[str]:
+        """Scope labels that reached no captured graph (e.g. a graph break inside the scope dropped them)."""
+        return missing_labels(self.plan.labels, self.segments) if not self.error else []
+
+
+def missing_labels(labels: list[str], segments: list[Any]) -> list[str]:
+    found = {s.scope for s in segments}
+    return [label for label in labels if label not in found]
+
 
 @dataclass
 class BreakInfo:
@@ -70,7 +80,8 @@ class Analysis:
             "trials": [{"strategy": t.plan.strategy, "scopes": t.plan.scopes, "wrapped": t.wrapped,
                         "graphs": t.graphs, "graph_breaks": t.graph_breaks,
                         "segments": [asdict(s) for s in t.segments], "cuts": [asdict(c) for c in t.cuts],
-                        "unscoped_ops": t.unscoped_ops, "ops": t.total_ops, "seconds": t.seconds, "error": t.error}
+                        "unscoped_ops": t.unscoped_ops, "ops": t.total_ops, "seconds": t.seconds,
+                        "uncaptured_scopes": t.uncaptured, "error": t.error}
                        for t in self.trials],
         }
 

@@ -50,7 +50,10 @@ def print_analysis(a: Analysis, console: Console) -> None:
             console.print(f"  [red]{t.plan.strategy}: cannot be captured: {t.error}[/]")
         for c in t.cuts:
             console.print(f"  {t.plan.strategy}: cut {c.describe()}")
-        if not t.error and not t.cuts:
+        if t.uncaptured:
+            console.print(f"  [yellow]{t.plan.strategy}: scope(s) {', '.join(t.uncaptured)} reached no captured graph "
+                          f"({t.graph_breaks} graph break(s)): they would not be fused[/]")
+        elif not t.error and not t.cuts:
             console.print(f"  {t.plan.strategy}: no cuts — every scope is one run of fusable operators")
 
 

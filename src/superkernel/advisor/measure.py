@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from ..decode import DecodeRun, DecodeSession, run_decode
+from .analysis import missing_labels
 from .compiling import compile_inductor, compile_superkernel
 from .precision import MAX_AUTOTUNE_TOLERANCE, compare, judge
 from .progress import Reporter
@@ -66,6 +67,7 @@ def _explain_into(result: RunResult, backend: Any) -> None:
     result.graph_breaks = ex.graph_breaks
     result.fallbacks = [f"{s.name}: {s.fallback}" for s in ex.fallbacks]
     result.realizations = dict(Counter(s.realization for s in ex.segments))
+    result.uncaptured = missing_labels(list(result.scopes), ex.segments)
 
 
 def run_plan(session: DecodeSession, plan: ScopePlan, modes: tuple[str, ...], eager_logits: torch.Tensor, *,

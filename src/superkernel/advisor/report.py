@@ -57,6 +57,9 @@ def cuts_section(results: list[RunResult]) -> list[str]:
         for c in first.cuts:
             out.append(f"  - scope `{c.scope}` cut at `{c.op}` (node {c.node_index})"
                        f"{' at `' + c.source + '`' if c.source else ''}: {c.reason}")
+        if first.uncaptured:
+            out.append(f"  - **not captured**: scope(s) {', '.join('`' + x + '`' for x in first.uncaptured)} reached "
+                       "no captured graph (a graph break inside a scope can drop it), so they were not fused")
         for r in runs:
             realized = ", ".join(f"{k} x{v}" for k, v in r.realizations.items()) or "-"
             out.append(f"  - {r.mode}: {r.segments} segment(s), realized as {realized}")

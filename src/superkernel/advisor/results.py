@@ -24,6 +24,7 @@ class RunResult:
     cuts: list[Any] = field(default_factory=list)        # superkernel Cut records
     fallbacks: list[str] = field(default_factory=list)   # "segment: cause"
     graph_breaks: int = 0
+    uncaptured: list[str] = field(default_factory=list)  # scope labels that reached no captured graph
     realizations: dict[str, int] = field(default_factory=dict)
     median_ms: float | None = None
     p90_ms: float | None = None
@@ -56,7 +57,7 @@ class RunResult:
             "segments": self.segments, "realizations": self.realizations,
             "cuts": [{"scope": c.scope, "op": c.op, "node": c.node_index, "reason": c.reason, "source": c.source}
                      for c in self.cuts],
-            "fallbacks": self.fallbacks, "graph_breaks": self.graph_breaks,
+            "fallbacks": self.fallbacks, "graph_breaks": self.graph_breaks, "uncaptured_scopes": self.uncaptured,
             "decode_ms_median": self.median_ms, "decode_ms_p90": self.p90_ms, "tokens_per_s": self.tokens_per_s,
             "compile_s": self.compile_s, "speedup_vs_eager": self.speedup_vs_eager,
             "speedup_vs_torch_compile": self.speedup_vs_compile,

@@ -137,8 +137,8 @@ def _attention_kind(model: torch.nn.Module, layers: list[LayerParts]) -> str:
         if {"kv_a_proj_with_mqa", "kv_b_proj"} & children or getattr(cfg, "kv_lora_rank", None):
             return "MLA"
     heads, kv_heads = getattr(cfg, "num_attention_heads", None), getattr(cfg, "num_key_value_heads", None)
-    if heads and kv_heads:
-        return "GQA" if kv_heads < heads else "MHA"
+    if heads:
+        return "GQA" if kv_heads and kv_heads < heads else "MHA"
     return "unknown"
 
 

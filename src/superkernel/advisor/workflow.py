@@ -157,6 +157,10 @@ def optimize(opts: OptimizeOptions, reporter: Reporter | None = None) -> Outcome
     else:
         message = (f"recommended: {best.name} — {best.median_ms:.3f} ms/step, "
                    f"{best.speedup_vs_eager or 0:.2f}x vs eager, {best.speedup_vs_compile or 0:.2f}x vs torch.compile")
+        slower = [name for name, x in (("eager", best.speedup_vs_eager), ("torch.compile", best.speedup_vs_compile))
+                  if x is not None and x < 1]
+        if slower:
+            message += f" (the best plan that passed is slower than {' and '.join(slower)} on this machine)"
     return Outcome(results=results, recommended=best, analysis=analysis, files=files, message=message)
 
 
