@@ -76,6 +76,7 @@ def main() -> int:
         "cpp_builds": len(builds),
         "packages": [str(p) for p in session.packages_written] if session is not None else [],
         "warnings": [str(w.message) for w in caught if "static kernels" in str(w.message)],
+        "notices": list(session.notices) if session is not None else [],
     }
     print("RESULT " + json.dumps(result))
     return 0

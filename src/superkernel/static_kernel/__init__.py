@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from .package import Package, PackageError, find_packages, read_manifest
 from .session import (
-    BuildDirError, StaticKernelNotice, StaticKernelSession, StaticKernelWarning, open_session, resolve_build_dir,
+    BuildDirError, StaticKernelSession, StaticKernelWarning, open_session, resolve_build_dir,
 )
 from .signature import graph_structure_hash, partition_key
 
 __all__ = [
-    "BuildDirError", "Package", "PackageError", "StaticKernelNotice", "StaticKernelSession", "StaticKernelWarning",
+    "BuildDirError", "Package", "PackageError", "StaticKernelSession", "StaticKernelWarning",
     "find_packages", "graph_structure_hash", "open_session", "partition_key", "read_manifest", "resolve_build_dir",
 ]

@@ -162,8 +162,7 @@ def build(model: str, build_dir: Path, *, batch_sizes: list[int] | None = None, 
             step(ids, pos)
         backend.static_kernels.finalize()
         packages += [str(p) for p in backend.static_kernels.packages_written if str(p) not in packages]
-        for k, v in backend.static_kernels.counters.items():
-            counters[k] = counters.get(k, 0) + int(v)
+        counters = {k: int(v) for k, v in backend.static_kernels.counters.items()}  # cumulative: state is shared
         results["record_dirs"] += [str(d) for d in backend.static_kernels.run_dirs if str(d) not in results["record_dirs"]]
         torch._dynamo.reset()
     existing = find_packages(build_dir)

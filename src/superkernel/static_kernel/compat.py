@@ -47,7 +47,10 @@ def compiled_artifact_cls() -> Any:
 def standalone_compile(gm: torch.fx.GraphModule, example_inputs: list[Any], config_patches: dict[str, Any]) -> Any:
     """``torch._inductor.standalone_compile`` specialised on the example inputs' shapes."""
     fn = standalone_compile_fn()
-    kwargs: dict[str, Any] = {"dynamic_shapes": "from_example_inputs", "options": {"config_patches": dict(config_patches)}}
+    from torch._inductor import config as inductor_config
+
+    patches = {k: v for k, v in config_patches.items() if _has_config(inductor_config, k)}  # options this torch knows
+    kwargs: dict[str, Any] = {"dynamic_shapes": "from_example_inputs", "options": {"config_patches": patches}}
     try:
         params = inspect.signature(fn).parameters
     except (TypeError, ValueError):  # pragma: no cover

@@ -276,7 +276,7 @@ def install_kernels(package: Package, cache_dir: str) -> int:
         dest = root / rel
         if dest.exists():
             continue
-        atomic_write_bytes(dest, package.files[name])
+        atomic_write_bytes(dest, package.files[name], durable=False)  # a cache copy: the package is the original
         os.chmod(dest, 0o755)
         written += 1
     return written

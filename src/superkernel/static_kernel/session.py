@@ -31,6 +31,7 @@ from __future__ import annotations
 import atexit
 import datetime as _dt
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -66,8 +67,7 @@ class StaticKernelWarning(UserWarning):
     """A package was ignored (and why), or a static kernel could not be built or loaded."""
 
 
-class StaticKernelNotice(UserWarning):
-    """A partition's shape is not in the package; it is compiled the normal way."""
+log = logging.getLogger("superkernel.static_kernel")
 
 
 class BuildDirError(ValueError):
@@ -236,6 +236,7 @@ class _BuildState:
         self.run_dir: Path | None = None
         self.recorder: ShapeRecorder | None = None
         self._notified: set[str] = set()
+        self.notices: list[str] = []
         self.current_graph: str | None = None
         self._probe: threading.Thread | None = None
 
@@ -441,13 +442,18 @@ class _BuildState:
                 wanted = extend or self.package is None
                 if not wanted:
                     self.counters["fallback"] += 1
-                    if key not in self._notified:
-                        self._notified.add(key)
+                    topic = self.current_graph or key
+                    if topic not in self._notified:  # one line per graph, not per partition
+                        self._notified.add(topic)
                         sig = input_signature(example_inputs) or []
-                        shapes = " ".join("x".join(map(str, s["shape"])) for s in sig if isinstance(s, dict) and "shape" in s)
-                        warnings.warn(f"superkernel static kernels: partition {name or key[:12]} with input shapes "
-                                      f"[{shapes}] is not in package {self.package.path.name if self.package else '-'}; "
-                                      "compiling it the normal way", StaticKernelNotice, stacklevel=3)
+                        shapes = [("x".join(map(str, t["shape"])) or "scalar") for t in sig if isinstance(t, dict) and "shape" in t]
+                        graph = self.graphs.get(self.current_graph or "", {}).get("names", [])
+                        msg = (f"superkernel static kernels: shapes not in package "
+                               f"{self.package.path.name if self.package else '-'} (graph {', '.join(graph) or '?'}, "
+                               f"partition {name or key[:12]} inputs [{' '.join(shapes[:6])}{' ...' if len(shapes) > 6 else ''}]); "
+                               "compiling the missing partitions the normal way")
+                        self.notices.append(msg)
+                        log.warning(msg)
                     return _call_compile_fn(compile_fn, gm, example_inputs)
                 if not self.become_builder(need_key=key):
                     if self.package is not None and key in self.package.artifacts:
@@ -703,6 +709,11 @@ class StaticKernelSession:
         return None
 
     @property
+    def notices(self) -> list[str]:
+        """One-line notices of this session (shapes that were not in the package)."""
+        return [n for s in self._states.values() for n in s.notices]
+
+    @property
     def packages_written(self) -> list[Path]:
         """Packages this process wrote (the newest replaces earlier ones) that still exist."""
         return [p for s in self._states.values() for p in s.written if p.exists()]
@@ -764,5 +775,5 @@ def reset_states() -> None:
         _STATES.clear()
 
 
-__all__ = ["BuildDirError", "StaticKernelNotice", "StaticKernelSession", "StaticKernelWarning", "open_session",
+__all__ = ["BuildDirError", "StaticKernelSession", "StaticKernelWarning", "open_session",
            "resolve_build_dir", "reset_states"]

@@ -17,15 +17,17 @@ from typing import Any
 LOCK_NAME = ".build.lock"
 
 
-def atomic_write_bytes(path: Path | str, data: bytes) -> None:
+def atomic_write_bytes(path: Path | str, data: bytes, *, durable: bool = True) -> None:
+    """Write via a temporary sibling + rename; ``durable`` also fsyncs (not needed for cache copies)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
