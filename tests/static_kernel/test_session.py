@@ -233,3 +233,45 @@ def test_reduce_overhead_records_shapes_without_lock_or_package(tmp_path):
 
     lock = build_lock(tmp_path / "static_kernel_outputs")
     assert not lock.is_locked
+
+
+def test_failed_package_write_leaves_nothing_and_next_run_builds(tmp_path, monkeypatch):
+    monkeypatch.setenv("SUPERKERNEL_STATIC_VERIFY", "0")
+    import superkernel.static_kernel.package as package_mod
+
+    real = package_mod.zipfile.ZipFile.writestr
+    calls = []
+
+    def failing(self, name, data, *args, **kwargs):
+        calls.append(name)
+        if len(calls) == 2:  # the manifest went in, then the "crash"
+            raise OSError("disk full (simulated)")
+        return real(self, name, data, *args, **kwargs)
+
+    monkeypatch.setattr(package_mod.zipfile.ZipFile, "writestr", failing)
+    with pytest.warns(StaticKernelWarning, match="could not write the package"):
+        session, out, inputs = _run(_config(tmp_path))
+    torch.testing.assert_close(out[0], _fn(*inputs)[0])  # the run itself goes on
+    assert not find_packages(tmp_path)
+    assert not [p for p in (tmp_path / "static_kernel_outputs").rglob("*") if p.name.endswith(".tmp")]
+    monkeypatch.setattr(package_mod.zipfile.ZipFile, "writestr", real)
+    reset_states()
+    session, _, _ = _run(_config(tmp_path))  # the lock was released: the next run builds
+    assert session.counters["compiled"] == 1 and len(find_packages(tmp_path)) == 1
+
+
+def test_build_lock_is_released_when_its_holder_dies(tmp_path):
+    import subprocess
+    import sys
+
+    from superkernel.static_kernel.storage import LOCK_NAME, build_lock
+
+    root = tmp_path / "static_kernel_outputs"
+    root.mkdir()
+    code = (f"from filelock import FileLock; import os; l = FileLock({str(root / LOCK_NAME)!r}); l.acquire(); "
+            "print('locked', flush=True); os.kill(os.getpid(), 9)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert "locked" in proc.stdout and proc.returncode != 0
+    lock = build_lock(root)
+    lock.acquire(timeout=5)
+    lock.release()
