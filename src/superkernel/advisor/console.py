@@ -58,4 +58,4 @@ def print_analysis(a: Analysis, console: Console) -> None:
 
 
 def print_results(results: list[RunResult], recommended: RunResult | None, title: str, console: Console) -> None:
-    console.print(rich_table(results, recommended, title))
+    console.print(rich_table(results, recommended, title, width=console.width))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.table import Table
 
 from .results import RunResult
@@ -47,18 +48,32 @@ def row(r: RunResult) -> list[str]:
 
 _STYLE = {"passed": "green", "failed": "bold red", "error": "bold red", "baseline": "dim"}
 
+#: Short headers for terminals narrower than the full table, same order as COLUMNS.
+SHORT = ("strategy", "mode", "scopes", "segs", "cuts", "ms med / p90", "tok/s", "x eager", "x compile",
+         "diff ref", "diff eager", "top-1", "status", "compile s")
+#: Columns left out below a terminal width (they stay in the report and results.json).
+OPTIONAL = {"scopes": 140, "max abs diff vs eager": 140, "top-1 vs ref": 140,
+            "tokens/s": 120, "cuts": 120, "compile s": 120}
+FULL_WIDTH = 200
 
-def rich_table(results: list[RunResult], recommended: RunResult | None, title: str) -> Table:
-    table = Table(title=title, header_style="bold", show_lines=False)
-    for col in COLUMNS:
-        table.add_column(col, justify="left" if col in ("strategy", "mode", "precision") else "right",
-                         overflow="fold")
+
+def rich_table(results: list[RunResult], recommended: RunResult | None, title: str, width: int = FULL_WIDTH) -> Table:
+    """The results table, with shorter headers (and fewer columns) to fit ``width``."""
+    keep = [i for i, col in enumerate(COLUMNS) if width >= OPTIONAL.get(col, 0)]
+    headers = COLUMNS if width >= FULL_WIDTH else SHORT
+    caption = None if len(keep) == len(COLUMNS) else "narrow terminal: every column is in the report"
+    compact = {} if width >= FULL_WIDTH else {"box": box.SIMPLE_HEAD, "pad_edge": False, "collapse_padding": True}
+    table = Table(title=title, header_style="bold", caption=caption, **compact)
+    for i in keep:
+        col = COLUMNS[i]
+        table.add_column(headers[i], justify="left" if col in ("strategy", "mode", "precision") else "right",
+                         no_wrap=True, min_width=15 if col == "strategy" else None)
     for r in results:
         cells = row(r)
         cells[-2] = f"[{_STYLE.get(r.status, '')}]{cells[-2]}[/]"
         if recommended is r:
             cells[0] = f"[bold]* {cells[0]}[/]"
-        table.add_row(*cells)
+        table.add_row(*(cells[i] for i in keep))
     return table
 
 
