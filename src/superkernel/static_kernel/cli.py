@@ -65,7 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--build-dir", type=Path, default=None, metavar="DIR",
                    help="where records and the package go (must exist and be writable)")
     p.add_argument("--batch-sizes", type=_batch_sizes, default=None, metavar="1,2,4",
-                   help="build one static variant per batch size (default: the config's batch_sizes, else 1)")
+                   help="build one static variant per batch size (default 1)")
     p.add_argument("--mode", default=None, choices=("max-autotune", "reduce-overhead"),
                    help="override the plan's mode (static kernels are built for max-autotune partitions)")
     p.add_argument("--prompt-len", type=_positive, default=32, help="prompt tokens prefilled before decoding (default 32)")
@@ -117,8 +117,13 @@ def run(args: argparse.Namespace) -> int:
 
 def build(model: str, build_dir: Path, *, batch_sizes: list[int] | None = None, plan: Path | None = None,
           mode: str | None = None, prompt_len: int = 32, max_cache_len: int | None = None, seed: int = 0,
-          device: str = "cpu") -> dict[str, Any]:
-    """Build (or extend) the package in ``build_dir`` for ``model``'s decode step; returns a summary."""
+          device: str = "cpu", compiler_config: Any = None) -> dict[str, Any]:
+    """Build (or extend) the package in ``build_dir`` for ``model``'s decode step; returns a summary.
+
+    ``compiler_config`` (optional) is the configuration to build for (copied; static kernels
+    are switched on); its ``static_kernel.batch_sizes`` apply when ``batch_sizes`` is not given.
+    """
+    import copy
     import torch
 
     import superkernel
@@ -130,7 +135,7 @@ def build(model: str, build_dir: Path, *, batch_sizes: list[int] | None = None, 
     start = time.perf_counter()
     build_dir = resolve_build_dir(build_dir)
     loaded = load_model(model, seed=seed, device=device)
-    cfg = superkernel.CompilerConfig()
+    cfg = copy.deepcopy(compiler_config) if compiler_config is not None else superkernel.CompilerConfig()
     if plan is not None:
         from superkernel.advisor.plan_file import read_plan
 

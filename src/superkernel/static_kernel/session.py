@@ -271,6 +271,8 @@ class _BuildState:
                 except PackageError as exc:
                     self._reject(path, str(exc))
                     continue
+                if pkg.manifest.get("environment", {}).get("device_kind") != self.device_kind:
+                    continue  # a package for another device kind (CPU vs CUDA): not ours, not wrong
                 reason = pkg.mismatch(self.env, self.fingerprint)
                 if reason is not None:
                     self._reject(path, reason)
