@@ -103,7 +103,7 @@ def write_plan(path: str | Path, plan: PlanFile, inputs: list[Path] = ()) -> Pat
     header = (f"# superkernel plan, written by `superkernel optimize` on {_dt.date.today().isoformat()}.\n"
               "# Use it: model = superkernel.apply(model, \"superkernel.yaml\")   (returns the compiled model)\n"
               "# Re-measure: superkernel bench --config superkernel.yaml\n")
-    body = yaml.safe_dump(plan.to_dict(), sort_keys=False, default_flow_style=None, width=100)
+    body = yaml.safe_dump(plan.to_dict(), sort_keys=False, default_flow_style=False, width=100)
     return atomic_write(Path(path), header + body, inputs)
 
 
