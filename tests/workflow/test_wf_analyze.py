@@ -33,6 +33,7 @@ def test_analyze_cli_on_every_zoo_model(name, tmp_path):
     assert data["decode_graphs"] == 1 and data["graph_breaks"] == []
     assert "preallocated" in data["kv_cache"] and "prefill" in data["prefill_decode"]
     assert [t["strategy"] for t in data["trials"]] == EXPECTED_TRIALS[name]
+    assert data["issues"] == [] and "potential issues: none found" in result.out
     for trial in data["trials"]:
         assert trial["error"] is None
         assert trial["graphs"] == 1
@@ -70,6 +71,7 @@ def test_trial_capture_reports_cuts_with_reasons_and_source(llama_session):
     assert all(c.source and "cache_utils.py" in c.source for c in trial.cuts)
     assert len(trial.segments) > 4  # the cuts split each attention scope
     assert superkernel.scope_apply.scoped_modules(llama_session.model) == {}
+    assert result.issues == ["attention: 8 cut(s) (test)"]
 
 
 def test_analyze_custom_scopes_and_bad_glob(tmp_path):

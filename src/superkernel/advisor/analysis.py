@@ -68,6 +68,27 @@ class Analysis:
     suggestion_why: str = ""
     trials: list[TrialCapture] = field(default_factory=list)
 
+    @property
+    def issues(self) -> list[str]:
+        """The potential-problem list of workflow step one: breaks, cuts, scopes lost, captures that failed."""
+        out = []
+        if self.breaks:
+            where = sorted({b.where for b in self.breaks if b.where})
+            out.append(f"{len(self.breaks)} graph break(s) in the decode step"
+                       + (f" at {', '.join(where[:3])}" if where else "") + ": Python control flow or "
+                       "data-dependent shapes split the capture")
+        if not self.structure.layers:
+            out.append("no decoder layer stack found in the module tree: only custom scopes apply")
+        for t in self.trials:
+            if t.error:
+                out.append(f"{t.plan.strategy}: the trial capture failed ({t.error})")
+            if t.cuts:
+                reasons = sorted({c.reason.split(":")[0] for c in t.cuts})
+                out.append(f"{t.plan.strategy}: {len(t.cuts)} cut(s) ({'; '.join(reasons)})")
+            if t.uncaptured:
+                out.append(f"{t.plan.strategy}: scope(s) {', '.join(t.uncaptured)} reached no captured graph")
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         from dataclasses import asdict
 
@@ -76,7 +97,7 @@ class Analysis:
             "structure": asdict(self.structure), "not_applicable": self.not_applicable,
             "decode_graphs": self.decode_graphs, "graph_breaks": [asdict(b) for b in self.breaks],
             "kv_cache": self.kv_cache, "prefill_decode": self.prefill_decode,
-            "suggested_order": self.suggested_order,
+            "suggested_order": self.suggested_order, "issues": self.issues,
             "trials": [{"strategy": t.plan.strategy, "scopes": t.plan.scopes, "wrapped": t.wrapped,
                         "graphs": t.graphs, "graph_breaks": t.graph_breaks,
                         "segments": [asdict(s) for s in t.segments], "cuts": [asdict(c) for c in t.cuts],

@@ -33,6 +33,10 @@ def print_analysis(a: Analysis, console: Console) -> None:
         console.print(f"  not applicable: {name}: {why}")
     if not a.trials:
         return
+    issues = a.issues
+    console.print("  potential issues: " + ("none found" if not issues else ""))
+    for issue in issues:
+        console.print(f"    - {issue}")
     trials = Table(title="trial capture per candidate scope plan (exactness reference backend)", header_style="bold")
     for col in ("strategy", "scopes", "modules", "graphs", "graph breaks", "segments", "cuts", "unscoped ops",
                 "ops", "capture s"):

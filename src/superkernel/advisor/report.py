@@ -40,6 +40,9 @@ def structure_section(a: Analysis) -> list[str]:
                    f"`{p.router or '-'}` | {('`' + p.experts + '`' + (f' ({p.num_experts})' if p.num_experts else '')) if p.experts else '-'} | "
                    f"`{p.shared_experts or '-'}` | {len(p.norms)} |")
     out += ["", f"Suggested order (seed decision tree): {' -> '.join(a.suggested_order)} — {a.suggestion_why}."]
+    issues = a.issues
+    out.append("Potential issues: " + ("none found in the decode capture." if not issues else ""))
+    out += [f"- {issue}" for issue in issues]
     if a.not_applicable:
         out.append("Not applicable: " + "; ".join(f"`{k}` ({v})" for k, v in a.not_applicable.items()) + ".")
     return out
@@ -172,6 +175,9 @@ def _why(best: RunResult, plans: list[RunResult], eager: RunResult | None, induc
         if best.median_ms > inductor.median_ms:
             out.append("- Note: plain torch.compile was faster than every passing superkernel plan in this run; "
                        "the plan is still the best scoped configuration.")
+    if eager is not None and eager.median_ms and best.speedup_vs_eager and 1.0 <= best.speedup_vs_eager < 1.10:
+        out.append("- Below the >10% improvement the adaptation guide (seed 000, Q1) asks of a scope choice: "
+                   "keep eager or plain torch.compile unless this hardware differs.")
     if eager is not None and eager.median_ms and best.median_ms > eager.median_ms:
         out.append("- Note: this plan is slower than eager on this machine; do not deploy it here.")
     runner_up = sorted((r for r in passing if r is not best), key=lambda r: r.median_ms)[:1]
