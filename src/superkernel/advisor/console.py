@@ -33,10 +33,6 @@ def print_analysis(a: Analysis, console: Console) -> None:
         console.print(f"  not applicable: {name}: {why}")
     if not a.trials:
         return
-    issues = a.issues
-    console.print("  potential issues: " + ("none found" if not issues else ""))
-    for issue in issues:
-        console.print(f"    - {issue}")
     trials = Table(title="trial capture per candidate scope plan (exactness reference backend)", header_style="bold")
     for col in ("strategy", "scopes", "modules", "graphs", "graph breaks", "segments", "cuts", "unscoped ops",
                 "ops", "capture s"):
@@ -59,6 +55,10 @@ def print_analysis(a: Analysis, console: Console) -> None:
                           f"({t.graph_breaks} graph break(s)): they would not be fused[/]")
         elif not t.error and not t.cuts:
             console.print(f"  {t.plan.strategy}: no cuts — every scope is one run of fusable operators")
+    issues = a.issues
+    console.print("  potential issues: " + ("none found" if not issues else ""))
+    for issue in issues:
+        console.print(f"    - {issue}")
 
 
 def print_results(results: list[RunResult], recommended: RunResult | None, title: str, console: Console) -> None:
