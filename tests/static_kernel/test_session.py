@@ -275,3 +275,32 @@ def test_build_lock_is_released_when_its_holder_dies(tmp_path):
     lock = build_lock(root)
     lock.acquire(timeout=5)
     lock.release()
+
+
+def test_weights_read_as_attributes_are_not_baked_into_the_package(tmp_path, monkeypatch):
+    """Tensors a partition reads with get_attr are lifted to inputs: a package never carries weights."""
+    monkeypatch.setenv("SUPERKERNEL_STATIC_VERIFY", "0")
+    x = torch.randn(3, 16)
+
+    def traced(seed):
+        torch.manual_seed(seed)
+        lin = torch.nn.Linear(16, 8).eval()
+        with torch.no_grad():
+            gm = make_fx(lambda t: (torch.relu(lin(t)),))(x)
+        assert any(n.op == "get_attr" for n in gm.graph.nodes)
+        return gm, lin
+
+    outs = []
+    for seed in (0, 1):  # build with one set of weights, load with another
+        reset_states()
+        gm, lin = traced(seed)
+        session = open_session(_config(tmp_path))
+        session.record_graph(gm, "graph_0")
+        fn = session.compiled_partition(gm, [x], _never)
+        outs.append((session.counters.copy(), fn(x)[0], torch.relu(lin(x)).detach()))
+        session.finalize()
+    (built, y0, ref0), (loaded, y1, ref1) = outs
+    assert built["compiled"] == 1 and loaded["loaded"] == 1 and loaded.get("compiled", 0) == 0
+    torch.testing.assert_close(y0, ref0)
+    torch.testing.assert_close(y1, ref1)
+    assert not torch.allclose(ref0, ref1)
