@@ -170,7 +170,7 @@ def _console(stderr: bool = False):
     from rich.console import Console
 
     stream = sys.stderr if stderr else sys.stdout
-    wide = None if stream.isatty() or os.environ.get("COLUMNS") else 200  # logs and pipes get the whole table
+    wide = None if stream.isatty() or os.environ.get("COLUMNS") else 240  # logs and pipes get the whole table
     return Console(stderr=stderr, width=wide)
 
 

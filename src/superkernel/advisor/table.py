@@ -54,10 +54,10 @@ SHORT = ("strategy", "mode", "scopes", "segs", "cuts", "ms med / p90", "tok/s", 
 #: Columns left out below a terminal width (they stay in the report and results.json).
 OPTIONAL = {"scopes": 140, "max abs diff vs eager": 140, "top-1 vs ref": 140,
             "tokens/s": 120, "cuts": 120, "compile s": 120}
-FULL_WIDTH = 200
+FULL_WIDTH = 210
 
 
-def rich_table(results: list[RunResult], recommended: RunResult | None, title: str, width: int = FULL_WIDTH) -> Table:
+def rich_table(results: list[RunResult], recommended: RunResult | None, title: str, width: int = 240) -> Table:
     """The results table, with shorter headers (and fewer columns) to fit ``width``."""
     keep = [i for i, col in enumerate(COLUMNS) if width >= OPTIONAL.get(col, 0)]
     headers = COLUMNS if width >= FULL_WIDTH else SHORT
