@@ -45,7 +45,7 @@ def parse_child(code: int, stdout: str, stderr: str) -> dict:
     raise AssertionError(f"child failed (exit {code}):\n{stdout[-2000:]}\n{stderr[-4000:]}")
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def _private_inductor_cache(tmp_path_factory):
     """In-process tests install kernels into TorchInductor's cache dir: use a private one."""
     old = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
