@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -25,11 +24,13 @@ from pathlib import Path
 import torch
 
 import superkernel as sk
+from superkernel.advisor.environment import choose_threads
+from superkernel.advisor.environment import hardware as describe_hardware
 from superkernel.advisor.compiling import compile_inductor, compile_superkernel
 from superkernel.advisor.strategies import plan_for
 from superkernel.advisor.structure import analyze_structure
 from superkernel.decode import prepare, run_decode, synchronize
-from superkernel.graph_dump import write_atomic
+from superkernel.atomic_io import atomic_write
 from superkernel.models import load_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -63,11 +64,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--repeats", type=int, default=3, help="runs per plan; the median of their medians is kept")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: 1 on CPU for tiny models, which keeps timings steady on a shared box)")
     args = parser.parse_args(argv)
 
     device = torch.device(args.device)
     loaded = load_model(args.model, device=device)
     model = loaded.model
+    choose_threads(args.threads, device, loaded.num_parameters)
     session = prepare(model, prompt_len=args.prompt_len, steps=args.steps, warmup=args.warmup, device=device)
     structure = analyze_structure(model)
 
@@ -117,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
         row["roofline_fraction"] = roofline_ms / row["median_ms"]
         row["max_abs_diff_vs_eager"] = float((reference[row["plan"]] - reference["eager"]).abs().max())
 
-    hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{platform.processor() or platform.machine()} CPU, {torch.get_num_threads()} threads"
+    hardware = describe_hardware(device)
     result = {"model": args.model, "device": str(device), "hardware": hardware, "torch": torch.__version__,
               "python": sys.version.split()[0], "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
               "copy_bandwidth_GBps": bandwidth / 1e9, "roofline_ms": roofline_ms, "rows": rows}
@@ -133,8 +137,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{exact} | {r['compile_s']:.1f} |")
     RESULTS.mkdir(exist_ok=True)
     stem = f"decode_latency_{args.model}_{device.type}"
-    write_atomic(RESULTS / f"{stem}.json", json.dumps(result, indent=2) + "\n")
-    write_atomic(RESULTS / f"{stem}.md", "\n".join(lines) + "\n")
+    atomic_write(RESULTS / f"{stem}.json", json.dumps(result, indent=2) + "\n")
+    atomic_write(RESULTS / f"{stem}.md", "\n".join(lines) + "\n")
     if any(r["roofline_fraction"] > 1 for r in rows):
         lines += ["", "Roofline fractions above 100 % mean the weights and cache stay in the CPU caches, which are "
                   "faster than the DRAM copy bandwidth the roofline uses."]

@@ -17,13 +17,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
 
 import onnxruntime as ort
 
+from superkernel.advisor.environment import cpu_name
 from superkernel.onnx import zoo
 from superkernel.onnx.cli import main as gaf
 
@@ -37,17 +37,6 @@ CASES = [
     ("bert-s128", "bert", zoo.Dims(batch=1, seq=128, hidden=384, heads=6, kv_heads=6, intermediate=1536)),
     ("ln_mlp-s128", "ln_mlp", zoo.Dims(batch=1, seq=128, hidden=512, heads=8, kv_heads=8, intermediate=2048)),
 ]
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main(argv=None) -> int:

@@ -17,24 +17,15 @@ EXIT_NO_RESULT = 1
 EXIT_USAGE = 2
 
 
+from .argtypes import positive_int
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that reports usage errors in one line."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         sys.stderr.write(f"{self.prog}: error: {message} (see {self.prog} --help)\n")
         raise SystemExit(EXIT_USAGE)
-
-
-def _positive(name: str):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
-        if value < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {value}")
-        return value
-    return parse
 
 
 def _add_model_args(p: argparse.ArgumentParser, *, default: str | None) -> None:
@@ -50,13 +41,13 @@ def _add_model_args(p: argparse.ArgumentParser, *, default: str | None) -> None:
 
 
 def _add_decode_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--steps", type=_positive("--steps"), default=32,
+    p.add_argument("--steps", type=positive_int("--steps"), default=32,
                    help="timed decode steps per plan, after the warm-up (default 32)")
-    p.add_argument("--warmup", type=_positive("--warmup"), default=4,
+    p.add_argument("--warmup", type=positive_int("--warmup"), default=4,
                    help="warm-up decode steps per plan, not timed; the first one includes compiling (default 4)")
-    p.add_argument("--prompt-len", type=_positive("--prompt-len"), default=32,
+    p.add_argument("--prompt-len", type=positive_int("--prompt-len"), default=32,
                    help="prompt tokens prefilled once before decoding (default 32)")
-    p.add_argument("--threads", type=_positive("--threads"), default=None, metavar="N",
+    p.add_argument("--threads", type=positive_int("--threads"), default=None, metavar="N",
                    help="CPU threads for torch (default auto: 1 for models under 50M parameters on CPU, whose "
                         "decode step is launch-bound and times steadily on one thread; else torch's default)")
 
@@ -114,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     ana.add_argument("--strategy", default="auto", metavar="NAME",
                      help=f"which plans to trial-capture: {', '.join(STRATEGIES)} (default auto = every one that applies)")
     _add_scope_args(ana)
-    ana.add_argument("--prompt-len", type=_positive("--prompt-len"), default=8,
+    ana.add_argument("--prompt-len", type=positive_int("--prompt-len"), default=8,
                      help="prompt tokens prefilled before the trial capture (default 8)")
     ana.add_argument("--json", type=Path, metavar="FILE", help="also write the analysis as JSON to FILE")
     ana.set_defaults(func=_cmd_analyze)
@@ -201,7 +192,7 @@ def _cmd_analyze(args) -> int:
     import json
 
     from .advisor.analysis import analyze
-    from .advisor.files import atomic_write
+    from .atomic_io import atomic_write
     from .advisor.progress import Reporter
     from .advisor.structure import analyze_structure
     from .advisor.workflow import OptimizeOptions, load_and_prepare, select_plans, validate_scopes
@@ -269,7 +260,7 @@ def _cmd_bench(args) -> int:
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
-    from .advisor.files import OutputError
+    from .atomic_io import OutputError
     from .advisor.plan_file import PlanFileError
     from .advisor.strategies import StrategyError
     from .models import ModelLoadError

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch.fx as fx
 
+from .atomic_io import atomic_write
 from .scope import node_scope
 
 
@@ -37,19 +36,6 @@ def graph_table(gm: fx.GraphModule, segmentation: Any = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def dump_graph(gm: fx.GraphModule, dump_cfg: Any, name: str, segmentation: Any = None,
                modules: list[Any] | None = None) -> Path:
     """Write ``<path>/<name>.txt`` (a node table) or ``.py`` (generated code)."""
@@ -62,7 +48,7 @@ def dump_graph(gm: fx.GraphModule, dump_cfg: Any, name: str, segmentation: Any =
     else:
         text = graph_table(gm, segmentation) if modules is None else _segmented_table(gm, modules)
         path = directory / f"{name}.txt"
-    write_atomic(path, text)
+    atomic_write(path, text)
     return path
 
 

@@ -259,22 +259,21 @@ def test_layernorm_epsilon_outside_sqrt_is_not_fused(export_module, fuse):
     _no_fusion(f, "layernorm", "LayerNormalization")
 
 
-def test_layernorm_over_another_axis_is_a_near_miss(export_module, fuse):
-    f = fuse(export_module("ln_axes", LNWrongAxes(), X3), "layernorm", 1)
-    _no_fusion(f, "layernorm", "LayerNormalization")
-    assert any("last axis" in m.reason for m in f.near("layernorm")), f.result.near_misses
+NEAR_MISSES = [
+    # (export name, module, rule, fused op that must not appear, text of the near-miss reason)
+    ("ln_axes", LNWrongAxes, "layernorm", "LayerNormalization", "last axis"),
+    ("rms_extra", RMSExtraConsumer, "rmsnorm", "SimplifiedLayerNormalization", "consumer outside"),
+    ("skip_bcast", BroadcastResidualLN, "skip_layernorm", "SkipLayerNormalization", "different shapes"),
+    ("gelu_const", GeluWrongConst, "gelu_erf", "Gelu", "sqrt(2)"),
+    ("gelu_coef", GeluTanhWrongCoef, "gelu_tanh", "FastGelu", "0.044715"),
+]
 
 
-def test_rmsnorm_with_extra_consumer_is_a_near_miss(export_module, fuse):
-    f = fuse(export_module("rms_extra", RMSExtraConsumer(), X3), "rmsnorm", 1)
-    _no_fusion(f, "rmsnorm", "SimplifiedLayerNormalization")
-    assert any("consumer outside" in m.reason for m in f.near("rmsnorm")), f.result.near_misses
-
-
-def test_skip_layernorm_with_broadcast_residual_is_a_near_miss(export_module, fuse):
-    f = fuse(export_module("skip_bcast", BroadcastResidualLN(), X3), "skip_layernorm", 1)
-    _no_fusion(f, "skip_layernorm", "SkipLayerNormalization")
-    assert any("different shapes" in m.reason for m in f.near("skip_layernorm")), f.result.near_misses
+@pytest.mark.parametrize("name, module, rule, fused_op, reason", NEAR_MISSES, ids=[n[0] for n in NEAR_MISSES])
+def test_near_miss_is_not_fused_and_says_why(export_module, fuse, name, module, rule, fused_op, reason):
+    f = fuse(export_module(name, module(), X3), rule, 1)
+    _no_fusion(f, rule, fused_op)
+    assert any(reason in m.reason for m in f.near(rule)), f.result.near_misses
 
 
 def test_skip_rmsnorm_on_2d_input_is_a_near_miss(export_module, fuse):
@@ -283,18 +282,6 @@ def test_skip_rmsnorm_on_2d_input_is_a_near_miss(export_module, fuse):
     assert f.applied("rmsnorm")
     _no_fusion(f, "skip_rmsnorm", "SkipSimplifiedLayerNormalization")
     assert any("rank 2" in m.reason for m in f.near("skip_rmsnorm")), f.result.near_misses
-
-
-def test_gelu_erf_wrong_constant_is_a_near_miss(export_module, fuse):
-    f = fuse(export_module("gelu_const", GeluWrongConst(), X3), "gelu_erf", 1)
-    _no_fusion(f, "gelu_erf", "Gelu")
-    assert any("sqrt(2)" in m.reason for m in f.near("gelu_erf")), f.result.near_misses
-
-
-def test_gelu_tanh_wrong_coefficient_is_a_near_miss(export_module, fuse):
-    f = fuse(export_module("gelu_coef", GeluTanhWrongCoef(), X3), "gelu_tanh", 1)
-    _no_fusion(f, "gelu_tanh", "FastGelu")
-    assert any("0.044715" in m.reason for m in f.near("gelu_tanh")), f.result.near_misses
 
 
 def test_sigmoid_of_another_tensor_is_not_silu_or_quick_gelu(export_module, fuse):

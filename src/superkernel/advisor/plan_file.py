@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from .files import atomic_write
+from ..atomic_io import atomic_write
 
 VERSION = 1
 _KEYS = {"version", "model", "strategy", "mode", "options", "scopes", "measured"}

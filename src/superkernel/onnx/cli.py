@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from superkernel.atomic_io import atomic_write
 from superkernel.fusion import benefit as B
 
 from . import catalog, engine, modelio, report
@@ -161,8 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.report:
         import json
 
-        modelio.write_text_atomic(args.report, report.markdown(data))
-        modelio.write_text_atomic(report.json_twin(args.report), json.dumps(data, indent=2, default=str))
+        atomic_write(args.report, report.markdown(data))
+        atomic_write(report.json_twin(args.report), json.dumps(data, indent=2, default=str))
     if not args.quiet:
         print_summary(out, data)
     if code == EXIT_VERIFY_FAILED:

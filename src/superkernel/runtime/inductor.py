@@ -8,6 +8,14 @@ import torch
 import torch.fx as fx
 
 
+def inductor_patches(device: str, *, cpp_wrapper: bool = True, autotune: bool = False) -> dict[str, Any]:
+    """TorchInductor options for one partition (static kernel builds use the same ones)."""
+    patches: dict[str, Any] = {"triton.cudagraphs": False, "cpp_wrapper": bool(cpp_wrapper and device == "cpu")}
+    if autotune:
+        patches.update({"max_autotune": True, "coordinate_descent_tuning": True})
+    return patches
+
+
 def compile_partition(gm: fx.GraphModule, example_inputs: list[Any], *, device: str,
                       cpp_wrapper: bool = True, autotune: bool = False) -> Callable[..., Any]:
     """Compile ``gm`` as one unit and return a plain ``fn(*args)``.
@@ -22,9 +30,8 @@ def compile_partition(gm: fx.GraphModule, example_inputs: list[Any], *, device: 
     from torch._inductor.utils import BoxedBool
 
     use_cpp_wrapper = bool(cpp_wrapper and device == "cpu")
-    patches: dict[str, Any] = {"triton.cudagraphs": False}
-    if autotune:
-        patches.update({"max_autotune": True, "coordinate_descent_tuning": True})
+    patches = inductor_patches(device, cpp_wrapper=cpp_wrapper, autotune=autotune)
+    patches.pop("cpp_wrapper")  # compile_fx_inner takes it as an argument
     # Inductor reports a graph's output strides to AOTAutograd through the tracing
     # context, once per graph; a partition is not the graph's output, so it reports none.
     # (Intermediate outputs keep eager strides: inductor's keep_output_stride.)

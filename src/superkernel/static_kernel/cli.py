@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..argtypes import positive_int
 from .package import OUTPUTS_DIR, PackageError, describe, environment, find_packages, read_manifest
 
 
@@ -40,16 +41,6 @@ def _batch_sizes(text: str) -> list[int]:
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"--batch-sizes must be comma-separated positive integers, got {text!r}")
     return sorted(set(values))
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -68,8 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="build one static variant per batch size (default 1)")
     p.add_argument("--mode", default=None, choices=("max-autotune", "reduce-overhead"),
                    help="override the plan's mode (static kernels are built for max-autotune partitions)")
-    p.add_argument("--prompt-len", type=_positive, default=32, help="prompt tokens prefilled before decoding (default 32)")
-    p.add_argument("--max-cache-len", type=_positive, default=None,
+    p.add_argument("--prompt-len", type=positive_int("--prompt-len"), default=32, help="prompt tokens prefilled before decoding (default 32)")
+    p.add_argument("--max-cache-len", type=positive_int("--max-cache-len"), default=None,
                    help="KV-cache length of the decode step (default prompt-len + 36, as superkernel.decode.prepare)")
     p.add_argument("--seed", type=int, default=0, help="seed of zoo weights and prompt (default 0)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")

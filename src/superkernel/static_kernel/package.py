@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from .compat import triton_version
-from .storage import atomic_write_bytes, fsync_dir, temp_path_for
+from ..atomic_io import atomic_target, atomic_write
 
 FORMAT = "superkernel.static_kernel.package"
 FORMAT_VERSION = 1
@@ -130,24 +130,11 @@ def write_package(path: Path, manifest: dict[str, Any], files: dict[str, bytes])
     manifest["format"] = FORMAT
     manifest["format_version"] = FORMAT_VERSION
     manifest["files"] = {name: {"sha256": sha256(data), "size": len(data)} for name, data in sorted(files.items())}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_path_for(path)
-    try:
-        with open(tmp, "wb") as raw:
-            with zipfile.ZipFile(raw, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
-                zf.writestr(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
-                for name, data in sorted(files.items()):
-                    zf.writestr(name, data)
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.replace(tmp, path)
-        fsync_dir(path.parent)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    with atomic_target(path, durable=True) as tmp:
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
+            zf.writestr(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+            for name, data in sorted(files.items()):
+                zf.writestr(name, data)
     return path
 
 
@@ -276,7 +263,7 @@ def install_kernels(package: Package, cache_dir: str) -> int:
         dest = root / rel
         if dest.exists():
             continue
-        atomic_write_bytes(dest, package.files[name], durable=False)  # a cache copy: the package is the original
+        atomic_write(dest, package.files[name])  # a cache copy: the package is the original
         os.chmod(dest, 0o755)
         written += 1
     return written

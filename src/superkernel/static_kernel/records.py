@@ -30,7 +30,7 @@ from typing import Any
 import torch.fx as fx
 
 from .signature import is_operator_node, target_name, value_signature
-from .storage import atomic_write_bytes
+from ..atomic_io import atomic_write
 
 MAX_STEM = 120
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -131,9 +131,9 @@ class ShapeRecorder:
         self.debug_dir.mkdir(parents=True, exist_ok=True)
         for name in sorted(new_files):
             record = {k: v for k, v in self._debug[name].items() if k != "occurrences"}
-            atomic_write_bytes(self.dir / name, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
+            atomic_write(self.dir / name, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode(), durable=True)
         for name in sorted(touched):
             full = dict(self._debug[name])
             full["count"] = len(full["occurrences"])
-            atomic_write_bytes(self.debug_dir / name, (json.dumps(full, indent=1, sort_keys=True) + "\n").encode())
+            atomic_write(self.debug_dir / name, (json.dumps(full, indent=1, sort_keys=True) + "\n").encode(), durable=True)
         return len(new_files)

@@ -96,17 +96,17 @@ def resolve_build_dir(build_dir: str | os.PathLike[str] | None) -> Path:
 
 
 def inductor_patches(compiler_config: Any, device_kind: str) -> dict[str, Any]:
-    """The TorchInductor options a static build uses (mirrors runtime/inductor.compile_partition).
+    """The TorchInductor options a static build uses: those of runtime/inductor.compile_partition, plus one.
 
     ``cpp_cache_precompile_headers`` is off: the precompiled-header flag enters the kernel's
     cache name, and a precompiled header would itself have to be compiled at load time.
     """
+    from ..runtime.inductor import inductor_patches as partition_patches
+
     inductor = getattr(compiler_config, "inductor", None)
-    cpp_wrapper = bool(getattr(inductor, "cpp_wrapper", True)) and device_kind == "cpu"
-    patches: dict[str, Any] = {"triton.cudagraphs": False, "cpp_wrapper": cpp_wrapper,
-                               "cpp_cache_precompile_headers": False}
-    if getattr(inductor, "autotune", False):
-        patches.update({"max_autotune": True, "coordinate_descent_tuning": True})
+    patches = partition_patches(device_kind, cpp_wrapper=bool(getattr(inductor, "cpp_wrapper", True)),
+                                autotune=bool(getattr(inductor, "autotune", False)))
+    patches["cpp_cache_precompile_headers"] = False
     return patches
 
 

@@ -1,0 +1,90 @@
+"""Atomic file output, shared by every writer in the package.
+
+A file is written to a temporary sibling (same directory, so the final ``os.replace``
+is atomic) and moved into place only when it is complete: a crash leaves the old file
+or the new one, never half a file. An output that would replace one of the run's input
+files is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterable, Iterator
+
+
+class OutputError(ValueError):
+    """An output path that would overwrite an input, or cannot be written."""
+
+
+def check_not_input(path: Path | str, inputs: Iterable[Path | str | None] = ()) -> None:
+    target = Path(path).resolve()
+    for item in inputs:
+        if item is not None and Path(item).resolve() == target:
+            raise OutputError(f"refusing to write {path}: it is an input of this run ({item}); choose another output path")
+
+
+def temp_sibling(path: Path | str) -> Path:
+    """A new, empty, uniquely named file next to ``path``."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    return Path(tmp)
+
+
+def fsync_dir(directory: Path | str) -> None:
+    """Make a rename in ``directory`` durable (best effort; not every filesystem allows it)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _umask() -> int:
+    current = os.umask(0)
+    os.umask(current)
+    return current
+
+
+@contextlib.contextmanager
+def atomic_target(path: Path | str, inputs: Iterable[Path | str | None] = (), *, durable: bool = False) -> Iterator[Path]:
+    """Yield a temporary path to write ``path``'s content to; on success it replaces ``path``.
+
+    ``durable`` fsyncs the file and its directory (packages, records); plain reports skip it.
+    """
+    path = Path(path)
+    check_not_input(path, inputs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_sibling(path)
+    try:
+        yield tmp
+        if durable:
+            with open(tmp, "rb+") as fh:
+                os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give outputs the usual permissions
+        os.replace(tmp, path)
+        if durable:
+            fsync_dir(path.parent)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write(path: Path | str, data: str | bytes, inputs: Iterable[Path | str | None] = (), *,
+                 durable: bool = False) -> Path:
+    """Write ``data`` (text as UTF-8) to ``path`` atomically; returns the path."""
+    with atomic_target(path, inputs, durable=durable) as tmp:
+        if isinstance(data, bytes):
+            tmp.write_bytes(data)
+        else:
+            tmp.write_text(data, encoding="utf-8")
+    return Path(path)
