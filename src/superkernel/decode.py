@@ -129,8 +129,13 @@ def make_prompt(vocab_size: int, prompt_len: int, seed: int, device: torch.devic
 
 
 def prepare(model: torch.nn.Module, *, prompt_len: int = 32, steps: int = 32, warmup: int = 4, seed: int = 0,
-            device: str | torch.device | None = None) -> DecodeSession:
-    """Prefill once and fix the token sequence all plans are fed (see module doc)."""
+            device: str | torch.device | None = None, batch: int = 1, reference_tokens: bool = True) -> DecodeSession:
+    """Prefill once and fix the token sequence all plans are fed (see module doc).
+
+    ``reference_tokens=False`` skips the greedy reference decode (batch 1 only): ``tokens``
+    is then each sequence's next token after the prompt, enough to run one decode step
+    (static kernel builds and cold starts use this).
+    """
     from transformers import StaticCache
 
     if prompt_len < 1 or steps < 1:
@@ -143,7 +148,9 @@ def prepare(model: torch.nn.Module, *, prompt_len: int = 32, steps: int = 32, wa
     if max_pos is not None and max_cache_len > max_pos:
         raise ValueError(f"prompt_len + warmup + steps = {max_cache_len} exceeds the model's "
                          f"max_position_embeddings ({max_pos})")
-    prompt = make_prompt(int(model.config.vocab_size), prompt_len, seed, device)
+    if reference_tokens and batch != 1:
+        raise ValueError(f"the greedy reference token sequence is batch 1 only (got batch={batch})")
+    prompt = make_prompt(int(model.config.vocab_size), prompt_len, seed, device).repeat(batch, 1)
     cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
     with torch.no_grad():
         synchronize(device)
@@ -156,7 +163,10 @@ def prepare(model: torch.nn.Module, *, prompt_len: int = 32, steps: int = 32, wa
     session = DecodeSession(model=model, device=device, prompt_ids=prompt, tokens=torch.empty(0), cache=cache,
                             snapshot=snapshot, warmup=warmup, steps=steps, prefill_seconds=prefill_seconds,
                             max_cache_len=max_cache_len)
-    session.tokens = _greedy_tokens(session, out.logits[0, -1].argmax())
+    if reference_tokens:
+        session.tokens = _greedy_tokens(session, out.logits[0, -1].argmax())
+    else:
+        session.tokens = out.logits[:, -1].argmax(-1)
     return session
 
 

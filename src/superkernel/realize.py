@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from .config import CompilerConfig
 from .explain import SegmentInfo
+from .messages import exception_summary
 from .partition_graph import PartitionModule
 from .scope import parse_options
 from .segments import SuperKernelScopeError
@@ -87,7 +88,7 @@ class Realizer:
 
     def fallback(self, module: PartitionModule, info: SegmentInfo | None, exc: BaseException) -> None:
         part = module.partition
-        cause = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+        cause = exception_summary(exc)
         where = f"segment {part.name!r} of scope {part.scope!r}" if part.scope else f"unscoped partition {part.name!r}"
         if part.kind == "segment" and part.abort_on_cut:
             raise SuperKernelScopeError(f"strict-scope-check=abort: {where} failed to compile/capture: {cause}") from exc

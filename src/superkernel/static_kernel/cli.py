@@ -173,28 +173,18 @@ def decode_session(model: Any, *, batch: int, prompt_len: int, max_cache_len: in
                    device: str = "cpu") -> Any:
     """A :class:`superkernel.decode.DecodeSession` for ``batch`` sequences, prefilled eagerly.
 
-    Its ``step_fn`` and StaticCache are built exactly as ``superkernel.decode.prepare``
-    builds them (so the captured decode graph is the one the harness compiles), without
-    the greedy reference decode the harness runs for its precision checks.
+    Built by ``superkernel.decode.prepare`` (so the captured decode graph is the one the
+    harness compiles), without the greedy reference decode the harness runs for its
+    precision checks.
     """
-    import torch
-    from transformers import StaticCache
-
-    from superkernel.decode import DecodeSession, make_prompt
+    from superkernel.decode import prepare
 
     warmup = 4
     steps = max_cache_len - prompt_len - warmup
     if steps < 1:
         raise ValueError(f"--max-cache-len {max_cache_len} leaves no decode steps after a {prompt_len}-token prompt")
-    dev = torch.device(device)
-    prompt = make_prompt(int(model.config.vocab_size), prompt_len, seed, dev).repeat(batch, 1)
-    cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
-    with torch.no_grad():
-        out = model(input_ids=prompt, past_key_values=cache, cache_position=torch.arange(prompt_len, device=dev),
-                    use_cache=True)
-    tokens = out.logits[:, -1].argmax(-1)
-    return DecodeSession(model=model, device=dev, prompt_ids=prompt, tokens=tokens, cache=cache, snapshot=[],
-                         warmup=warmup, steps=steps, prefill_seconds=0.0, max_cache_len=max_cache_len)
+    return prepare(model, prompt_len=prompt_len, steps=steps, warmup=warmup, seed=seed, device=device, batch=batch,
+                   reference_tokens=False)
 
 
 def batch_inputs(session: Any, i: int, batch: int) -> tuple[Any, Any]:

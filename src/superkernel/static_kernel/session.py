@@ -52,6 +52,7 @@ from .package import (
     OUTPUTS_DIR, Package, PackageError, collect_kernels, environment, find_packages, install_kernels, now_iso,
     package_name, read_manifest, write_package,
 )
+from ..messages import exception_summary
 from .records import ShapeRecorder
 from .signature import (
     graph_device_kind, graph_input_shapes, graph_structure_hash, example_device_kind, input_signature,
@@ -190,11 +191,6 @@ def _with_constants(fn: Callable[..., Any], constants: list[torch.Tensor]) -> Ca
         return fn(*args, *constants)
 
     return run
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:300]
 
 
 @dataclass
@@ -485,7 +481,7 @@ class _BuildState:
         except Exception as exc:  # noqa: BLE001 - not buildable statically: the normal path compiles it
             self.counters["build_failed"] += 1
             warnings.warn(f"superkernel static kernels: could not build partition {name or key[:12]} ahead of time "
-                          f"({_first_line(exc)}); compiling it the normal way", StaticKernelWarning, stacklevel=4)
+                          f"({exception_summary(exc)}); compiling it the normal way", StaticKernelWarning, stacklevel=4)
             return _call_compile_fn(compile_fn, gm, example_inputs)
         seconds = time.perf_counter() - start
         self.counters["compiled"] += 1
@@ -518,7 +514,7 @@ class _BuildState:
             self.counters["load_failed"] += 1
             where = pkg.path.name if pkg is not None else "package"
             warnings.warn(f"superkernel static kernels: could not load {key[:12]} from {where} "
-                          f"({_first_line(exc)}); building it again", StaticKernelWarning, stacklevel=4)
+                          f"({exception_summary(exc)}); building it again", StaticKernelWarning, stacklevel=4)
             return None
         self.counters["loaded"] += 1
         return fn
@@ -533,7 +529,7 @@ class _BuildState:
                 path = self._write_package()
             except Exception as exc:  # noqa: BLE001 - the run goes on with what it compiled
                 self.counters["package_failed"] += 1
-                warnings.warn(f"superkernel static kernels: could not write the package ({_first_line(exc)})",
+                warnings.warn(f"superkernel static kernels: could not write the package ({exception_summary(exc)})",
                               StaticKernelWarning, stacklevel=3)
                 self.release()
                 return None
@@ -617,7 +613,7 @@ class _BuildState:
             failed = proc.returncode != 0
             detail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-2:])
         except (OSError, subprocess.SubprocessError) as exc:
-            failed, detail = True, _first_line(exc)
+            failed, detail = True, exception_summary(exc)
         if failed:  # the package is still right; a later process may have to build Inductor's ISA probe itself
             self.counters["load_check_failed"] += 1
             warnings.warn(f"superkernel static kernels: fresh-process load check of the package failed ({detail}); "
