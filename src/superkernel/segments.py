@@ -219,12 +219,13 @@ class Segmentation:
 
 
 def graph_device(gm: fx.GraphModule) -> str:
-    """``"cuda"`` when any placeholder or op output lives on a CUDA device, else ``"cpu"``."""
-    for node in gm.graph.nodes:
-        for t in _tensor_vals(node.meta.get("val")):
-            if t.device.type == "cuda":
-                return "cuda"
-    return "cpu"
+    """``"cuda"`` when any placeholder or op output lives on a CUDA device, else ``"cpu"``
+    (or, for a graph on another device type, the first such type)."""
+    kinds = {t.device.type for node in gm.graph.nodes for t in _tensor_vals(node.meta.get("val"))}
+    if "cuda" in kinds:
+        return "cuda"
+    kinds.discard("meta")
+    return "cpu" if not kinds or "cpu" in kinds else sorted(kinds)[0]
 
 
 def build_segments(

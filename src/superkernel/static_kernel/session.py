@@ -53,9 +53,10 @@ from .package import (
     package_name, read_manifest, write_package,
 )
 from ..messages import exception_summary
+from ..segments import graph_device
 from .records import ShapeRecorder
 from .signature import (
-    graph_device_kind, graph_input_shapes, graph_structure_hash, example_device_kind, input_signature,
+    graph_input_shapes, graph_structure_hash, example_device_kind, input_signature,
     partition_key,
 )
 from .storage import build_lock
@@ -732,7 +733,7 @@ class StaticKernelSession:
 
     # -- hook API -------------------------------------------------------------------------------
     def record_graph(self, gm: fx.GraphModule, graph_name: str) -> None:
-        kind = self.device_kind or graph_device_kind(gm)
+        kind = self.device_kind or graph_device(gm)
         self._state_for(kind).record_graph(gm, graph_name)
 
     def compiled_partition(self, *args: Any, key: str | None = None, name: str | None = None) -> Callable[..., Any]:

@@ -197,26 +197,6 @@ def graph_input_shapes(gm: fx.GraphModule) -> list[Any]:
     return [value_signature(n) for n in gm.graph.nodes if n.op == "placeholder"]
 
 
-def node_device(node: fx.Node) -> str | None:
-    val = node.meta.get("val")
-    if isinstance(val, torch.Tensor):
-        return val.device.type
-    return None
-
-
-def graph_device_kind(gm: fx.GraphModule) -> str:
-    """``cuda`` when any value lives on a CUDA device, else ``cpu`` (or the first other device type)."""
-    kinds = set()
-    for node in gm.graph.nodes:
-        kind = node_device(node)
-        if kind is not None:
-            kinds.add(kind)
-    if "cuda" in kinds:
-        return "cuda"
-    kinds.discard("meta")
-    return sorted(kinds)[0] if kinds else "cpu"
-
-
 def example_device_kind(example_inputs: list[Any]) -> str:
     kinds = {v.device.type for v in example_inputs if isinstance(v, torch.Tensor)}
     if "cuda" in kinds:
