@@ -72,6 +72,12 @@ class SuperKernelBackend:
     def compile_aten(self, gm: fx.GraphModule, example_inputs: list[Any], *, name: str) -> Callable[..., Any]:
         start = time.perf_counter()
         cfg = self.config
+        if self.static_kernels is not None:
+            from .static_kernel.frames import current_capture
+
+            capture = current_capture()
+            if capture is not None:  # a precompiled frame is being built: it keeps this graph
+                capture.record(gm)
         device = graph_device(gm)
         # A graph that starts in the scope the previous graph ended in, right after Dynamo
         # broke the previous graph, continues that scope: the break is a cut.
@@ -200,13 +206,29 @@ _register()
 def compile(model: Any, compiler_config: CompilerConfig | None = None, **torch_compile_kwargs: Any) -> Any:
     """``torch.compile(model, backend=get_backend(compiler_config), **kwargs)``.
 
-    :func:`superkernel.explain` accepts the result.
+    :func:`superkernel.explain` accepts the result. With static kernels enabled and a
+    function (not a module) to compile, the result also loads the function's precompiled
+    Dynamo frame from the package (see ``superkernel.static_kernel.function``).
     """
     backend = get_backend(compiler_config)
     torch_compile_kwargs.setdefault("dynamic", False)
     compiled = torch.compile(model, backend=backend, **torch_compile_kwargs)
+    if backend.static_kernels is not None and _frames_apply(model, torch_compile_kwargs):
+        from .static_kernel.function import StaticFunction
+
+        compiled = StaticFunction(model, backend, compiled)
     _COMPILED[id(compiled)] = (weakref.ref(compiled), backend)
     return compiled
+
+
+def _frames_apply(model: Any, torch_compile_kwargs: dict[str, Any]) -> bool:
+    """Precompiled frames (static kernels) serve plain functions and methods compiled with static shapes."""
+    import inspect
+
+    if isinstance(model, torch.nn.Module) or not (inspect.isfunction(model) or inspect.ismethod(model)):
+        return False
+    return torch_compile_kwargs.get("dynamic") is False and not torch_compile_kwargs.get("mode") \
+        and not torch_compile_kwargs.get("options")
 
 
 # id(compiled object) -> (weak reference to it, backend). Not an attribute on the result:

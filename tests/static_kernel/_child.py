@@ -1,9 +1,12 @@
 """Child process of the static kernel tests: compile a tiny scoped model with static kernels.
 
-    python _child.py BUILD_DIR BATCH OUT.pt [--no-static]
+    python _child.py BUILD_DIR BATCH OUT.pt [--no-static] [--function] [--graph-break] [--then-batch N]
 
-Prints one line ``RESULT {json}`` with the backend's and the session's counters and the
-number of C++ compilations TorchInductor started in this process.
+Prints one line ``RESULT {json}`` with the backend's and the session's counters, the
+number of C++ compilations TorchInductor started and the number of frames Dynamo traced
+in this process. ``--function`` compiles a function closing over the model (which gets a
+precompiled frame) instead of the model; ``--graph-break`` puts a graph break in it;
+``--then-batch N`` also calls it with a batch of N after the two calls with BATCH.
 """
 
 from __future__ import annotations
@@ -19,6 +22,30 @@ import superkernel
 from superkernel import CompilerConfig, super_kernel
 
 builds: list[str] = []
+traced: list[str] = []
+
+
+def _count_dynamo_traces() -> None:
+    """Count frames Dynamo's tracer runs on (torch.compile and AOT precompile alike)."""
+    from torch._dynamo import symbolic_convert
+
+    original = symbolic_convert.InstructionTranslator.run
+
+    def run(self, *args, **kwargs):
+        traced.append(self.f_code.co_name)
+        return original(self, *args, **kwargs)
+
+    symbolic_convert.InstructionTranslator.run = run
+
+    import superkernel.backend as backend_module
+
+    original_capture = backend_module.capture
+
+    def capture(*args, **kwargs):
+        traced.append("aot")
+        return original_capture(*args, **kwargs)
+
+    backend_module.capture = capture
 
 
 def _count_cpp_builds() -> None:
@@ -54,26 +81,46 @@ def main() -> int:
     build_dir, batch, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     static = "--no-static" not in sys.argv
     _count_cpp_builds()
+    _count_dynamo_traces()
     torch.manual_seed(0)
     model = Tiny().eval()
     cfg = CompilerConfig()
     if static:
         cfg.experimental_config.static_kernel.enable = True
         cfg.experimental_config.static_kernel.build_dir = build_dir
-    compiled = superkernel.compile(model, cfg)
+    target = model
+    if "--function" in sys.argv:
+        graph_break = "--graph-break" in sys.argv
+
+        def step(x: torch.Tensor) -> torch.Tensor:
+            y = model(x)
+            if graph_break:
+                torch._dynamo.graph_break()
+            return y + 1.0
+
+        target = step
+    compiled = superkernel.compile(target, cfg)
     x = torch.randn(batch, 32, generator=torch.Generator().manual_seed(1))
+    saved = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with torch.no_grad():
             y = compiled(x)
             y2 = compiled(x)
+            if "--then-batch" in sys.argv:
+                other = int(sys.argv[sys.argv.index("--then-batch") + 1])
+                x3 = torch.randn(other, 32, generator=torch.Generator().manual_seed(2))
+                saved = {"y3": compiled(x3), "eager3": target(x3)}
+            eager = target(x)
     backend = superkernel.backend.find_backend(compiled)
-    torch.save({"y": y, "eager": model(x).detach(), "y2": y2}, out)
+    torch.save({"y": y, "eager": eager.detach(), "y2": y2, **saved}, out)
     session = backend.static_kernels
     result = {
         "backend": dict(backend.counters),
         "static": dict(session.counters) if session is not None else {},
         "cpp_builds": len(builds),
+        "dynamo_traces": sum(1 for t in traced if t != "aot"),
+        "aot_captures": traced.count("aot"),
         "packages": [str(p) for p in session.packages_written] if session is not None else [],
         "warnings": [str(w.message) for w in caught if "static kernels" in str(w.message)],
         "notices": list(session.notices) if session is not None else [],

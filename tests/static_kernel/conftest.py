@@ -27,8 +27,8 @@ def fresh_env(tmp: Path, **extra: str) -> dict[str, str]:
 
 
 def run_child(tmp: Path, build_dir: Path, batch: int, out: Path, *flags: str, background: bool = False,
-              **env_extra: str):
-    cmd = [sys.executable, str(HERE / "_child.py"), str(build_dir), str(batch), str(out), *flags]
+              script: Path | None = None, **env_extra: str):
+    cmd = [sys.executable, str(script or HERE / "_child.py"), str(build_dir), str(batch), str(out), *flags]
     env = fresh_env(tmp, **env_extra)
     if background:
         return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -5,6 +5,9 @@ A package is one zip file (stored, not compressed members are not required; defl
     manifest.json                  what it holds and where it may be used (below)
     artifacts/<key>.bin            one TorchInductor CompiledArtifact per partition and shape
                                    (``CompiledArtifact.save(format="binary")``)
+    frames/<key>.bin               one precompiled Dynamo frame per compiled function and input
+                                   signature (``superkernel.static_kernel.frames``: torch's
+                                   ``AOTCompiledFunction.serialize``, holding Dynamo's graph)
     kernels/<xx>/<name>.so         the compiled C++ kernels those artifacts load, under their
                                    TorchInductor code-cache names (content hashes of source and
                                    compile command), plus Inductor's CPU-ISA probe libraries
@@ -16,12 +19,14 @@ other file. A package is used only when all of that matches this process; otherw
 ignored with a warning that says why.
 
 Trust: loading verifies every hash first. Loading then runs nothing from the package but
-the kernels TorchInductor itself loads: kernel libraries are copied into TorchInductor's
-cache directory, where Inductor's own loader dlopens them, and artifacts are read by
-``torch._inductor.CompiledArtifact.load`` (which deserializes TorchInductor's cache entries —
-torch's own format, pickle-based; superkernel never unpickles anything itself). There are
-no scripts or installers in a package. Treat a package like any compiled library: load only
-packages you built or trust.
+the compiled code torch itself loads: kernel libraries are copied into TorchInductor's
+cache directory, where Inductor's own loader dlopens them; artifacts are read by
+``torch._inductor.CompiledArtifact.load`` (TorchInductor's cache entries) and frames by
+``torch._dynamo.aot_compile.AOTCompiledFunction.deserialize`` (Dynamo's transformed bytecode
+of the compiled function, its guards, and Dynamo's graph through ``torch.fx``'s GraphPickler).
+Those are torch's own formats, pickle-based; superkernel never unpickles anything itself.
+There are no scripts or installers in a package. Treat a package like any compiled library:
+load only packages you built or trust.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ OUTPUTS_DIR = "static_kernel_outputs"
 MANIFEST = "manifest.json"
 KERNEL_SUFFIXES = (".so", ".cubin", ".fatbin", ".hsaco", ".spv")
 _KERNEL_NAME = re.compile(r"^[A-Za-z0-9_]{1,8}/[A-Za-z0-9_.-]{1,200}$")
-_ARTIFACT_NAME = re.compile(r"^artifacts/[0-9a-f]{16,64}\.bin$")
+_ARTIFACT_NAME = re.compile(r"^(artifacts|frames)/[0-9a-f]{16,64}\.bin$")
 
 # CPU features that decide which vector ISA TorchInductor compiles for.
 _ISA_FLAGS = (
@@ -158,6 +163,11 @@ class Package:
         return self.manifest.get("graphs", {})
 
     @property
+    def frames(self) -> dict[str, Any]:
+        """Precompiled frames (``superkernel.static_kernel.frames``) by frame key."""
+        return self.manifest.get("frames", {})
+
+    @property
     def kernels(self) -> list[str]:
         return [n for n in self.manifest.get("files", {}) if n.startswith("kernels/")]
 
@@ -199,14 +209,18 @@ class Package:
             if isinstance(exc, PackageError):
                 raise
             raise PackageError(f"cannot read: {type(exc).__name__}: {exc}") from exc
-        for key, entry in self.artifacts.items():
-            if entry.get("file") not in files:
-                raise PackageError(f"artifact {key[:12]} has no file")
+        for kind, entries in (("artifact", self.artifacts), ("frame", self.frames)):
+            for key, entry in entries.items():
+                if entry.get("file") not in files:
+                    raise PackageError(f"{kind} {key[:12]} has no file")
         self.files = files
         self.verified = True
 
     def artifact_bytes(self, key: str) -> bytes:
         return self.files[self.artifacts[key]["file"]]
+
+    def frame_bytes(self, key: str) -> bytes:
+        return self.files[self.frames[key]["file"]]
 
 
 def read_manifest(path: Path) -> Package:
@@ -292,6 +306,7 @@ def describe(package: Package) -> dict[str, Any]:
         "path": str(package.path),
         "created": m.get("created"),
         "artifacts": len(m.get("artifacts", {})),
+        "frames": len(m.get("frames", {})),
         "kernels": sum(1 for n in files if n.startswith("kernels/")),
         "bytes": sum(int(v.get("size", 0)) for v in files.values()),
         "graphs": {h: {"names": g.get("names", []), "variants": len(g.get("variants", []))}

@@ -33,6 +33,7 @@ import datetime as _dt
 import json
 import logging
 import os
+import platform
 import subprocess
 import sys
 import tempfile
@@ -224,6 +225,9 @@ class _BuildState:
         self.carried_graphs: dict[str, Any] = {}
         self.carried_from: Package | None = None
         self.new: dict[str, _Artifact] = {}
+        self.carried_frames: dict[str, _Artifact] = {}
+        self.new_frames: dict[str, _Artifact] = {}
+        self.deferred = 0  # > 0: a frame is being built; finalize waits for it
         self.graphs: dict[str, dict[str, Any]] = {}
         self.rejected: dict[Path, str] = {}
         self.superseded: set[Path] = set()
@@ -390,6 +394,8 @@ class _BuildState:
             self.superseded.add(self.package.path)
             for key, entry in self.package.artifacts.items():
                 self.carried[key] = _Artifact(dict(entry), self.package.artifact_bytes(key))
+            for key, entry in self.package.frames.items():
+                self.carried_frames[key] = _Artifact(dict(entry), self.package.frame_bytes(key))
             for h, g in self.package.graphs.items():
                 self.carried_graphs[h] = g
         return True
@@ -521,9 +527,28 @@ class _BuildState:
         return fn
 
     # -- packaging --------------------------------------------------------------------------
+    # -- frames ---------------------------------------------------------------------------------
+    def frame_bytes(self, key: str) -> tuple[dict[str, Any], bytes] | None:
+        """A precompiled frame by key, from the package in use (or the one being extended)."""
+        self.check()
+        with self.mutex:
+            if self.package is not None and key in self.package.frames:
+                return dict(self.package.frames[key]), self.package.frame_bytes(key)
+            for table in (self.new_frames, self.carried_frames):
+                if key in table:
+                    return dict(table[key].entry), table[key].data
+        return None
+
+    def add_frame(self, key: str, entry: dict[str, Any], data: bytes) -> None:
+        with self.mutex:
+            self.new_frames[key] = _Artifact({**entry, "file": f"frames/{key}.bin"}, data)
+            self.counters["frames_built"] += 1
+
     def finalize(self) -> Path | None:
         with self.mutex:
-            if not self.new:
+            if self.deferred:
+                return None
+            if not self.new and not (self.new_frames and self.holding):
                 self.release()
                 return None
             try:
@@ -540,12 +565,14 @@ class _BuildState:
     def _write_package(self) -> Path:
         staging = self.staging
         artifacts = {**self.carried, **self.new}
+        frames = {**self.carried_frames, **self.new_frames}
         if self.carried_from is not None and self.carried_from.verified:
             install_kernels(self.carried_from, str(staging))
         files = {a.entry["file"]: a.data for a in artifacts.values()}
         if os.environ.get(ENV_VERIFY, "1") != "0":
             self._load_check(staging, files)
         files.update(collect_kernels(staging))
+        files.update({f.entry["file"]: f.data for f in frames.values()})
         graphs = {h: {"names": list(g.get("names", [])), "variants": list(g.get("variants", []))}
                   for h, g in self.carried_graphs.items()}
         for h, g in self.graphs.items():
@@ -565,6 +592,7 @@ class _BuildState:
             "inductor_options": self.patches,
             "graphs": graphs,
             "artifacts": {k: a.entry for k, a in sorted(artifacts.items())},
+            "frames": {k: f.entry for k, f in sorted(frames.items())},
         }
         run_dir = self.ensure_run_dir()
         path = write_package(run_dir / package_name(), manifest, files)
@@ -584,8 +612,10 @@ class _BuildState:
         self.package = pkg
         self.carried = {k: _Artifact(dict(a.entry), a.data) for k, a in artifacts.items()}
         self.carried_graphs = graphs
+        self.carried_frames = {k: _Artifact(dict(f.entry), f.data) for k, f in frames.items()}
         self.carried_from = pkg
         self.new = {}
+        self.new_frames = {}
         self.kernels_installed = None
         return path
 
@@ -625,10 +655,26 @@ class _BuildState:
 
 
 def _probe_vec_isa() -> None:
-    try:
-        from torch._inductor.cpu_vec_isa import pick_vec_isa
+    """TorchInductor's CPU vector-ISA probe, the candidate ISAs side by side.
 
-        pick_vec_isa()
+    Each candidate costs a few short subprocesses (build, then dlopen, a test library);
+    Inductor runs them one after another. Probing the candidates in parallel threads fills
+    its cache of results first, so its own ``pick_vec_isa`` then only reads it.
+    """
+    try:
+        from torch._inductor import cpu_vec_isa
+
+        candidates = list(getattr(cpu_vec_isa, "supported_vec_isa_list", []))
+        checker = getattr(cpu_vec_isa, "x86_isa_checker", None)
+        if checker is not None and platform.machine() in ("x86_64", "AMD64"):
+            flags = set(checker())
+            candidates = [isa for isa in candidates if all(f in flags for f in str(isa).split())]
+        threads = [threading.Thread(target=bool, args=(isa,), daemon=True) for isa in candidates]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        cpu_vec_isa.pick_vec_isa()
     except Exception:  # noqa: BLE001 - the main thread probes again and reports
         pass
 
@@ -702,6 +748,12 @@ class StaticKernelSession:
             state = _state(self.build_dir, fingerprint, device_kind, patches, compiles)
             self._states[device_kind] = state
         return state
+
+    def state_for_call(self, fn: Any, args: tuple[Any, ...]) -> _BuildState:
+        """The build-dir state a call of ``fn`` with ``args`` uses (by the call's device kind)."""
+        from .function import device_kind_of_call
+
+        return self._state_for(self.device_kind or device_kind_of_call(fn, args))
 
     @property
     def counters(self) -> Counter[str]:

@@ -1,0 +1,138 @@
+"""What ``superkernel.compile(fn, cfg)`` returns for a function when static kernels are on.
+
+On the first call with a new input signature it looks for a precompiled frame of ``fn``
+in the package (``frames.py``): found, verified and accepted by its guards, the call runs
+it and Dynamo never traces ``fn``. Not found, it traces ``fn`` once as a frame (torch's AOT
+precompile, through the superkernel backend); a process that builds the package stores the
+frame in it. Whatever cannot be a frame (a graph break, a guard torch cannot save, a torch
+without AOT precompile) runs the normal ``torch.compile`` path, with one notice.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import warnings
+from typing import Any, Callable
+
+import torch
+
+from . import frames
+from ..messages import exception_summary
+
+log = logging.getLogger("superkernel.static_kernel")
+
+
+class StaticFunction:
+    """A function compiled with the superkernel backend whose Dynamo frame comes from the static package."""
+
+    def __init__(self, fn: Callable[..., Any], backend: Any, compiled: Callable[..., Any]) -> None:
+        self._fn = fn
+        self._backend = backend
+        self._compiled = compiled            # torch.compile(fn, backend=backend): the normal path
+        self._frames: list[Any] = []         # AOTCompiledFunction objects in use
+        self._seen: set[str] = set()         # call signatures already resolved
+        self._notified: set[str] = set()
+        functools.update_wrapper(self, fn)
+
+    @property
+    def backend(self) -> Any:
+        return self._backend
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        for frame in self._frames:
+            accepted, out = frames.call(frame, args, kwargs)
+            if accepted:
+                return out
+        signature = frames.call_signature(args, kwargs)
+        if signature not in self._seen:
+            self._seen.add(signature)
+            frame = self._resolve(args, kwargs)
+            if frame is not None:
+                self._frames.append(frame)
+                accepted, out = frames.call(frame, args, kwargs)
+                if accepted:
+                    return out
+        return self._compiled(*args, **kwargs)
+
+    # -- finding or building a frame ------------------------------------------------------
+    def _resolve(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any | None:
+        session = self._backend.static_kernels
+        state = session.state_for_call(self._fn, args)
+        if not state.compiles:
+            return None  # reduce-overhead / run_eagerly: nothing is built statically
+        key = frames.frame_key(self._fn, args, kwargs, state.fingerprint)
+        found = state.frame_bytes(key)
+        if found is not None:
+            entry, data = found
+            stale = frames.stale_sources(entry.get("sources", {}))
+            if stale:
+                self._notice(state, f"precompiled frame of {frames.function_name(self._fn)} in the package is out of date "
+                             f"(source changed or unreadable: {', '.join(stale[:3])}{' ...' if len(stale) > 3 else ''}); "
+                             "tracing it again", warn=True)
+            else:
+                try:
+                    frame = frames.load(data, self._fn, self._backend)
+                except Exception as exc:  # noqa: BLE001 - a package never crashes the run
+                    state.counters["frame_load_failed"] += 1
+                    self._notice(state, f"could not load the precompiled frame of {frames.function_name(self._fn)} "
+                                 f"({exception_summary(exc)}); tracing it again", warn=True)
+                else:
+                    state.counters["frames_loaded"] += 1
+                    return frame
+        return self._build(state, key, args, kwargs)
+
+    def _build(self, state: Any, key: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any | None:
+        state.deferred += 1  # one package holds the partitions and the frame
+        try:
+            aot_fn = frames.precompile(self._fn, self._backend, args, kwargs)
+        except frames.FrameUnsupported as exc:
+            state.counters["frames_unsupported"] += 1
+            self._notice(state, f"{frames.function_name(self._fn)} cannot be precompiled as one frame ({exc}); "
+                         "Dynamo traces it at the first call of each process")
+            state.finalize()
+            return None
+        finally:
+            state.deferred -= 1
+        try:
+            if state.holding or (self._backend.static_kernels.extend and state.become_builder()):
+                entry = {"function": frames.function_name(self._fn), "inputs": frames.call_signature(args, kwargs),
+                         "level": frames.frame_level(aot_fn), "sources": frames.sources_of(aot_fn)}
+                state.add_frame(key, entry, frames.serialize(aot_fn, self._fn))
+        except frames.FrameUnsupported as exc:
+            state.counters["frames_unsupported"] += 1
+            self._notice(state, f"{frames.function_name(self._fn)}: {exc}; the package holds its partitions only")
+        finally:
+            state.finalize()
+        return aot_fn
+
+    def _notice(self, state: Any, message: str, *, warn: bool = False) -> None:
+        if message in self._notified:
+            return
+        self._notified.add(message)
+        text = f"superkernel static kernels: {message}"
+        if warn:
+            from .session import StaticKernelWarning
+
+            warnings.warn(text, StaticKernelWarning, stacklevel=4)
+        else:
+            log.warning(text)
+        state.notices.append(text)
+
+    def __repr__(self) -> str:
+        return f"StaticFunction({frames.function_name(self._fn)})"
+
+
+def device_kind_of_call(fn: Any, args: tuple[Any, ...]) -> str:
+    """The device kind a call runs on: its tensor arguments, else the first tensor of a closed-over module."""
+    kinds = {a.device.type for a in args if isinstance(a, torch.Tensor)}
+    if not kinds:
+        for obj in frames.external_objects(fn).values():
+            if isinstance(obj, torch.nn.Module):
+                first = next(iter(obj.parameters()), None)
+                if first is not None:
+                    kinds.add(first.device.type)
+                    break
+    if "cuda" in kinds:
+        return "cuda"
+    return sorted(kinds)[0] if kinds else "cpu"

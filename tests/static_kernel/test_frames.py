@@ -1,0 +1,182 @@
+"""Precompiled frames: a fresh process runs the compiled function without Dynamo tracing it."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from superkernel.static_kernel import frames
+from superkernel.static_kernel.package import find_packages, read_manifest
+
+from .conftest import HERE, run_child
+
+
+@pytest.fixture(scope="module")
+def built_fn(tmp_path_factory):
+    """A package built by a child that compiled a function closing over the model (batch 2)."""
+    tmp = tmp_path_factory.mktemp("frames")
+    build_dir = tmp / "build"
+    build_dir.mkdir()
+    result = run_child(tmp, build_dir, 2, tmp / "build_out.pt", "--function")
+    return {"tmp": tmp, "build_dir": build_dir, "result": result, "out": tmp / "build_out.pt"}
+
+
+def test_build_stores_one_frame_with_its_sources(built_fn):
+    result = built_fn["result"]
+    assert result["static"]["frames_built"] == 1 and result["static"]["compiled"] >= 2
+    assert result["notices"] == [] and result["warnings"] == []
+    (path,) = find_packages(built_fn["build_dir"])
+    pkg = read_manifest(path)
+    pkg.verify()
+    (key,) = pkg.frames
+    entry = pkg.frames[key]
+    assert entry["file"] == f"frames/{key}.bin" and entry["function"] == "__main__.main.<locals>.step"
+    assert entry["level"] == "aten"  # an inference graph with nothing for AOTAutograd's wrapper to do
+    assert "__main__" in entry["sources"] and "torch.nn.modules.linear" in entry["sources"]
+    assert frames.stale_sources({"torch.nn.modules.linear": entry["sources"]["torch.nn.modules.linear"]}) == []
+    assert '"tensor", [2, 32]' in entry["inputs"]
+    assert pkg.frame_bytes(key)
+
+
+def test_fresh_process_loads_the_frame_and_never_traces(built_fn):
+    tmp = built_fn["tmp"]
+    result = run_child(tmp, built_fn["build_dir"], 2, tmp / "load_out.pt", "--function")
+    assert result["static"]["frames_loaded"] == 1 and result["static"]["loaded"] >= 2
+    assert result["dynamo_traces"] == 0, "a loaded frame must not run Dynamo's tracer"
+    assert result["aot_captures"] == 0, "an ATen-level frame must not run AOTAutograd"
+    assert result["cpp_builds"] == 0 and result["static"].get("compiled", 0) == 0
+    assert result["packages"] == [] and result["warnings"] == []
+    built, loaded = torch.load(built_fn["out"]), torch.load(tmp / "load_out.pt")
+    assert torch.equal(built["y"], loaded["y"]) and torch.equal(loaded["y"], loaded["y2"])
+    torch.testing.assert_close(loaded["y"], loaded["eager"], rtol=1e-4, atol=1e-5)
+
+
+def test_inputs_the_guards_reject_run_the_normal_path(built_fn):
+    tmp = built_fn["tmp"]
+    result = run_child(tmp, built_fn["build_dir"], 2, tmp / "guard_out.pt", "--function", "--then-batch", "3")
+    assert result["static"]["frames_loaded"] == 1
+    assert result["dynamo_traces"] >= 1  # batch 3 is not in the package: traced here
+    assert result["static"]["fallback"] >= 1 and len(find_packages(built_fn["build_dir"])) == 1
+    out = torch.load(tmp / "guard_out.pt")
+    torch.testing.assert_close(out["y3"], out["eager3"], rtol=1e-4, atol=1e-5)
+
+
+def test_changed_source_makes_the_frame_stale(built_fn):
+    tmp = built_fn["tmp"]
+    edited = tmp / "edited" / "_child.py"
+    edited.parent.mkdir()
+    shutil.copy(HERE / "_child.py", edited)
+    with edited.open("a") as f:
+        f.write("\n# edited after the package was built\n")
+    result = run_child(tmp, built_fn["build_dir"], 2, tmp / "stale_out.pt", "--function", script=edited)
+    assert result["static"].get("frames_loaded", 0) == 0
+    assert len(result["warnings"]) == 1 and "out of date" in result["warnings"][0]
+    assert "__main__" in result["warnings"][0]
+    assert result["dynamo_traces"] >= 1 and result["static"]["loaded"] >= 2  # partitions still load
+    out = torch.load(tmp / "stale_out.pt")
+    torch.testing.assert_close(out["y"], out["eager"], rtol=1e-4, atol=1e-5)
+
+
+def test_graph_break_gives_a_notice_and_a_partition_package(tmp_path):
+    build_dir = tmp_path / "build"
+    build_dir.mkdir()
+    result = run_child(tmp_path, build_dir, 2, tmp_path / "gb_out.pt", "--function", "--graph-break")
+    assert result["static"]["frames_unsupported"] == 1 and result["static"].get("frames_built", 0) == 0
+    assert len(result["notices"]) == 1 and "cannot be precompiled as one frame" in result["notices"][0]
+    assert "graph_break" in result["notices"][0]
+    (path,) = find_packages(build_dir)
+    pkg = read_manifest(path)
+    assert pkg.frames == {} and len(pkg.artifacts) >= 2
+    out = torch.load(tmp_path / "gb_out.pt")
+    torch.testing.assert_close(out["y"], out["eager"], rtol=1e-4, atol=1e-5)
+
+
+def test_frame_key_follows_code_inputs_config_and_structure():
+    lin = torch.nn.Linear(4, 4)
+
+    def make(module):
+        def f(x):
+            return module(x)
+        return f
+
+    x = torch.randn(2, 4)
+    base = frames.frame_key(make(lin), (x,), {}, "cfg")
+    assert base == frames.frame_key(make(lin), (x,), {}, "cfg")  # another closure, same structure
+    assert base != frames.frame_key(make(lin), (torch.randn(3, 4),), {}, "cfg")
+    assert base != frames.frame_key(make(lin), (x.double(),), {}, "cfg")
+    assert base != frames.frame_key(make(lin), (x,), {}, "other-config")
+    assert base != frames.frame_key(make(torch.nn.Linear(4, 8)), (x,), {}, "cfg")
+    assert base != frames.frame_key(make(torch.nn.Sequential(lin)), (x,), {}, "cfg")
+
+    def g(x):
+        return lin(x) * 2
+
+    assert frames.frame_key(g, (x,), {}, "cfg") != frames.frame_key(make(lin), (x,), {}, "cfg")
+    assert set(frames.external_objects(make(lin))) == {"closure:module"}
+
+
+def _recording_backend(tmp_path):
+    """A superkernel backend with static kernels on in reduce-overhead mode (nothing is compiled: fast)."""
+    import superkernel
+
+    cfg = superkernel.CompilerConfig()
+    cfg.mode = "reduce-overhead"
+    cfg.experimental_config.static_kernel.enable = True
+    cfg.experimental_config.static_kernel.build_dir = str(tmp_path)
+    return superkernel.get_backend(cfg)
+
+
+def test_aten_frame_round_trip_gives_identical_outputs(tmp_path):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(8, 8)
+    cache = torch.zeros(4, 8)
+
+    def step(x):
+        cache[0].add_(x[0])  # an input mutation AOTAutograd keeps inside the graph
+        return torch.relu(lin(x)) + cache.sum()
+
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        aot_fn = frames.precompile(step, _recording_backend(tmp_path), (x,), {})
+        assert frames.frame_level(aot_fn) == "aten"
+        data = frames.serialize(aot_fn, step)
+        cache.zero_()
+        expected = step(x)
+        cache.zero_()
+        loaded = frames.load(data, step, _recording_backend(tmp_path))
+        accepted, out = frames.call(loaded, (x,), {})
+    assert accepted and torch.equal(out, expected)
+    assert torch.equal(cache[0], x[0])  # the mutation reached the live tensor, not a copy
+    accepted, _ = frames.call(loaded, (torch.randn(5, 8),), {})
+    assert not accepted  # another shape: the guards send it to the normal path
+
+
+@pytest.mark.parametrize("case,why", [
+    ("alias", "outputs alias inputs"),
+    ("grad", "training graph"),
+])
+def test_frames_keep_dynamo_graph_when_aotautograd_wraps_the_call(tmp_path, case, why, caplog):
+    import logging
+
+    lin = torch.nn.Linear(8, 8)
+    if case == "alias":
+        def step(x):
+            return x.view(-1), lin(x)
+        context = torch.no_grad()
+    else:
+        def step(x):
+            return lin(x)
+        context = torch.enable_grad()
+    x = torch.randn(4, 8)
+    with context, caplog.at_level(logging.INFO, logger="superkernel.static_kernel"):
+        aot_fn = frames.precompile(step, _recording_backend(tmp_path), (x,), {})
+    assert frames.frame_level(aot_fn) == "dynamo"
+    assert any(why in r.getMessage() for r in caplog.records)
+
+
+def test_graph_reading_attributes_is_refused():
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))  # weights as get_attr nodes
+    with pytest.raises(frames.FrameUnsupported, match="attributes"):
+        frames._dump_graph(gm, frames.DYNAMO_META)
