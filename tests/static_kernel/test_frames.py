@@ -59,6 +59,7 @@ def test_inputs_the_guards_reject_run_the_normal_path(built_fn):
     assert result["static"]["frames_loaded"] == 1
     assert result["dynamo_traces"] >= 1  # batch 3 is not in the package: traced here
     assert result["static"]["fallback"] >= 1 and len(find_packages(built_fn["build_dir"])) == 1
+    assert any("no precompiled frame" in n and "differing: argument shapes" in n for n in result["notices"])
     out = torch.load(tmp / "guard_out.pt")
     torch.testing.assert_close(out["y3"], out["eager3"], rtol=1e-4, atol=1e-5)
 
@@ -180,3 +181,22 @@ def test_graph_reading_attributes_is_refused():
     gm = torch.fx.symbolic_trace(torch.nn.Linear(2, 2))  # weights as get_attr nodes
     with pytest.raises(frames.FrameUnsupported, match="attributes"):
         frames._dump_graph(gm, frames.DYNAMO_META)
+
+
+def test_signature_difference_names_what_differs():
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        built = frames.call_signature((x,), {})
+        other_shape = frames.call_signature((torch.randn(3, 4),), {})
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads + 1)
+        with torch.no_grad():
+            more_threads = frames.call_signature((x,), {})
+    finally:
+        torch.set_num_threads(threads)
+    with torch.enable_grad():
+        grad_on = frames.call_signature((x,), {})
+    assert frames.signature_difference(built, other_shape) == "argument shapes, dtypes or values"
+    assert frames.signature_difference(built, more_threads) == f"torch threads ({threads} in the package, {threads + 1} here)"
+    assert frames.signature_difference(built, grad_on) == "grad mode (off in the package, on here)"

@@ -63,6 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-cache-len", type=positive_int("--max-cache-len"), default=None,
                    help="KV-cache length of the decode step (default prompt-len + 36, as superkernel.decode.prepare)")
     p.add_argument("--seed", type=int, default=0, help="seed of zoo weights and prompt (default 0)")
+    p.add_argument("--threads", type=positive_int("--threads"), default=None,
+                   help="torch CPU threads while building (default: torch's default); precompiled frames are "
+                        "used by processes with the same thread count")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -88,6 +91,10 @@ def run(args: argparse.Namespace) -> int:
             print("superkernel static-compile: error: --model and --build-dir are required to build "
                   "(or use --list DIR / --clean DIR)", file=sys.stderr)
             return 2
+        if args.threads is not None:
+            import torch
+
+            torch.set_num_threads(args.threads)
         result = build(args.model, args.build_dir, batch_sizes=args.batch_sizes, plan=args.config, mode=args.mode,
                        prompt_len=args.prompt_len, max_cache_len=args.max_cache_len, seed=args.seed)
     except (ValueError, OSError, PackageError) as exc:
@@ -99,8 +106,11 @@ def run(args: argparse.Namespace) -> int:
         c = result["counters"]
         print(f"package: {result['package'] or '(none written: nothing new to build)'}")
         print(f"batch sizes {result['batch_sizes']}: {c.get('compiled', 0)} partitions compiled, "
-              f"{c.get('loaded', 0)} loaded from an existing package, {c.get('records', 0)} shape records "
+              f"{c.get('loaded', 0)} loaded from an existing package, {c.get('frames_built', 0)} precompiled "
+              f"frames, {c.get('records', 0)} shape records "
               f"in {', '.join(result['record_dirs']) or '-'} ({result['seconds']:.1f}s)")
+        for notice in result.get("notices", []):
+            print(f"  {notice}")
     return 0 if result["package"] or result["counters"].get("loaded") else 1
 
 
@@ -143,7 +153,7 @@ def build(model: str, build_dir: Path, *, batch_sizes: list[int] | None = None, 
     cache_len = max_cache_len or prompt_len + 36
 
     results: dict[str, Any] = {"model": model, "batch_sizes": sizes, "build_dir": str(build_dir), "package": None,
-                               "counters": {}, "record_dirs": []}
+                               "counters": {}, "record_dirs": [], "notices": []}
     packages: list[str] = []
     counters: dict[str, int] = {}
     for batch in sizes:
@@ -160,6 +170,7 @@ def build(model: str, build_dir: Path, *, batch_sizes: list[int] | None = None, 
         packages += [str(p) for p in backend.static_kernels.packages_written if str(p) not in packages]
         counters = {k: int(v) for k, v in backend.static_kernels.counters.items()}  # cumulative: state is shared
         results["record_dirs"] += [str(d) for d in backend.static_kernels.run_dirs if str(d) not in results["record_dirs"]]
+        results["notices"] += [n for n in backend.static_kernels.notices if n not in results["notices"]]
         torch._dynamo.reset()
     existing = find_packages(build_dir)
     alive = [p for p in packages if Path(p).exists()]
@@ -236,8 +247,8 @@ def list_packages(build_dir: Path, *, as_json: bool = False) -> int:
             env = row.get("environment", {})
             graphs = "; ".join(f"{h[:10]} {','.join(g['names'])} ({g['variants']} shape variant(s))"
                                for h, g in row["graphs"].items())
-            print(f"  created {row['created']}  {row['artifacts']} compiled partitions, {row['kernels']} kernel "
-                  f"libraries, {row['bytes'] / 1e6:.2f} MB")
+            print(f"  created {row['created']}  {row['artifacts']} compiled partitions, {row.get('frames', 0)} "
+                  f"precompiled frames, {row['kernels']} kernel libraries, {row['bytes'] / 1e6:.2f} MB")
             print(f"  torch {env.get('torch')}  python {env.get('python')}  {env.get('device_kind')} "
                   f"[{env.get('device_capability')}]  config {row.get('config_fingerprint')}")
             print(f"  graphs: {graphs or '-'}")

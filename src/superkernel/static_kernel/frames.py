@@ -306,8 +306,26 @@ def _value_signature(value: Any) -> Any:
 
 
 def call_signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    """Shapes, strides, dtypes and devices of a call's arguments (cheap: no structure walk)."""
-    return json.dumps([_value_signature(list(args)), _value_signature(kwargs), torch.is_grad_enabled()])
+    """A call's arguments (shapes, strides, dtypes, devices; plain values), grad mode and torch
+    thread count (torch's frame guards check both) as JSON; cheap: no structure walk."""
+    return json.dumps([_value_signature(list(args)), _value_signature(kwargs), torch.is_grad_enabled(),
+                       torch.get_num_threads()])
+
+
+def signature_difference(built: str, here: str) -> str:
+    """What differs between two call signatures, in a few words."""
+    try:
+        a, b = json.loads(built), json.loads(here)
+    except ValueError:
+        return "another call signature"
+    parts = []
+    if a[:2] != b[:2]:
+        parts.append("argument shapes, dtypes or values")
+    if len(a) > 2 and a[2] != b[2]:
+        parts.append(f"grad mode ({'on' if a[2] else 'off'} in the package, {'on' if b[2] else 'off'} here)")
+    if len(a) > 3 and a[3] != b[3]:
+        parts.append(f"torch threads ({a[3]} in the package, {b[3]} here)")
+    return ", ".join(parts) or "the closed-over objects' structure or the code"
 
 
 def function_name(fn: Any) -> str:
@@ -430,6 +448,16 @@ def load(data: bytes, fn: Any, backend: Any) -> Any:
         _LOADING_BACKEND.reset(token)
 
 
+def rejection(aot_fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    """Which guard of a frame rejects this call, as torch words it."""
+    try:
+        manager = aot_fn._artifacts.guard_manager
+        parts = manager.check_verbose(aot_fn.prepare_f_locals(*args, **kwargs)).verbose_code_parts
+        return "; ".join(str(p).strip() for p in parts[:2]) or "a guard failed"
+    except Exception:  # noqa: BLE001 - private torch structure: the reason is a courtesy
+        return "a guard failed"
+
+
 def call(aot_fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, Any]:
     """Run a frame if its guards accept the call: ``(True, result)``, else ``(False, None)``."""
     if not aot_fn.guard_check(*args, **kwargs):
@@ -437,6 +465,6 @@ def call(aot_fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bo
     return True, aot_fn.fn(*args, **kwargs)
 
 
-__all__ = ["FrameBackend", "FrameGraph", "FrameUnsupported", "call", "call_signature", "external_objects",
-           "frame_key", "frame_level", "function_name", "load", "precompile", "serializable_guard_filter", "serialize",
+__all__ = ["FrameBackend", "FrameGraph", "FrameUnsupported", "call", "call_signature", "external_objects", "signature_difference",
+           "frame_key", "frame_level", "rejection", "function_name", "load", "precompile", "serializable_guard_filter", "serialize",
            "sources_of", "stale_sources"]

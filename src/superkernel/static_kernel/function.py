@@ -33,6 +33,7 @@ class StaticFunction:
         self._frames: list[Any] = []         # AOTCompiledFunction objects in use
         self._seen: set[str] = set()         # call signatures already resolved
         self._notified: set[str] = set()
+        self._unsupported = False
         functools.update_wrapper(self, fn)
 
     @property
@@ -44,26 +45,37 @@ class StaticFunction:
             accepted, out = frames.call(frame, args, kwargs)
             if accepted:
                 return out
+        if self._unsupported:  # not precompilable (a graph break, ...): no signature will be
+            return self._compiled(*args, **kwargs)
         signature = frames.call_signature(args, kwargs)
         if signature not in self._seen:
             self._seen.add(signature)
-            frame = self._resolve(args, kwargs)
-            if frame is not None:
+            resolved = self._resolve(args, kwargs, signature)
+            if resolved is not None:
+                frame, state = resolved
                 self._frames.append(frame)
                 accepted, out = frames.call(frame, args, kwargs)
                 if accepted:
                     return out
+                self._notice(state, f"precompiled frame of {frames.function_name(self._fn)} rejected by its guards "
+                                    f"({frames.rejection(frame, args, kwargs)}); tracing it")
         return self._compiled(*args, **kwargs)
 
     # -- finding or building a frame ------------------------------------------------------
-    def _resolve(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any | None:
+    def _resolve(self, args: tuple[Any, ...], kwargs: dict[str, Any], signature: str) -> tuple[Any, Any] | None:
         session = self._backend.static_kernels
         state = session.state_for_call(self._fn, args)
         if not state.compiles:
             return None  # reduce-overhead / run_eagerly: nothing is built statically
         key = frames.frame_key(self._fn, args, kwargs, state.fingerprint)
         found = state.frame_bytes(key)
-        if found is not None:
+        if found is None:
+            others = [e for e in state.frames_of(frames.function_name(self._fn))]
+            if others:
+                self._notice(state, f"no precompiled frame of {frames.function_name(self._fn)} for this call in the "
+                                    f"package (it holds {len(others)} for other calls; differing: "
+                                    f"{frames.signature_difference(others[0].get('inputs', ''), signature)})")
+        else:
             entry, data = found
             stale = frames.stale_sources(entry.get("sources", {}))
             if stale:
@@ -79,15 +91,17 @@ class StaticFunction:
                                  f"({exception_summary(exc)}); tracing it again", warn=True)
                 else:
                     state.counters["frames_loaded"] += 1
-                    return frame
-        return self._build(state, key, args, kwargs)
+                    return frame, state
+        frame = self._build(state, key, args, kwargs, signature)
+        return (frame, state) if frame is not None else None
 
-    def _build(self, state: Any, key: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any | None:
+    def _build(self, state: Any, key: str, args: tuple[Any, ...], kwargs: dict[str, Any], signature: str) -> Any | None:
         state.deferred += 1  # one package holds the partitions and the frame
         try:
             aot_fn = frames.precompile(self._fn, self._backend, args, kwargs)
         except frames.FrameUnsupported as exc:
             state.counters["frames_unsupported"] += 1
+            self._unsupported = True
             self._notice(state, f"{frames.function_name(self._fn)} cannot be precompiled as one frame ({exc}); "
                          "Dynamo traces it at the first call of each process")
             state.finalize()
@@ -96,7 +110,7 @@ class StaticFunction:
             state.deferred -= 1
         try:
             if state.holding or (self._backend.static_kernels.extend and state.become_builder()):
-                entry = {"function": frames.function_name(self._fn), "inputs": frames.call_signature(args, kwargs),
+                entry = {"function": frames.function_name(self._fn), "inputs": signature,
                          "level": frames.frame_level(aot_fn), "sources": frames.sources_of(aot_fn)}
                 state.add_frame(key, entry, frames.serialize(aot_fn, self._fn))
         except frames.FrameUnsupported as exc:

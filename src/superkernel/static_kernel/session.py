@@ -539,6 +539,12 @@ class _BuildState:
                     return dict(table[key].entry), table[key].data
         return None
 
+    def frames_of(self, function: str) -> list[dict[str, Any]]:
+        """Manifest entries of the frames the package in use holds for ``function``."""
+        with self.mutex:
+            table = self.package.frames if self.package is not None else {}
+            return [dict(e) for e in table.values() if e.get("function") == function]
+
     def add_frame(self, key: str, entry: dict[str, Any], data: bytes) -> None:
         with self.mutex:
             self.new_frames[key] = _Artifact({**entry, "file": f"frames/{key}.bin"}, data)
