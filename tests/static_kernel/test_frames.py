@@ -118,6 +118,19 @@ def test_frame_key_follows_code_inputs_config_and_structure():
     assert set(frames.external_objects(make(lin))) == {"closure:module"}
 
 
+GLOBAL_MODEL = torch.nn.Linear(4, 4)
+GLOBAL_SCALE = 2.0
+
+
+def _uses_globals(x):
+    return torch.relu(GLOBAL_MODEL(x)) * GLOBAL_SCALE
+
+
+def test_module_globals_are_external_not_serialized():
+    ext = frames.external_objects(_uses_globals)
+    assert ext == {"global:GLOBAL_MODEL": GLOBAL_MODEL}  # torch (a module) and the float stay with torch
+
+
 def _recording_backend(tmp_path):
     """A superkernel backend with static kernels on in reduce-overhead mode (nothing is compiled: fast)."""
     import superkernel
@@ -200,3 +213,19 @@ def test_signature_difference_names_what_differs():
     assert frames.signature_difference(built, other_shape) == "argument shapes, dtypes or values"
     assert frames.signature_difference(built, more_threads) == f"torch threads ({threads} in the package, {threads + 1} here)"
     assert frames.signature_difference(built, grad_on) == "grad mode (off in the package, on here)"
+
+
+def test_frame_of_a_function_using_a_global_model_round_trips(tmp_path):
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        aot_fn = frames.precompile(_uses_globals, _recording_backend(tmp_path), (x,), {})
+        data = frames.serialize(aot_fn, _uses_globals)
+        loaded = frames.load(data, _uses_globals, _recording_backend(tmp_path))
+        accepted, out = frames.call(loaded, (x,), {})
+        assert accepted and torch.equal(out, _uses_globals(x))
+        GLOBAL_MODEL.weight.add_(1.0)  # the frame reads the live module, not a copy
+        try:
+            accepted, out = frames.call(loaded, (x,), {})
+            assert accepted and torch.equal(out, _uses_globals(x))
+        finally:
+            GLOBAL_MODEL.weight.sub_(1.0)

@@ -259,7 +259,8 @@ def _inner(fn: Any) -> Any:
 
 
 def external_objects(fn: Any) -> dict[str, Any]:
-    """Objects the frame uses but must not serialize: ``self`` of a method and non-plain closure values."""
+    """Objects the frame uses but must not serialize: ``self`` of a method, and the non-plain
+    values of its closure and of the module globals its code names (a model, a cache)."""
     out: dict[str, Any] = {}
     if inspect.ismethod(fn):
         out["self"] = fn.__self__
@@ -272,7 +273,25 @@ def external_objects(fn: Any) -> dict[str, Any]:
             continue
         if not isinstance(value, _PLAIN):
             out[f"closure:{name}"] = value
+    f_globals = getattr(inner, "__globals__", None) or {}
+    for name in sorted(_global_names(code)) if code is not None else ():
+        value = f_globals.get(name)
+        if value is not None and not isinstance(value, _PLAIN) and not _is_code_or_type(value):
+            out[f"global:{name}"] = value
     return out
+
+
+def _global_names(code: Any) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if inspect.iscode(const):
+            names |= _global_names(const)
+    return names
+
+
+def _is_code_or_type(value: Any) -> bool:
+    """Modules, classes and plain functions: torch pickles these by reference, which is right for them."""
+    return inspect.ismodule(value) or inspect.isclass(value) or inspect.isfunction(value) or inspect.isbuiltin(value)
 
 
 def _type_name(obj: Any) -> str:
@@ -408,12 +427,14 @@ def precompile(fn: Any, backend: Any, args: tuple[Any, ...], kwargs: dict[str, A
     Raises :class:`FrameUnsupported` when this torch lacks AOT precompile or the function
     cannot be one frame (a graph break, an unserializable guard, ...).
     """
-    compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=FrameBackend(backend),
-                             options={"guard_filter_fn": serializable_guard_filter()})
-    if not hasattr(compiled, "aot_compile"):
-        raise FrameUnsupported(f"torch {torch.__version__} has no AOT precompile (torch.compile(...).aot_compile)")
     try:
+        compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=FrameBackend(backend),
+                                 options={"guard_filter_fn": serializable_guard_filter()})
+        if not hasattr(compiled, "aot_compile"):
+            raise FrameUnsupported(f"torch {torch.__version__} has no AOT precompile (torch.compile(...).aot_compile)")
         return compiled.aot_compile((tuple(args), dict(kwargs)))
+    except FrameUnsupported:
+        raise
     except Exception as exc:  # noqa: BLE001 - any reason: the normal path traces it
         from ..messages import exception_summary
 
