@@ -43,25 +43,30 @@ class Realizer:
         from .runtime.cpu import flat_program
 
         part = module.partition
-        # Operator by operator: the partition's straight-line ATen program (same kernels).
-        eager = flat_program(module.gm)
+
+        def eager() -> Callable[..., Any]:
+            """Operator by operator: the partition's straight-line ATen program (same kernels).
+            Built only where it runs (generating it for a large partition takes a while)."""
+            return flat_program(module.gm)
+
         if part.kind == "cut":
-            return eager
+            return eager()
         mode = self.config.mode
         if part.kind == "unscoped":
             if mode == "max-autotune":
                 return self._guarded(module, info, lambda: self._inductor(module), eager)
-            return eager
+            return eager()
         if mode == "reduce-overhead":
             if self.device == "cuda":
-                program, label = eager, "cuda-graph"
                 if parse_options(part.options).stream_fusion:
                     program, label = self._multi_stream(module)
+                else:
+                    program, label = eager(), "cuda-graph"
                 return self._guarded(module, info, lambda: self._cuda_graph(module, info, program), eager, label)
             self.counters["segments_flat"] += 1
             if info is not None:
                 info.realization = "cpu-flat"
-            return eager
+            return eager()
         kind = "inductor-triton" if self.device == "cuda" else ("inductor-cpp" if self.config.inductor.cpp_wrapper else "inductor-cpu")
 
         def build() -> Callable[..., Any]:
@@ -74,14 +79,15 @@ class Realizer:
 
     # -- helpers ---------------------------------------------------------------------
     def _guarded(self, module: PartitionModule, info: SegmentInfo | None, build: Callable[[], Callable[..., Any]],
-                 eager: Callable[..., Any], realization: str = "inductor") -> Callable[..., Any]:
+                 eager: Callable[[], Callable[..., Any]], realization: str = "inductor") -> Callable[..., Any]:
+        """``build()``; if it fails, the fallback ``eager()`` (with one warning)."""
         try:
             fn = build()
         except SuperKernelScopeError:
             raise
         except Exception as exc:  # noqa: BLE001 - any compiler failure falls back, reported
             self.fallback(module, info, exc)
-            return eager
+            return eager()
         if info is not None:
             info.realization = realization
         return fn

@@ -128,7 +128,7 @@ def _dump_graph(gm: fx.GraphModule, kept_meta: tuple[str, ...]) -> bytes:
 
 # scope annotations (custom) and source lines survive a frame; ATen graphs keep their fake values too
 DYNAMO_META = ("custom", "stack_trace", "seq_nr")
-ATEN_META = DYNAMO_META + ("val", "tensor_meta", "original_aten")
+ATEN_META = DYNAMO_META + ("val",)  # fake values: partition inputs, shape records
 
 
 def _load_graph(data: bytes) -> fx.GraphModule:
