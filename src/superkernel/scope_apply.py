@@ -18,6 +18,7 @@ from .scope import parse_options, super_kernel
 
 _ORIGINAL_ATTR = "_superkernel_original_forward"
 _LABEL_ATTR = "_superkernel_scope_label"
+_OPTIONS_ATTR = "_superkernel_scope_options"
 
 
 class ScopeGlobError(ValueError):
@@ -88,6 +89,7 @@ def _wrap(module: torch.nn.Module, label: str, options: str) -> None:
 
     setattr(module, _ORIGINAL_ATTR, original)
     setattr(module, _LABEL_ATTR, label)
+    setattr(module, _OPTIONS_ATTR, options)
     module.forward = scoped_forward
 
 
@@ -95,6 +97,7 @@ def _unwrap(module: torch.nn.Module) -> None:
     del module.forward  # drops the instance attribute; the class forward shows again
     original = module.__dict__.pop(_ORIGINAL_ATTR)
     module.__dict__.pop(_LABEL_ATTR, None)
+    module.__dict__.pop(_OPTIONS_ATTR, None)
     if getattr(original, "__self__", None) is not module:  # it was itself an instance override
         module.forward = original
 
@@ -112,3 +115,10 @@ def remove_scopes(model: torch.nn.Module) -> list[str]:
 def scoped_modules(model: torch.nn.Module) -> dict[str, str]:
     """Module path -> scope label of every submodule wrapped by apply_scopes."""
     return {name: m.__dict__[_LABEL_ATTR] for name, m in model.named_modules() if _LABEL_ATTR in m.__dict__}
+
+
+def applied_scope(module: torch.nn.Module) -> tuple[str, str] | None:
+    """``(label, options)`` if apply_scopes wrapped this very module, else None."""
+    if _LABEL_ATTR not in module.__dict__:
+        return None
+    return module.__dict__[_LABEL_ATTR], module.__dict__.get(_OPTIONS_ATTR, "")

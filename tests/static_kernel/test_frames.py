@@ -229,3 +229,32 @@ def test_frame_of_a_function_using_a_global_model_round_trips(tmp_path):
             assert accepted and torch.equal(out, _uses_globals(x))
         finally:
             GLOBAL_MODEL.weight.sub_(1.0)
+
+
+def test_frames_of_models_scoped_by_apply_scopes_load_back(tmp_path):
+    import superkernel
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8)).eval()
+    superkernel.apply_scopes(model, {"blk": "0"})
+
+    def step(x):
+        return model(x)
+
+    x = torch.randn(2, 8)
+    key = frames.frame_key(step, (x,), {}, "cfg")
+    with torch.no_grad():
+        aot_fn = frames.precompile(step, _recording_backend(tmp_path), (x,), {})
+        data = frames.serialize(aot_fn, step)
+        frames.check_loads(data, step)  # guards that reach into the scope wrapper's closure are not kept
+        loaded = frames.load(data, step, _recording_backend(tmp_path))
+        accepted, out = frames.call(loaded, (x,), {})
+        assert accepted and torch.equal(out, model(x))
+    # another plan is another frame: labels and options are part of the key
+    superkernel.apply_scopes(model, {"other": "0"})
+    assert frames.frame_key(step, (x,), {}, "cfg") != key
+    superkernel.apply_scopes(model, {"blk": "0"}, options="stream-fusion=1")
+    assert frames.frame_key(step, (x,), {}, "cfg") != key
+    superkernel.apply_scopes(model, {"blk": "0"})
+    assert frames.frame_key(step, (x,), {}, "cfg") == key
+    superkernel.remove_scopes(model)
+    assert frames.frame_key(step, (x,), {}, "cfg") != key

@@ -301,8 +301,10 @@ def _type_name(obj: Any) -> str:
 
 def _structure(obj: Any) -> Any:
     if isinstance(obj, torch.nn.Module):
+        from ..scope_apply import applied_scope
+
         return {
-            "modules": [(n, _type_name(m)) for n, m in obj.named_modules()],
+            "modules": [(n, _type_name(m), applied_scope(m)) for n, m in obj.named_modules()],
             "tensors": [(n, list(t.shape), str(t.dtype), t.device.type)
                         for n, t in [*obj.named_parameters(), *obj.named_buffers()]],
         }
@@ -414,7 +416,10 @@ def serializable_guard_filter() -> Callable[[Any], list[bool]]:
     unsupported = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
 
     def keep(entries: Any) -> list[bool]:
-        return [not (e.is_global or e.guard_type in unsupported
+        # Guards reaching into a function's closure (a decorator's or apply_scopes' wrapper)
+        # need that function object at load, which torch cannot carry: the frame key (scope
+        # labels and options) and the source checks stand in for them.
+        return [not (e.is_global or e.guard_type in unsupported or "__closure__" in str(e.name)
                      or any(t in unsupported for t in (e.derived_guard_types or ())))
                 for e in entries]
 
@@ -456,6 +461,16 @@ def serialize(aot_fn: Any, fn: Any) -> bytes:
         raise FrameUnsupported(f"cannot serialize the frame: {exception_summary(exc)}") from exc
 
 
+def check_loads(data: bytes, fn: Any) -> None:
+    """Deserialize a frame once (guards rebuilt, nothing run); FrameUnsupported if that fails."""
+    try:
+        load(data, fn, None)
+    except Exception as exc:  # noqa: BLE001
+        from ..messages import exception_summary
+
+        raise FrameUnsupported(f"the frame does not load back: {exception_summary(exc)}") from exc
+
+
 def load(data: bytes, fn: Any, backend: Any) -> Any:
     """Deserialize a frame for ``fn`` (its closed-over objects are this process's); ``backend`` compiles it."""
     from torch._dynamo.aot_compile import AOTCompiledFunction
@@ -486,6 +501,6 @@ def call(aot_fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bo
     return True, aot_fn.fn(*args, **kwargs)
 
 
-__all__ = ["FrameBackend", "FrameGraph", "FrameUnsupported", "call", "call_signature", "external_objects", "signature_difference",
+__all__ = ["FrameBackend", "FrameGraph", "FrameUnsupported", "call", "check_loads", "call_signature", "external_objects", "signature_difference",
            "frame_key", "frame_level", "rejection", "function_name", "load", "precompile", "serializable_guard_filter", "serialize",
            "sources_of", "stale_sources"]

@@ -70,8 +70,8 @@ class StaticFunction:
         key = frames.frame_key(self._fn, args, kwargs, state.fingerprint)
         found = state.frame_bytes(key)
         if found is None:
-            others = [e for e in state.frames_of(frames.function_name(self._fn))]
-            if others:
+            others = state.frames_of(frames.function_name(self._fn))
+            if others and not (state.holding or session.extend):  # (a builder adds it: no news)
                 self._notice(state, f"no precompiled frame of {frames.function_name(self._fn)} for this call in the "
                                     f"package (it holds {len(others)} for other calls; differing: "
                                     f"{frames.signature_difference(others[0].get('inputs', ''), signature)})")
@@ -112,7 +112,9 @@ class StaticFunction:
             if state.holding or (self._backend.static_kernels.extend and state.become_builder()):
                 entry = {"function": frames.function_name(self._fn), "inputs": signature,
                          "level": frames.frame_level(aot_fn), "sources": frames.sources_of(aot_fn)}
-                state.add_frame(key, entry, frames.serialize(aot_fn, self._fn))
+                data = frames.serialize(aot_fn, self._fn)
+                frames.check_loads(data, self._fn)  # a frame that cannot load back is not stored
+                state.add_frame(key, entry, data)
         except frames.FrameUnsupported as exc:
             state.counters["frames_unsupported"] += 1
             self._notice(state, f"{frames.function_name(self._fn)}: {exc}; the package holds its partitions only")
