@@ -258,3 +258,25 @@ def test_frames_of_models_scoped_by_apply_scopes_load_back(tmp_path):
     assert frames.frame_key(step, (x,), {}, "cfg") == key
     superkernel.remove_scopes(model)
     assert frames.frame_key(step, (x,), {}, "cfg") != key
+
+
+class _WithMethod(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def step(self, x):
+        return torch.relu(self.lin(x)) * 3
+
+
+def test_frame_of_a_bound_method_runs_on_another_instance(tmp_path):
+    torch.manual_seed(0)
+    built, other = _WithMethod().eval(), _WithMethod().eval()
+    x = torch.randn(2, 8)
+    assert set(frames.external_objects(built.step)) == {"self"}
+    with torch.no_grad():
+        aot_fn = frames.precompile(built.step, _recording_backend(tmp_path), (x,), {})
+        data = frames.serialize(aot_fn, built.step)
+        loaded = frames.load(data, other.step, _recording_backend(tmp_path))
+        accepted, out = frames.call(loaded, frames.frame_args(other.step, (x,)), {})
+    assert accepted and torch.equal(out, other.step(x)) and not torch.equal(out, built.step(x))

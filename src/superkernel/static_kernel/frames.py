@@ -484,6 +484,11 @@ def load(data: bytes, fn: Any, backend: Any) -> Any:
         _LOADING_BACKEND.reset(token)
 
 
+def frame_args(fn: Any, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The arguments a frame of ``fn`` takes: a method's frame takes its ``self`` first."""
+    return (fn.__self__, *args) if inspect.ismethod(fn) else tuple(args)
+
+
 def rejection(aot_fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     """Which guard of a frame rejects this call, as torch words it."""
     try:
@@ -502,5 +507,5 @@ def call(aot_fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bo
 
 
 __all__ = ["FrameBackend", "FrameGraph", "FrameUnsupported", "call", "check_loads", "call_signature", "external_objects", "signature_difference",
-           "frame_key", "frame_level", "rejection", "function_name", "load", "precompile", "serializable_guard_filter", "serialize",
+           "frame_args", "frame_key", "frame_level", "rejection", "function_name", "load", "precompile", "serializable_guard_filter", "serialize",
            "sources_of", "stale_sources"]

@@ -41,8 +41,9 @@ class StaticFunction:
         return self._backend
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        frame_args = frames.frame_args(self._fn, args)
         for frame in self._frames:
-            accepted, out = frames.call(frame, args, kwargs)
+            accepted, out = frames.call(frame, frame_args, kwargs)
             if accepted:
                 return out
         if self._unsupported:  # not precompilable (a graph break, ...): no signature will be
@@ -54,11 +55,11 @@ class StaticFunction:
             if resolved is not None:
                 frame, state = resolved
                 self._frames.append(frame)
-                accepted, out = frames.call(frame, args, kwargs)
+                accepted, out = frames.call(frame, frame_args, kwargs)
                 if accepted:
                     return out
                 self._notice(state, f"precompiled frame of {frames.function_name(self._fn)} rejected by its guards "
-                                    f"({frames.rejection(frame, args, kwargs)}); tracing it")
+                                    f"({frames.rejection(frame, frame_args, kwargs)}); tracing it")
         return self._compiled(*args, **kwargs)
 
     # -- finding or building a frame ------------------------------------------------------
