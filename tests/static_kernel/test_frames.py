@@ -280,3 +280,17 @@ def test_frame_of_a_bound_method_runs_on_another_instance(tmp_path):
         loaded = frames.load(data, other.step, _recording_backend(tmp_path))
         accepted, out = frames.call(loaded, frames.frame_args(other.step, (x,)), {})
     assert accepted and torch.equal(out, other.step(x)) and not torch.equal(out, built.step(x))
+
+
+def test_a_frame_that_does_not_load_back_is_refused(tmp_path):
+    lin = torch.nn.Linear(4, 4)
+
+    def step(x):
+        return lin(x)
+
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        data = frames.serialize(frames.precompile(step, _recording_backend(tmp_path), (x,), {}), step)
+    frames.check_loads(data, step)
+    with pytest.raises(frames.FrameUnsupported, match="does not load back"):
+        frames.check_loads(data[: len(data) // 2], step)
