@@ -36,7 +36,7 @@ def test_build_stores_one_frame_with_its_sources(built_fn):
     assert entry["level"] == "aten"  # an inference graph with nothing for AOTAutograd's wrapper to do
     assert "__main__" in entry["sources"] and "torch.nn.modules.linear" in entry["sources"]
     assert frames.stale_sources({"torch.nn.modules.linear": entry["sources"]["torch.nn.modules.linear"]}) == []
-    assert '"tensor", [2, 32]' in entry["inputs"]
+    assert '"tensor": {"shape": [2, 32]' in entry["inputs"]
     assert pkg.frame_bytes(key)
 
 

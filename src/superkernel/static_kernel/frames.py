@@ -37,6 +37,8 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
+from .signature import value_signature
+
 FRAME_FORMAT = "superkernel-frame-1"
 log = logging.getLogger("superkernel.static_kernel")
 
@@ -313,24 +315,14 @@ def _structure(obj: Any) -> Any:
     return {"type": _type_name(obj)}
 
 
-def _value_signature(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return ["tensor", list(value.shape), list(value.stride()), str(value.dtype), value.device.type,
-                bool(value.requires_grad)]
-    if isinstance(value, _PLAIN):
-        return ["value", repr(value)]
-    if isinstance(value, (list, tuple)):
-        return [type(value).__name__, [_value_signature(v) for v in value]]
-    if isinstance(value, dict):
-        return ["dict", [[repr(k), _value_signature(v)] for k, v in value.items()]]
-    return ["object", _type_name(value)]
-
-
 def call_signature(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    """A call's arguments (shapes, strides, dtypes, devices; plain values), grad mode and torch
-    thread count (torch's frame guards check both) as JSON; cheap: no structure walk."""
-    return json.dumps([_value_signature(list(args)), _value_signature(kwargs), torch.is_grad_enabled(),
-                       torch.get_num_threads()])
+    """A call's arguments (shapes, strides, dtypes, devices, which tensors require grad; plain
+    values), grad mode and torch thread count (torch's frame guards check both) as JSON;
+    cheap: no structure walk."""
+    values = [*args, *kwargs.values()]
+    requires_grad = [bool(v.requires_grad) for v in values if isinstance(v, torch.Tensor)]
+    return json.dumps([value_signature(list(args)), value_signature(kwargs), torch.is_grad_enabled(),
+                       torch.get_num_threads(), requires_grad])
 
 
 def signature_difference(built: str, here: str) -> str:
@@ -340,7 +332,7 @@ def signature_difference(built: str, here: str) -> str:
     except ValueError:
         return "another call signature"
     parts = []
-    if a[:2] != b[:2]:
+    if a[:2] != b[:2] or a[4:] != b[4:]:
         parts.append("argument shapes, dtypes or values")
     if len(a) > 2 and a[2] != b[2]:
         parts.append(f"grad mode ({'on' if a[2] else 'off'} in the package, {'on' if b[2] else 'off'} here)")

@@ -33,7 +33,7 @@ class StaticFunction:
         self._frames: list[Any] = []         # AOTCompiledFunction objects in use
         self._seen: set[str] = set()         # call signatures already resolved
         self._notified: set[str] = set()
-        self._unsupported = False
+        self._no_frames = False              # frames can never serve this function: skip the lookup
         functools.update_wrapper(self, fn)
 
     @property
@@ -46,7 +46,7 @@ class StaticFunction:
             accepted, out = frames.call(frame, frame_args, kwargs)
             if accepted:
                 return out
-        if self._unsupported:  # not precompilable (a graph break, ...): no signature will be
+        if self._no_frames:
             return self._compiled(*args, **kwargs)
         signature = frames.call_signature(args, kwargs)
         if signature not in self._seen:
@@ -66,8 +66,9 @@ class StaticFunction:
     def _resolve(self, args: tuple[Any, ...], kwargs: dict[str, Any], signature: str) -> tuple[Any, Any] | None:
         session = self._backend.static_kernels
         state = session.state_for_call(self._fn, args)
-        if not state.compiles:
-            return None  # reduce-overhead / run_eagerly: nothing is built statically
+        if not state.compiles:  # reduce-overhead / run_eagerly: nothing is built statically
+            self._no_frames = True
+            return None
         key = frames.frame_key(self._fn, args, kwargs, state.fingerprint)
         found = state.frame_bytes(key)
         if found is None:
@@ -100,17 +101,17 @@ class StaticFunction:
         state.deferred += 1  # one package holds the partitions and the frame
         try:
             aot_fn = frames.precompile(self._fn, self._backend, args, kwargs)
-        except frames.FrameUnsupported as exc:
+        except frames.FrameUnsupported as exc:  # a graph break, ...: no signature will be one frame
+            aot_fn = None
             state.counters["frames_unsupported"] += 1
-            self._unsupported = True
+            self._no_frames = True
             self._notice(state, f"{frames.function_name(self._fn)} cannot be precompiled as one frame ({exc}); "
                          "Dynamo traces it at the first call of each process")
-            state.finalize()
-            return None
         finally:
             state.deferred -= 1
         try:
-            if state.holding or (self._backend.static_kernels.extend and state.become_builder()):
+            if aot_fn is not None and (state.holding or (self._backend.static_kernels.extend
+                                                         and state.become_builder())):
                 entry = {"function": frames.function_name(self._fn), "inputs": signature,
                          "level": frames.frame_level(aot_fn), "sources": frames.sources_of(aot_fn)}
                 data = frames.serialize(aot_fn, self._fn)
@@ -142,14 +143,11 @@ class StaticFunction:
 
 def device_kind_of_call(fn: Any, args: tuple[Any, ...]) -> str:
     """The device kind a call runs on: its tensor arguments, else the first tensor of a closed-over module."""
-    kinds = {a.device.type for a in args if isinstance(a, torch.Tensor)}
-    if not kinds:
-        for obj in frames.external_objects(fn).values():
-            if isinstance(obj, torch.nn.Module):
-                first = next(iter(obj.parameters()), None)
-                if first is not None:
-                    kinds.add(first.device.type)
-                    break
-    if "cuda" in kinds:
-        return "cuda"
-    return sorted(kinds)[0] if kinds else "cpu"
+    from .signature import example_device_kind
+
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if not tensors:
+        first = next((p for o in frames.external_objects(fn).values() if isinstance(o, torch.nn.Module)
+                      for p in o.parameters()), None)
+        tensors = [first] if first is not None else []
+    return example_device_kind(tensors)
