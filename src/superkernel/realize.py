@@ -58,11 +58,12 @@ class Realizer:
             return eager()
         if mode == "reduce-overhead":
             if self.device == "cuda":
+                flat = eager()  # replayed as a CUDA graph, and the fallback if capture fails
+                program, label = flat, "cuda-graph"
                 if parse_options(part.options).stream_fusion:
                     program, label = self._multi_stream(module)
-                else:
-                    program, label = eager(), "cuda-graph"
-                return self._guarded(module, info, lambda: self._cuda_graph(module, info, program), eager, label)
+                return self._guarded(module, info, lambda: self._cuda_graph(module, info, program, flat),
+                                     lambda: flat, label)
             self.counters["segments_flat"] += 1
             if info is not None:
                 info.realization = "cpu-flat"
@@ -72,7 +73,7 @@ class Realizer:
         def build() -> Callable[..., Any]:
             compiled = self._inductor(module)
             if self.device == "cuda":
-                return self._cuda_graph(module, info, compiled)
+                return self._cuda_graph(module, info, compiled, eager())
             return compiled
 
         return self._guarded(module, info, build, eager, kind + ("+cuda-graph" if self.device == "cuda" else ""))
@@ -126,9 +127,11 @@ class Realizer:
         self.counters["segments_multi_stream"] += 1
         return multi_stream_program(module.gm, assignment), f"cuda-graph+{num_streams(assignment)}streams"
 
-    def _cuda_graph(self, module: PartitionModule, info: SegmentInfo | None, fn: Callable[..., Any]) -> Callable[..., Any]:
+    def _cuda_graph(self, module: PartitionModule, info: SegmentInfo | None, fn: Callable[..., Any],
+                    fallback: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` captured as CUDA graphs; ``fallback`` (the flat program) runs if capture fails."""
         from .runtime.cuda_graph import CudaGraphSegment
 
         self.counters["segments_cuda_graph"] += 1
         return CudaGraphSegment(fn, module.partition.name, module.mutated_inputs,
-                                on_failure=lambda exc: self.fallback(module, info, exc), fallback=flat_program(module.gm))
+                                on_failure=lambda exc: self.fallback(module, info, exc), fallback=fallback)

@@ -141,3 +141,44 @@ def test_failing_segment_under_strict_abort_raises():
     fn = compiled(lambda x: with_broken_segment(x, "strict-scope-check=abort"), "max-autotune")
     with pytest.raises(sk.SuperKernelScopeError, match="segment 'bad' of scope 'bad' failed to compile"):
         fn(torch.randn(8))
+
+
+def test_cuda_realizations_are_wired_without_a_gpu():
+    """The CUDA branches of the Realizer build their CUDA-graph callables (capture happens at the
+    first call, so construction runs anywhere); a wiring error would surface as a fallback."""
+    from collections import Counter
+
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    from superkernel.partition_graph import split_partitions
+    from superkernel.realize import Realizer
+    from superkernel.runtime.cuda_graph import CudaGraphSegment
+    from superkernel.segments import build_segments
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        def fw(g, _):
+            graphs.append(g)
+            return g
+        return aot_module_simplified(gm, example_inputs, fw_compiler=fw)
+
+    def f(x):
+        with sk.super_kernel("a"):
+            x = x.sin()
+        with sk.super_kernel("b", "stream-fusion=1"):
+            x = x.cos() + x.exp()
+        return x
+
+    torch.compile(f, backend=backend)(torch.randn(2))
+    gm = graphs[0]
+    modules = split_partitions(gm, build_segments(gm, "cpu").partitions)
+    cfg = sk.CompilerConfig.from_dict({"mode": "reduce-overhead"})
+    counters = Counter()
+    realizer = Realizer(cfg, "cuda", counters)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SuperKernelFallbackWarning)
+        realized = [realizer.realize(m, None) for m in modules if m.partition.kind == "segment"]
+    assert len(realized) == 2 and all(isinstance(r, CudaGraphSegment) for r in realized)
+    assert counters["segments_cuda_graph"] == 2 and counters["segments_multi_stream"] == 1
+    assert counters["fallbacks"] == 0
