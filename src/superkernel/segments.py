@@ -73,21 +73,23 @@ def register_unfusable(op: Any, reason: str = "registered unfusable by the user"
     ``op`` may be an OpOverload (``torch.ops.aten.cumsum.default``), an OpOverloadPacket
     (``torch.ops.aten.cumsum``, all overloads) or a name such as ``"aten::cumsum"``.
     """
-    if isinstance(op, str):
-        key: Any = op if "::" in op else f"aten::{op}"
-    elif isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
-        key = op
-    else:
+    if not isinstance(op, (str, torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         raise TypeError(f"register_unfusable expects a torch op or a name like 'aten::cumsum', got {op!r}")
     if not isinstance(reason, str) or not reason:
         raise ValueError("register_unfusable needs a non-empty reason string")
-    _user_unfusable[key] = reason
+    _user_unfusable[_unfusable_key(op)] = reason
 
 
 def unregister_unfusable(op: Any) -> None:
     """Undo :func:`register_unfusable` (unknown ops are ignored)."""
-    key = op if not isinstance(op, str) or "::" in op else f"aten::{op}"
-    _user_unfusable.pop(key, None)
+    _user_unfusable.pop(_unfusable_key(op), None)
+
+
+def _unfusable_key(op: Any) -> Any:
+    """Ops register as themselves; names as ``"namespace::name"`` (``"cumsum"`` means ``"aten::cumsum"``)."""
+    if isinstance(op, str):
+        return op if "::" in op else f"aten::{op}"
+    return op
 
 
 def _op_name(target: Any) -> str:
@@ -132,7 +134,8 @@ def unfusable_reason(node: fx.Node, graph_device: str) -> str | None:
     if node.op != "call_function":
         return None
     target = node.target
-    for key in (target, _packet(target), _op_name(_packet(target)) if isinstance(target, torch._ops.OpOverload) else None):
+    packet = _packet(target)
+    for key in (target, packet, getattr(packet, "_qualified_op_name", None)):  # op, all overloads, "aten::name"
         if key is not None and key in _user_unfusable:
             return _user_unfusable[key]
     name = _op_name(target)

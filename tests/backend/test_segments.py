@@ -97,12 +97,14 @@ def test_strict_abort_raises_naming_scope_op_line_and_reason():
     assert info.value.cut.op == "aten::nonzero"
 
 
-def test_register_unfusable_cuts_the_scope():
+@pytest.mark.parametrize("op", [torch.ops.aten.cumsum, torch.ops.aten.cumsum.default, "aten::cumsum", "cumsum"],
+                         ids=["packet", "overload", "qualified-name", "short-name"])
+def test_register_unfusable_cuts_the_scope(op):
     def f(x):
         with sk.super_kernel("s"):
             return x.sin().cumsum(0).cos()
 
-    sk.register_unfusable(torch.ops.aten.cumsum, "scan kernels do not fit our superkernel")
+    sk.register_unfusable(op, "scan kernels do not fit our superkernel")
     try:
         fn, backend = compile_ro(f)
         x = torch.randn(8)
@@ -111,7 +113,7 @@ def test_register_unfusable_cuts_the_scope():
         assert cut.op == "aten::cumsum" and cut.reason == "scan kernels do not fit our superkernel"
         assert [s.name for s in sk.explain(backend).segments] == ["s_split_1_1", "s_split_3_3"]
     finally:
-        unregister_unfusable(torch.ops.aten.cumsum)
+        unregister_unfusable(op)
     with pytest.raises(TypeError, match="expects a torch op"):
         sk.register_unfusable(42, "x")
 
