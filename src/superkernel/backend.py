@@ -98,7 +98,7 @@ class SuperKernelBackend:
         if cfg.debug.graph_dump.type:
             dump_graph(gm, cfg.debug.graph_dump, f"{name}_segments", segmentation)
         if self.static_kernels is not None:
-            self.static_kernels.record_graph(gm, name)
+            self.static_kernels.record_graph(gm, name, device)
 
         if cfg.debug.run_eagerly:  # the exactness reference: the captured graph as it is
             for p in segmentation.segments:

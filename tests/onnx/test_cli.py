@@ -229,3 +229,10 @@ def test_bad_dim_and_missing_arguments(exported, tmp_path, capsys):
     assert code == 2 and "required" in err
     code, _, _ = run(capsys, "--input", exported("ln_mlp"), "--output", tmp_path / "x.onnx", "--opt-level", "7")
     assert code == 2
+
+
+def test_bench_repeat_must_be_positive(capsys):
+    from superkernel.onnx.cli import main
+
+    assert main(["model.onnx", "--benchmark", "--bench-repeat", "0"]) == 2
+    assert "--bench-repeat must be >= 1, got 0" in capsys.readouterr().err

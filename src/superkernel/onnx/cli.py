@@ -17,6 +17,7 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from superkernel.argtypes import positive_int
 from superkernel.atomic_io import atomic_write
 from superkernel.fusion import benefit as B
 
@@ -50,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", metavar="PATH.md", help="write a Markdown report and a JSON twin (PATH.json)")
     p.add_argument("--benchmark", action="store_true",
                    help="time original (ORT_DISABLE_ALL, ORT_ENABLE_ALL) and fused (ORT_ENABLE_ALL) in ONNX Runtime")
-    p.add_argument("--bench-repeat", type=int, default=100, metavar="N", help="timed runs per model (default 100)")
+    p.add_argument("--bench-repeat", type=positive_int("--bench-repeat"), default=100, metavar="N", help="timed runs per model (default 100)")
     p.add_argument("--bench-warmup", type=int, default=10, metavar="N", help="warm-up runs (default 10)")
     p.add_argument("--threads", type=int, default=0, metavar="N",
                    help="ONNX Runtime intra-op threads for the benchmark (default: ORT's choice)")

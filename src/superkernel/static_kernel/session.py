@@ -790,8 +790,9 @@ class StaticKernelSession:
         return [s.run_dir for s in self._states.values() if s.run_dir is not None]
 
     # -- hook API -------------------------------------------------------------------------------
-    def record_graph(self, gm: fx.GraphModule, graph_name: str) -> None:
-        kind = self.device_kind or graph_device(gm)
+    def record_graph(self, gm: fx.GraphModule, graph_name: str, device: str | None = None) -> None:
+        """``device``: the graph's device kind when the caller already knows it (else read from the graph)."""
+        kind = self.device_kind or device or graph_device(gm)
         self._state_for(kind).record_graph(gm, graph_name)
 
     def compiled_partition(self, *args: Any, key: str | None = None, name: str | None = None) -> Callable[..., Any]:
