@@ -236,3 +236,17 @@ def test_bench_repeat_must_be_positive(capsys):
 
     assert main(["model.onnx", "--benchmark", "--bench-repeat", "0"]) == 2
     assert "--bench-repeat must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_report_may_not_replace_the_output_or_the_input(exported, tmp_path, capsys):
+    model = exported("ln_mlp")
+    before = open(model, "rb").read()
+    out = tmp_path / "fused.onnx"
+    code, stdout, err = run(capsys, "--input", model, "--output", out, "--report", out)
+    assert code == 2 and "refusing to write" in err and not out.exists(), (stdout, err)
+    json_named_like_output = tmp_path / "fused.onnx.md"  # its JSON twin is fused.onnx.json: fine
+    code, stdout, err = run(capsys, "--input", model, "--output", out, "--report", json_named_like_output)
+    assert code == 0, (stdout, err)
+    code, stdout, err = run(capsys, "--input", model, "--output", tmp_path / "again.onnx", "--report", model)
+    assert code == 2 and "refusing to overwrite the input" in err, (stdout, err)
+    assert open(model, "rb").read() == before

@@ -18,7 +18,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from superkernel.argtypes import positive_int
-from superkernel.atomic_io import atomic_write
+from superkernel.atomic_io import OutputError, atomic_write, check_not_input
 from superkernel.fusion import benefit as B
 
 from . import catalog, engine, modelio, report
@@ -112,7 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         modelio.check_output_path(args.input, args.output, loaded.external_files)
         if args.report:
             modelio.check_output_path(args.input, args.report, loaded.external_files)
-    except (InputError, RuleSelectionError) as e:
+            for path in (args.report, report.json_twin(args.report)):  # neither may replace a file of this run
+                check_not_input(path, report_inputs(args, loaded))
+    except (InputError, RuleSelectionError, OutputError) as e:
         return fail(str(e))
 
     from . import verify as V  # onnxruntime import is slow; only when there is work
@@ -163,13 +165,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.report:
         import json
 
-        atomic_write(args.report, report.markdown(data))
-        atomic_write(report.json_twin(args.report), json.dumps(data, indent=2, default=str))
+        atomic_write(args.report, report.markdown(data), report_inputs(args, loaded))
+        atomic_write(report.json_twin(args.report), json.dumps(data, indent=2, default=str), report_inputs(args, loaded))
     if not args.quiet:
         print_summary(out, data)
     if code == EXIT_VERIFY_FAILED:
         err.print(f"graph-autofusion: verification failed, nothing written: {message}", markup=False)
     return code
+
+
+def report_inputs(args: argparse.Namespace, loaded: modelio.LoadedModel) -> list[str]:
+    """Files the report and its JSON twin must not replace: the input model, its external data, the output."""
+    return [args.input, *loaded.external_files, args.output, modelio.external_data_path(args.output)]
 
 
 def print_summary(console: Console, d: dict) -> None:
