@@ -15,12 +15,10 @@ import sys
 def main(argv: list[str]) -> int:
     from superkernel.static_kernel import compat
 
-    CompiledArtifact = compat.compiled_artifact_cls()
     failed = []
     for path in argv:
         try:
-            with compat.inductor_config_patch({"cpp_cache_precompile_headers": False}):
-                CompiledArtifact.load(path=path, format="binary")
+            compat.load_artifact(path)
         except Exception as exc:  # noqa: BLE001 - reported to the builder
             failed.append({"path": path, "error": f"{type(exc).__name__}: {exc}"[:500]})
     print(json.dumps({"loaded": len(argv) - len(failed), "failed": failed}))

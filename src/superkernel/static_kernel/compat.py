@@ -44,6 +44,17 @@ def compiled_artifact_cls() -> Any:
     return CompiledArtifact
 
 
+def load_artifact(path: str) -> Any:
+    """``CompiledArtifact.load`` of a binary artifact, with the options every static load uses.
+
+    The builder's fresh-process load check and the loading process both call this, so the
+    check proves exactly the load a later process does. Precompiled headers stay off, as in
+    the build (their flag is part of a kernel's cache name).
+    """
+    with inductor_config_patch({"cpp_cache_precompile_headers": False}):
+        return compiled_artifact_cls().load(path=path, format="binary")
+
+
 def standalone_compile(gm: torch.fx.GraphModule, example_inputs: list[Any], config_patches: dict[str, Any]) -> Any:
     """``torch._inductor.standalone_compile`` specialised on the example inputs' shapes."""
     fn = standalone_compile_fn()

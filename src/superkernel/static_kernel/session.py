@@ -510,13 +510,11 @@ class _BuildState:
         try:
             if pkg is not None:
                 self._install(pkg)
-            CompiledArtifact = compat.compiled_artifact_cls()
             with tempfile.TemporaryDirectory(prefix="sk_artifact_") as tmp:
                 path = os.path.join(tmp, f"{key}.bin")
                 with open(path, "wb") as f:
                     f.write(data)
-                with compat.inductor_config_patch({"cpp_cache_precompile_headers": False}):
-                    fn = CompiledArtifact.load(path=path, format="binary")
+                fn = compat.load_artifact(path)
         except Exception as exc:  # noqa: BLE001 - a package never crashes the run
             self.counters["load_failed"] += 1
             where = pkg.path.name if pkg is not None else "package"
@@ -526,7 +524,6 @@ class _BuildState:
         self.counters["loaded"] += 1
         return fn
 
-    # -- packaging --------------------------------------------------------------------------
     # -- frames ---------------------------------------------------------------------------------
     def frame_bytes(self, key: str) -> tuple[dict[str, Any], bytes] | None:
         """A precompiled frame by key, from the package in use (or the one being extended)."""
@@ -550,6 +547,7 @@ class _BuildState:
             self.new_frames[key] = _Artifact({**entry, "file": f"frames/{key}.bin"}, data)
             self.counters["frames_built"] += 1
 
+    # -- packaging --------------------------------------------------------------------------
     def finalize(self) -> Path | None:
         with self.mutex:
             if self.deferred:
