@@ -57,7 +57,7 @@ from ..messages import exception_summary
 from ..segments import graph_device
 from .records import ShapeRecorder
 from .signature import (
-    graph_input_shapes, graph_structure_hash, example_device_kind, input_signature,
+    fetch_attr, graph_input_shapes, graph_structure_hash, example_device_kind, input_signature,
     partition_key,
 )
 from .storage import build_lock
@@ -142,21 +142,24 @@ def materialize(value: Any) -> Any:
         return out
 
 
-def lift_constants(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[torch.Tensor]]:
-    """Turn tensor get_attr nodes into trailing placeholders (values stay out of the package).
+def constant_values(gm: fx.GraphModule) -> list[torch.Tensor]:
+    """The tensors ``gm`` reads as attributes, in graph order ([] unless every attribute is a tensor)."""
+    values = [fetch_attr(gm, str(n.target)) for n in gm.graph.nodes if n.op == "get_attr"]
+    if not values or not all(isinstance(v, torch.Tensor) for v in values):
+        return []
+    return [v.detach() for v in values]
+
+
+def lift_constants(gm: fx.GraphModule) -> fx.GraphModule:
+    """``gm`` with its tensor get_attr nodes turned into trailing placeholders (values stay out
+    of the package), matching :func:`constant_values`; ``gm`` itself when there are none.
 
     A standalone artifact compiled with tensor attributes expects them as arguments when
     loaded; lifting makes that explicit, and weights are passed from this process at run time.
     """
+    if not constant_values(gm):
+        return gm
     attrs = [n for n in gm.graph.nodes if n.op == "get_attr"]
-    values = []
-    for node in attrs:
-        obj: Any = gm
-        for part in str(node.target).split("."):
-            obj = getattr(obj, part)
-        values.append(obj)
-    if not attrs or not all(isinstance(v, torch.Tensor) for v in values):
-        return gm, []
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -170,8 +173,7 @@ def lift_constants(gm: fx.GraphModule) -> tuple[fx.GraphModule, list[torch.Tenso
         if node.op in ("placeholder", "get_attr"):
             continue
         env[node] = graph.node_copy(node, lambda n: env[n])
-    lifted = fx.GraphModule(torch.nn.Module(), graph, class_name=type(gm).__name__)
-    return lifted, [v.detach() for v in values]
+    return fx.GraphModule(torch.nn.Module(), graph, class_name=type(gm).__name__)
 
 
 def _call_compile_fn(compile_fn: Callable[..., Any], gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
@@ -430,7 +432,7 @@ class _BuildState:
                            compile_fn: Callable[..., Any], *, extend: bool, name: str | None) -> Callable[..., Any]:
         self.check()
         with self.mutex:
-            lifted, constants = lift_constants(gm)
+            constants = constant_values(gm)  # the graph copy with them lifted is made only to build
             fn = self.loaded_fns.get(key)
             if fn is not None:  # same code and shapes seen before in this process (weights are per call site)
                 self.counters["reused"] += 1
@@ -467,7 +469,7 @@ class _BuildState:
                             return _with_constants(self._remember(key, fn), constants)
                     self.counters["fallback"] += 1
                     return _call_compile_fn(compile_fn, gm, example_inputs)
-            return self._build(key, gm, lifted, constants, example_inputs, compile_fn, name)
+            return self._build(key, gm, lift_constants(gm), constants, example_inputs, compile_fn, name)
 
     def _remember(self, key: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         self.loaded_fns[key] = fn

@@ -135,12 +135,13 @@ def constant_signature(gm: fx.GraphModule) -> list[Any]:
     out = []
     for node in gm.graph.nodes:
         if node.op == "get_attr":
-            value = _fetch_attr(gm, node.target)
+            value = fetch_attr(gm, node.target)
             out.append([node.target, value_signature(value) if isinstance(value, torch.Tensor) else type(value).__name__])
     return out
 
 
-def _fetch_attr(gm: fx.GraphModule, target: str) -> Any:
+def fetch_attr(gm: fx.GraphModule, target: str) -> Any:
+    """The attribute a get_attr node reads (``target`` may be dotted)."""
     obj: Any = gm
     for part in target.split("."):
         obj = getattr(obj, part)
