@@ -32,7 +32,7 @@ from superkernel.advisor.compiling import compile_inductor, compile_superkernel
 from superkernel.advisor.strategies import plan_for
 from superkernel.advisor.structure import analyze_structure
 from superkernel.decode import prepare, run_decode, synchronize
-from superkernel.atomic_io import atomic_write
+from superkernel.util import atomic_write
 from superkernel.models import load_model
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -17,7 +17,7 @@ EXIT_NO_RESULT = 1
 EXIT_USAGE = 2
 
 
-from .argtypes import positive_int
+from .util import positive_int
 
 
 class _Parser(argparse.ArgumentParser):
@@ -192,7 +192,7 @@ def _cmd_analyze(args) -> int:
     import json
 
     from .advisor.analysis import analyze
-    from .atomic_io import atomic_write
+    from .util import atomic_write
     from .advisor.progress import Reporter
     from .advisor.structure import analyze_structure
     from .advisor.workflow import OptimizeOptions, load_and_prepare, select_plans, validate_scopes
@@ -260,7 +260,7 @@ def _cmd_bench(args) -> int:
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
-    from .atomic_io import OutputError
+    from .util import OutputError
     from .advisor.plan_file import PlanFileError
     from .advisor.strategies import StrategyError
     from .models import ModelLoadError

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch.fx as fx
 
-from .atomic_io import atomic_write
+from .util import atomic_write
 from .scope import node_scope
 
 

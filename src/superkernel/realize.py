@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from .config import CompilerConfig
 from .explain import SegmentInfo
-from .messages import exception_summary
+from .util import exception_summary
 from .partition_graph import PartitionModule
 from .scope import parse_options
 from .segments import SuperKernelScopeError

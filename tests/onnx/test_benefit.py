@@ -2,7 +2,7 @@
 
 import pytest
 
-from superkernel.fusion import benefit as B
+from superkernel.onnx import benefit as B
 
 
 def test_tensor_bytes_per_dtype():

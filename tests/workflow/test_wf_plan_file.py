@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import superkernel
-from superkernel.atomic_io import OutputError, atomic_write
+from superkernel.util import OutputError, atomic_write
 from superkernel.advisor.plan_file import PlanFile, PlanFileError, read_plan, write_plan
 from superkernel.decode import run_decode
 

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from ..atomic_io import atomic_write
+from ..util import atomic_write
 
 VERSION = 1
 _KEYS = {"version", "model", "strategy", "mode", "options", "scopes", "measured"}

@@ -18,7 +18,7 @@ from .analysis import Analysis, analyze
 from .chart import latency_chart
 from .compiling import MODES
 from .environment import choose_threads, hardware, pick_device, versions
-from ..atomic_io import atomic_write, check_not_input
+from ..util import atomic_write, check_not_input
 from .measure import run_baselines, run_plan
 from .plan_file import PlanFile, write_plan
 from .precision import MAX_AUTOTUNE_TOLERANCE

@@ -7,7 +7,7 @@ from typing import Mapping
 import numpy as np
 import onnx_ir as ir
 
-# ir.DataType -> numpy-style name used by superkernel.fusion.benefit
+# ir.DataType -> numpy-style name used by superkernel.onnx.benefit
 _DTYPE_NAMES = {
     ir.DataType.FLOAT: "float32", ir.DataType.FLOAT16: "float16", ir.DataType.BFLOAT16: "bfloat16",
     ir.DataType.DOUBLE: "float64", ir.DataType.INT64: "int64", ir.DataType.INT32: "int32",

@@ -17,9 +17,9 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from superkernel.argtypes import positive_int
-from superkernel.atomic_io import OutputError, atomic_write, check_not_input
-from superkernel.fusion import benefit as B
+from superkernel.util import positive_int
+from superkernel.util import OutputError, atomic_write, check_not_input
+from . import benefit as B
 
 from . import catalog, engine, modelio, report
 from .catalog import RuleSelectionError

@@ -12,7 +12,7 @@ import onnx_ir.passes.common as irp
 import onnxscript.optimizer
 from onnxscript.rewriter import pattern
 
-from superkernel.fusion import benefit as B
+from . import benefit as B
 
 from . import _util as U
 from .catalog import RuleSpec

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..argtypes import positive_int
+from ..util import positive_int
 from .package import OUTPUTS_DIR, PackageError, describe, environment, find_packages, read_manifest
 
 

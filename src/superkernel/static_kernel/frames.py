@@ -193,7 +193,7 @@ class AtenCapture:
             try:
                 self.data = _dump_graph(gm, ATEN_META)
             except Exception as exc:  # noqa: BLE001 - keep Dynamo's graph instead
-                from ..messages import exception_summary
+                from ..util import exception_summary
 
                 self.reason = f"cannot serialize the ATen graph: {exception_summary(exc)}"
 
@@ -433,7 +433,7 @@ def precompile(fn: Any, backend: Any, args: tuple[Any, ...], kwargs: dict[str, A
     except FrameUnsupported:
         raise
     except Exception as exc:  # noqa: BLE001 - any reason: the normal path traces it
-        from ..messages import exception_summary
+        from ..util import exception_summary
 
         raise FrameUnsupported(exception_summary(exc)) from exc
 
@@ -448,7 +448,7 @@ def serialize(aot_fn: Any, fn: Any) -> bytes:
     try:
         return type(aot_fn).serialize(aot_fn, external_objects(fn)).serialized_data
     except Exception as exc:  # noqa: BLE001
-        from ..messages import exception_summary
+        from ..util import exception_summary
 
         raise FrameUnsupported(f"cannot serialize the frame: {exception_summary(exc)}") from exc
 
@@ -458,7 +458,7 @@ def check_loads(data: bytes, fn: Any) -> None:
     try:
         load(data, fn, None)
     except Exception as exc:  # noqa: BLE001
-        from ..messages import exception_summary
+        from ..util import exception_summary
 
         raise FrameUnsupported(f"the frame does not load back: {exception_summary(exc)}") from exc
 

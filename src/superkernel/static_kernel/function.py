@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 
 from . import frames
-from ..messages import exception_summary
+from ..util import exception_summary
 
 log = logging.getLogger("superkernel.static_kernel")
 

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from .compat import triton_version
-from ..atomic_io import atomic_target, atomic_write
+from ..util import atomic_target, atomic_write
 
 FORMAT = "superkernel.static_kernel.package"
 FORMAT_VERSION = 1

@@ -30,7 +30,7 @@ from typing import Any
 import torch.fx as fx
 
 from .signature import is_operator_node, target_name, value_signature
-from ..atomic_io import atomic_write
+from ..util import atomic_write
 
 MAX_STEM = 120
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")

@@ -53,7 +53,7 @@ from .package import (
     OUTPUTS_DIR, Package, PackageError, collect_kernels, environment, find_packages, install_kernels, now_iso,
     package_name, read_manifest, write_package,
 )
-from ..messages import exception_summary
+from ..util import exception_summary
 from ..segments import graph_device
 from .records import ShapeRecorder
 from .signature import (

@@ -1,4 +1,4 @@
-"""The build-directory lock (files themselves are written with superkernel.atomic_io).
+"""The build-directory lock (files themselves are written with superkernel.util).
 
 Building is serialized per build directory by a file lock (the ``filelock`` package, an OS lock
 that the kernel releases when its holder dies).

@@ -1,18 +1,22 @@
-"""Atomic file output, shared by every writer in the package.
+"""Small utilities shared by the library, the tools and the ONNX product.
 
-A file is written to a temporary sibling (same directory, so the final ``os.replace``
-is atomic) and moved into place only when it is complete: a crash leaves the old file
-or the new one, never half a file. An output that would replace one of the run's input
-files is refused.
+- Atomic file output: a file is written to a temporary sibling (same directory, so the
+  final ``os.replace`` is atomic) and moved into place only when complete; a crash leaves
+  the old file or the new one, never half a file. An output that would replace one of
+  the run's input files is refused.
+- ``exception_summary``: the one-line form of an exception used by warnings, explain
+  tables and manifests.
+- ``positive_int``: the argparse type every command line uses for counts.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 
 class OutputError(ValueError):
@@ -88,3 +92,26 @@ def atomic_write(path: Path | str, data: str | bytes, inputs: Iterable[Path | st
         else:
             tmp.write_text(data, encoding="utf-8")
     return Path(path)
+
+
+
+def exception_summary(exc: BaseException, limit: int = 300) -> str:
+    """``"TypeName: first line of the message"``, at most ``limit`` characters."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:limit]
+
+
+
+def positive_int(name: str) -> Callable[[str], int]:
+    """An argparse ``type=`` that accepts integers >= 1 and names the flag in its error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be an integer, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be >= 1, got {value}")
+        return value
+
+    return parse
