@@ -42,8 +42,8 @@ import os, sys, time
 t_spawn = float(os.environ["COLD_START_T0"])
 import torch
 import superkernel
-from superkernel.models import load_model
-from superkernel.static_kernel.cli import decode_session, batch_inputs
+from superkernel.tools.models import load_model
+from superkernel.tools.static_compile import decode_session, batch_inputs
 which, model_name, build_dir = sys.argv[1], sys.argv[2], sys.argv[3]
 prompt_len, cache_len = int(sys.argv[4]), int(sys.argv[5])
 loaded = load_model(model_name, seed=0)
@@ -68,7 +68,7 @@ first = float(out.float().sum())
 t_out = time.time()
 counters = {}
 if which not in ("torch_compile", "eager"):
-    from superkernel.backend import find_backend
+    from superkernel.pipeline.backend import find_backend
     be = find_backend(compiled)
     counters = dict(be.counters)
     if be.static_kernels is not None:
@@ -110,7 +110,7 @@ def one_run(which: str, args: argparse.Namespace, build_dir: Path, scratch: Path
 def build_package(args: argparse.Namespace, build_dir: Path, scratch: Path) -> float:
     env = fresh_env(scratch)
     start = time.time()
-    proc = subprocess.run([sys.executable, "-m", "superkernel.static_kernel.cli", "--model", args.model,
+    proc = subprocess.run([sys.executable, "-m", "superkernel.tools.static_compile", "--model", args.model,
                            "--build-dir", str(build_dir), "--prompt-len", str(args.prompt_len)],
                           env=env, capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:

@@ -26,14 +26,14 @@ from pathlib import Path
 import torch
 
 import superkernel as sk
-from superkernel.advisor.environment import choose_threads
-from superkernel.advisor.environment import hardware as describe_hardware
-from superkernel.advisor.compiling import compile_inductor, compile_superkernel
-from superkernel.advisor.strategies import plan_for
-from superkernel.advisor.structure import analyze_structure
-from superkernel.decode import prepare, run_decode, synchronize
+from superkernel.tools.advisor.environment import choose_threads
+from superkernel.tools.advisor.environment import hardware as describe_hardware
+from superkernel.tools.advisor.compiling import compile_inductor, compile_superkernel
+from superkernel.tools.advisor.strategies import plan_for
+from superkernel.tools.advisor.structure import analyze_structure
+from superkernel.tools.decode import prepare, run_decode, synchronize
 from superkernel.util import atomic_write
-from superkernel.models import load_model
+from superkernel.tools.models import load_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -8,21 +8,22 @@ Public API (see README.md and docs/api.md)::
 
 from __future__ import annotations
 
-from .config import CompilerConfig
-from .explain import Explanation, explain
-from .scope import parse_options, super_kernel, superkernel_scope
+from superkernel.config import CompilerConfig
+from superkernel.pipeline.ir import Explanation, ScopeOptions, SuperKernelScopeError
+from superkernel.scope import parse_options, super_kernel, superkernel_scope
 
 __version__ = "0.1.0"
 
 _LAZY = {
     "apply_scopes": ("scope_apply", "apply_scopes"),
     "remove_scopes": ("scope_apply", "remove_scopes"),
-    "get_backend": ("backend", "get_backend"),
-    "compile": ("backend", "compile"),
-    "SuperKernelBackend": ("backend", "SuperKernelBackend"),
-    "register_unfusable": ("segments", "register_unfusable"),
-    "SuperKernelScopeError": ("segments", "SuperKernelScopeError"),
-    "apply": ("advisor.plan_file", "apply"),
+    "explain": ("pipeline.backend", "explain"),
+    "get_backend": ("pipeline.backend", "get_backend"),
+    "compile": ("pipeline.backend", "compile"),
+    "SuperKernelBackend": ("pipeline.backend", "SuperKernelBackend"),
+    "register_unfusable": ("pipeline.segments", "register_unfusable"),
+    "unregister_unfusable": ("pipeline.segments", "unregister_unfusable"),
+    "apply": ("tools.advisor.plan_file", "apply"),
 }
 
 
@@ -38,6 +39,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "CompilerConfig", "Explanation", "explain", "parse_options", "super_kernel", "superkernel_scope",
+    "CompilerConfig", "Explanation", "ScopeOptions", "SuperKernelScopeError", "parse_options", "super_kernel",
+    "superkernel_scope",
     *_LAZY,
 ]

@@ -10,68 +10,14 @@ and those annotations survive AOTAutograd into the ATen graph. Outside
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import Any, ContextManager
 
 import torch.fx.traceback as _fx_traceback
 
-#: Key under ``node.meta["custom"]`` that holds a node's scope annotation.
-ANNOTATION_KEY = "superkernel"
+from superkernel.pipeline.ir import ANNOTATION_KEY, OPTION_VALUES, ScopeOptions, node_scope, parse_options
 
-#: Allowed option keys and their allowed values; the first value is the default.
-OPTION_VALUES: dict[str, tuple[str, ...]] = {
-    "stream-fusion": ("0", "1"),
-    "strict-scope-check": ("bypass", "abort"),
-}
-
-
-@dataclass(frozen=True)
-class ScopeOptions:
-    """Parsed ``key=value:key=value`` options of a scope."""
-
-    stream_fusion: bool = False
-    strict_scope_check: str = "bypass"
-
-    @property
-    def abort_on_cut(self) -> bool:
-        return self.strict_scope_check == "abort"
-
-
-def _allowed_text() -> str:
-    return "; ".join(f"{k} in {{{', '.join(v)}}}" for k, v in OPTION_VALUES.items())
-
-
-def parse_options(options: str | None) -> ScopeOptions:
-    """Parse a scope options string such as ``"stream-fusion=1:strict-scope-check=abort"``.
-
-    Raises ``ValueError`` naming the offending key and the allowed keys and values.
-    """
-    if options is None:
-        return ScopeOptions()
-    if not isinstance(options, str):
-        raise TypeError(f"scope options must be a string like 'stream-fusion=1', got {type(options).__name__}")
-    values = {k: v[0] for k, v in OPTION_VALUES.items()}
-    for part in options.split(":"):
-        part = part.strip()
-        if not part:
-            continue
-        if "=" not in part:
-            raise ValueError(
-                f"scope option {part!r} is missing '=': write key=value pairs joined by ':'; allowed: {_allowed_text()}"
-            )
-        key, value = (s.strip() for s in part.split("=", 1))
-        if key not in OPTION_VALUES:
-            raise ValueError(f"unknown scope option {key!r}; allowed: {_allowed_text()}")
-        if value not in OPTION_VALUES[key]:
-            raise ValueError(
-                f"invalid value {value!r} for scope option {key!r}; allowed values: {', '.join(OPTION_VALUES[key])}"
-            )
-        values[key] = value
-    return ScopeOptions(
-        stream_fusion=values["stream-fusion"] == "1",
-        strict_scope_check=values["strict-scope-check"],
-    )
-
+__all__ = ["super_kernel", "superkernel_scope", "parse_options", "node_scope", "ScopeOptions", "OPTION_VALUES",
+           "ANNOTATION_KEY"]
 
 def _check_annotate_available() -> None:
     if not hasattr(_fx_traceback, "annotate"):  # pragma: no cover - torch < 2.9
@@ -102,11 +48,3 @@ def superkernel_scope(enable: bool, label: str | None, option: str = "") -> Cont
     if enable:
         return super_kernel(label, option)
     return contextlib.nullcontext()
-
-
-def node_scope(node: Any) -> tuple[str, str]:
-    """Return ``(scope, options)`` of an fx node; ``("", "")`` when it carries none."""
-    ann = (node.meta.get("custom") or {}).get(ANNOTATION_KEY)
-    if not ann:
-        return "", ""
-    return ann.get("scope", "") or "", ann.get("options", "") or ""

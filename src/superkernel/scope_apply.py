@@ -14,7 +14,7 @@ from typing import Mapping
 
 import torch
 
-from .scope import parse_options, super_kernel
+from superkernel.scope import parse_options, super_kernel
 
 _ORIGINAL_ATTR = "_superkernel_original_forward"
 _LABEL_ATTR = "_superkernel_scope_label"

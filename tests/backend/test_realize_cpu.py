@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import superkernel as sk
-from superkernel.realize import SuperKernelFallbackWarning
+from superkernel.pipeline.realize import SuperKernelFallbackWarning
 
 
 class Block(torch.nn.Module):
@@ -150,10 +150,10 @@ def test_cuda_realizations_are_wired_without_a_gpu():
 
     from torch._functorch.aot_autograd import aot_module_simplified
 
-    from superkernel.partition_graph import split_partitions
-    from superkernel.realize import Realizer
+    from superkernel.pipeline.partition import split_partitions
+    from superkernel.pipeline.realize import Realizer
     from superkernel.runtime.cuda_graph import CudaGraphSegment
-    from superkernel.segments import build_segments
+    from superkernel.pipeline.segments import build_segments
 
     graphs = []
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import superkernel as sk
-from superkernel.segments import DATA_DEPENDENT_SHAPE, HOST_SYNC, build_segments, unregister_unfusable
+from superkernel.pipeline.segments import DATA_DEPENDENT_SHAPE, HOST_SYNC, build_segments, unregister_unfusable
 
 CAPTURE_DATA_DEPENDENT = dict(capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True)
 

@@ -37,7 +37,7 @@ def _count_dynamo_traces() -> None:
 
     symbolic_convert.InstructionTranslator.run = run
 
-    import superkernel.backend as backend_module
+    import superkernel.pipeline.backend as backend_module
 
     original_capture = backend_module.capture
 
@@ -112,7 +112,7 @@ def main() -> int:
                 x3 = torch.randn(other, 32, generator=torch.Generator().manual_seed(2))
                 saved = {"y3": compiled(x3), "eager3": target(x3)}
             eager = target(x)
-    backend = superkernel.backend.find_backend(compiled)
+    backend = superkernel.pipeline.backend.find_backend(compiled)
     torch.save({"y": y, "eager": eager.detach(), "y2": y2, **saved}, out)
     session = backend.static_kernels
     result = {

@@ -15,7 +15,7 @@ from superkernel import CompilerConfig
 from superkernel.static_kernel import (
     BuildDirError, StaticKernelWarning, find_packages, open_session, partition_key, read_manifest,
 )
-from superkernel.static_kernel import cli as static_cli
+from superkernel.tools import static_compile as static_cli
 from superkernel.static_kernel.session import reset_states
 
 

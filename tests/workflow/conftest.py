@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from superkernel.models import load_model
+from superkernel.tools.models import load_model
 
 from .wf_helpers import ZOO_NAMES, run_cli
 
@@ -38,7 +38,7 @@ def llama(zoo):
 
 @pytest.fixture(scope="session")
 def llama_session(llama):
-    from superkernel.decode import prepare
+    from superkernel.tools.decode import prepare
 
     return prepare(llama.model, prompt_len=8, steps=3, warmup=1, seed=0)
 

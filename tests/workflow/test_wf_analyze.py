@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import superkernel
-from superkernel.advisor.analysis import analyze
-from superkernel.advisor.strategies import plan_for
-from superkernel.advisor.structure import analyze_structure
+from superkernel.tools.advisor.analysis import analyze
+from superkernel.tools.advisor.strategies import plan_for
+from superkernel.tools.advisor.structure import analyze_structure
 
 from .conftest import ZOO_NAMES, run_cli
 
@@ -53,7 +53,7 @@ def test_analyze_cli_on_every_zoo_model(name, tmp_path):
 
 def test_trial_capture_reports_cuts_with_reasons_and_source(llama_session):
     """An operator that cannot be fused inside a scope is listed with its reason and model source line."""
-    from superkernel.segments import register_unfusable, unregister_unfusable
+    from superkernel.pipeline.segments import register_unfusable, unregister_unfusable
 
     plan = plan_for("attention", analyze_structure(llama_session.model))
     register_unfusable(torch.ops.aten.index_copy_, "test: KV-cache write marked unfusable")
@@ -88,8 +88,8 @@ def test_analyze_custom_scopes_and_bad_glob(tmp_path):
 def test_scopes_that_reach_no_graph_are_flagged():
     from types import SimpleNamespace
 
-    from superkernel.advisor.analysis import TrialCapture, missing_labels
-    from superkernel.advisor.strategies import ScopePlan
+    from superkernel.tools.advisor.analysis import TrialCapture, missing_labels
+    from superkernel.tools.advisor.strategies import ScopePlan
 
     segments = [SimpleNamespace(scope="attention")]
     assert missing_labels(["attention", "moe"], segments) == ["moe"]

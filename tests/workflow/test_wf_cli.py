@@ -9,7 +9,7 @@ import types
 
 import pytest
 
-from superkernel import cli
+from superkernel.tools import cli
 
 from .wf_helpers import error_lines, run_cli
 
@@ -50,9 +50,9 @@ def test_static_compile_is_registered_when_available(monkeypatch):
         p.set_defaults(func=lambda args: seen.setdefault("ran", 7))
         return p
 
-    fake = types.ModuleType("superkernel.static_kernel.cli")
+    fake = types.ModuleType("superkernel.tools.static_compile")
     fake.register = register
-    monkeypatch.setitem(sys.modules, "superkernel.static_kernel.cli", fake)
+    monkeypatch.setitem(sys.modules, "superkernel.tools.static_compile", fake)
     import superkernel.static_kernel as pkg
 
     monkeypatch.setattr(pkg, "cli", fake, raising=False)
@@ -113,7 +113,7 @@ def test_malformed_scopes_file(tmp_path):
 
 
 def test_model_without_static_cache_support_exits_one(monkeypatch, tmp_path):
-    from superkernel.advisor import workflow
+    from superkernel.tools.advisor import workflow
 
     def no_static_cache(*args, **kwargs):
         raise NotImplementedError("this cache layout is not supported")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from superkernel.decode import DecodeRun, prepare, run_decode
+from superkernel.tools.decode import DecodeRun, prepare, run_decode
 
 
 def test_session_shapes_and_teacher_tokens(llama_session):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from superkernel import cli
+from superkernel.tools import cli
 
 from .wf_helpers import run_cli
 

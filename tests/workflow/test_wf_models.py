@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from superkernel.models import ZOO, ModelLoadError, load_model
+from superkernel.tools.models import ZOO, ModelLoadError, load_model
 
 from .conftest import ZOO_NAMES
 

@@ -9,8 +9,8 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from superkernel.advisor import measure
-from superkernel.advisor.plan_file import read_plan
+from superkernel.tools.advisor import measure
+from superkernel.tools.advisor.plan_file import read_plan
 
 from .wf_helpers import error_lines, run_cli
 

@@ -9,8 +9,8 @@ import torch
 
 import superkernel
 from superkernel.util import OutputError, atomic_write
-from superkernel.advisor.plan_file import PlanFile, PlanFileError, read_plan, write_plan
-from superkernel.decode import run_decode
+from superkernel.tools.advisor.plan_file import PlanFile, PlanFileError, read_plan, write_plan
+from superkernel.tools.decode import run_decode
 
 from .wf_helpers import error_lines, run_cli
 
@@ -59,7 +59,7 @@ def test_apply_returns_a_compiled_model_with_the_scopes(llama_session):
             return compiled(input_ids=ids, past_key_values=cache, cache_position=pos, use_cache=True).logits[:, -1, :]
 
         got = run_decode(llama_session, step)
-        ex = superkernel.explain(compiled)
+        ex = superkernel.pipeline.ir(compiled)
         assert ex.scopes == ["attention"] and len(ex.segments) == 4
         eager = run_decode(llama_session, llama_session.step_fn())
         torch.testing.assert_close(got.logits, eager.logits, rtol=0, atol=1e-5)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 import superkernel
-from superkernel.advisor.strategies import (StrategyError, auto_plans, compress, custom_plan, parse_scope_args,
+from superkernel.tools.advisor.strategies import (StrategyError, auto_plans, compress, custom_plan, parse_scope_args,
                                             plan_for)
-from superkernel.advisor.structure import analyze_structure
+from superkernel.tools.advisor.structure import analyze_structure
 
 
 def _wrapped(model, strategy):

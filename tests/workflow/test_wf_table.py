@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from superkernel.advisor.precision import Diff, Verdict
-from superkernel.advisor.results import RunResult
-from superkernel.advisor.table import COLUMNS, markdown_table, rich_table
+from superkernel.tools.advisor.precision import Diff, Verdict
+from superkernel.tools.advisor.results import RunResult
+from superkernel.tools.advisor.table import COLUMNS, markdown_table, rich_table
 
 
 def _results():

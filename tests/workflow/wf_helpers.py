@@ -17,8 +17,8 @@ class CliResult:
 
 
 def run_cli(*argv: str) -> CliResult:
-    """Run ``superkernel.cli.main`` in-process and capture its output."""
-    from superkernel.cli import main
+    """Run ``superkernel.tools.cli.main`` in-process and capture its output."""
+    from superkernel.tools.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):

@@ -37,7 +37,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from .signature import value_signature
+from superkernel.static_kernel.signature import value_signature
 
 FRAME_FORMAT = "superkernel-frame-1"
 log = logging.getLogger("superkernel.static_kernel")
@@ -193,7 +193,7 @@ class AtenCapture:
             try:
                 self.data = _dump_graph(gm, ATEN_META)
             except Exception as exc:  # noqa: BLE001 - keep Dynamo's graph instead
-                from ..util import exception_summary
+                from superkernel.util import exception_summary
 
                 self.reason = f"cannot serialize the ATen graph: {exception_summary(exc)}"
 
@@ -303,7 +303,7 @@ def _type_name(obj: Any) -> str:
 
 def _structure(obj: Any) -> Any:
     if isinstance(obj, torch.nn.Module):
-        from ..scope_apply import applied_scope
+        from superkernel.scope_apply import applied_scope
 
         return {
             "modules": [(n, _type_name(m), applied_scope(m)) for n, m in obj.named_modules()],
@@ -433,7 +433,7 @@ def precompile(fn: Any, backend: Any, args: tuple[Any, ...], kwargs: dict[str, A
     except FrameUnsupported:
         raise
     except Exception as exc:  # noqa: BLE001 - any reason: the normal path traces it
-        from ..util import exception_summary
+        from superkernel.util import exception_summary
 
         raise FrameUnsupported(exception_summary(exc)) from exc
 
@@ -448,7 +448,7 @@ def serialize(aot_fn: Any, fn: Any) -> bytes:
     try:
         return type(aot_fn).serialize(aot_fn, external_objects(fn)).serialized_data
     except Exception as exc:  # noqa: BLE001
-        from ..util import exception_summary
+        from superkernel.util import exception_summary
 
         raise FrameUnsupported(f"cannot serialize the frame: {exception_summary(exc)}") from exc
 
@@ -458,7 +458,7 @@ def check_loads(data: bytes, fn: Any) -> None:
     try:
         load(data, fn, None)
     except Exception as exc:  # noqa: BLE001
-        from ..util import exception_summary
+        from superkernel.util import exception_summary
 
         raise FrameUnsupported(f"the frame does not load back: {exception_summary(exc)}") from exc
 

@@ -17,8 +17,9 @@ from typing import Any, Callable
 
 import torch
 
-from . import frames
-from ..util import exception_summary
+from superkernel.static_kernel import frames
+from superkernel.pipeline.ir import device_kind
+from superkernel.util import exception_summary
 
 log = logging.getLogger("superkernel.static_kernel")
 
@@ -130,7 +131,7 @@ class StaticFunction:
         self._notified.add(message)
         text = f"superkernel static kernels: {message}"
         if warn:
-            from .session import StaticKernelWarning
+            from superkernel.static_kernel.session import StaticKernelWarning
 
             warnings.warn(text, StaticKernelWarning, stacklevel=4)
         else:
@@ -143,11 +144,9 @@ class StaticFunction:
 
 def device_kind_of_call(fn: Any, args: tuple[Any, ...]) -> str:
     """The device kind a call runs on: its tensor arguments, else the first tensor of a closed-over module."""
-    from .signature import example_device_kind
-
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     if not tensors:
         first = next((p for o in frames.external_objects(fn).values() if isinstance(o, torch.nn.Module)
                       for p in o.parameters()), None)
         tensors = [first] if first is not None else []
-    return example_device_kind(tensors)
+    return device_kind(tensors)

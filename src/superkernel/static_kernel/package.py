@@ -45,8 +45,8 @@ from typing import Any
 
 import torch
 
-from .compat import triton_version
-from ..util import atomic_target, atomic_write
+from superkernel.static_kernel.compat import triton_version
+from superkernel.util import atomic_target, atomic_write
 
 FORMAT = "superkernel.static_kernel.package"
 FORMAT_VERSION = 1

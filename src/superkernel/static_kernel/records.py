@@ -29,8 +29,8 @@ from typing import Any
 
 import torch.fx as fx
 
-from .signature import is_operator_node, target_name, value_signature
-from ..util import atomic_write
+from superkernel.static_kernel.signature import is_operator_node, target_name, value_signature
+from superkernel.util import atomic_write
 
 MAX_STEM = 120
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -95,7 +95,7 @@ class ShapeRecorder:
 
     def record_graph(self, gm: fx.GraphModule, graph_name: str, graph_hash: str) -> int:
         """Record every operator node of ``gm``; returns how many new distinct signatures were written."""
-        from ..scope import node_scope
+        from superkernel.scope import node_scope
 
         new_files: set[str] = set()
         touched: set[str] = set()

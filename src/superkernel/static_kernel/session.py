@@ -48,19 +48,19 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from . import compat
-from .package import (
+from superkernel.static_kernel import compat
+from superkernel.static_kernel.package import (
     OUTPUTS_DIR, Package, PackageError, collect_kernels, environment, find_packages, install_kernels, now_iso,
     package_name, read_manifest, write_package,
 )
-from ..util import exception_summary
-from ..segments import graph_device
-from .records import ShapeRecorder
-from .signature import (
-    fetch_attr, graph_input_shapes, graph_structure_hash, example_device_kind, input_signature,
+from superkernel.util import exception_summary
+from superkernel.pipeline.ir import device_kind, graph_device
+from superkernel.static_kernel.records import ShapeRecorder
+from superkernel.static_kernel.signature import (
+    fetch_attr, graph_input_shapes, graph_structure_hash, input_signature,
     partition_key,
 )
-from .storage import build_lock
+from superkernel.static_kernel.storage import build_lock
 
 ENV_VERIFY = "SUPERKERNEL_STATIC_VERIFY"  # "0": skip the fresh-process load check at finalize
 ENV_LOCK_TIMEOUT = "SUPERKERNEL_STATIC_LOCK_TIMEOUT"  # seconds to wait for another builder (default 3600)
@@ -104,7 +104,7 @@ def inductor_patches(compiler_config: Any, device_kind: str) -> dict[str, Any]:
     ``cpp_cache_precompile_headers`` is off: the precompiled-header flag enters the kernel's
     cache name, and a precompiled header would itself have to be compiled at load time.
     """
-    from ..runtime.inductor import inductor_patches as partition_patches
+    from superkernel.runtime.inductor import inductor_patches as partition_patches
 
     inductor = getattr(compiler_config, "inductor", None)
     patches = partition_patches(device_kind, cpp_wrapper=bool(getattr(inductor, "cpp_wrapper", True)),
@@ -587,7 +587,7 @@ class _BuildState:
             for v in g["variants"]:
                 if v not in merged["variants"]:
                     merged["variants"].append(v)
-        from .. import __version__
+        from superkernel import __version__
 
         manifest = {
             "created": now_iso(),
@@ -757,7 +757,7 @@ class StaticKernelSession:
 
     def state_for_call(self, fn: Any, args: tuple[Any, ...]) -> _BuildState:
         """The build-dir state a call of ``fn`` with ``args`` uses (by the call's device kind)."""
-        from .function import device_kind_of_call
+        from superkernel.static_kernel.function import device_kind_of_call
 
         return self._state_for(self.device_kind or device_kind_of_call(fn, args))
 
@@ -805,7 +805,7 @@ class StaticKernelSession:
         if args and isinstance(args[0], str):
             key, args = args[0], args[1:]
         gm, example_inputs, compile_fn = args
-        kind = self.device_kind or example_device_kind(list(example_inputs))
+        kind = self.device_kind or device_kind(example_inputs)
         state = self._state_for(kind)
         computed = partition_key(gm, list(example_inputs), state.fingerprint)
         if computed is None:
@@ -824,7 +824,7 @@ class StaticKernelSession:
 
     def key(self, gm: fx.GraphModule, example_inputs: list[Any]) -> str | None:
         """The package key of a partition (see :func:`superkernel.static_kernel.signature.partition_key`)."""
-        kind = self.device_kind or example_device_kind(list(example_inputs))
+        kind = self.device_kind or device_kind(example_inputs)
         return partition_key(gm, list(example_inputs), self._state_for(kind).fingerprint)
 
 

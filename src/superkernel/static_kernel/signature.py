@@ -196,10 +196,3 @@ def graph_structure_hash(gm: fx.GraphModule) -> str:
 
 def graph_input_shapes(gm: fx.GraphModule) -> list[Any]:
     return [value_signature(n) for n in gm.graph.nodes if n.op == "placeholder"]
-
-
-def example_device_kind(example_inputs: list[Any]) -> str:
-    kinds = {v.device.type for v in example_inputs if isinstance(v, torch.Tensor)}
-    if "cuda" in kinds:
-        return "cuda"
-    return sorted(kinds)[0] if kinds else "cpu"

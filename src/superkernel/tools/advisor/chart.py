@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from .results import RunResult
+from superkernel.tools.advisor.results import RunResult
 
 
 def latency_chart(results: list[RunResult], recommended: RunResult | None, title: str) -> bytes:

@@ -12,21 +12,21 @@ from pathlib import Path
 
 import torch
 
-from ..decode import DecodeSession, prepare, run_decode
-from ..models import DEFAULT_MODEL, LoadedModel, load_model, looks_like_path
-from .analysis import Analysis, analyze
-from .chart import latency_chart
-from .compiling import MODES
-from .environment import choose_threads, hardware, pick_device, versions
-from ..util import atomic_write, check_not_input
-from .measure import run_baselines, run_plan
-from .plan_file import PlanFile, write_plan
-from .precision import MAX_AUTOTUNE_TOLERANCE
-from .progress import Reporter
-from .report import CHART_NAME, PLAN_NAME, REPORT_NAME, render
-from .results import RunResult, fill_speedups, recommend
-from .structure import analyze_structure
-from .strategies import STRATEGIES, ScopePlan, StrategyError, auto_plans, custom_plan, plan_for
+from superkernel.tools.decode import DecodeSession, prepare, run_decode
+from superkernel.tools.models import DEFAULT_MODEL, LoadedModel, load_model, looks_like_path
+from superkernel.tools.advisor.analysis import Analysis, analyze
+from superkernel.tools.advisor.chart import latency_chart
+from superkernel.tools.advisor.compiling import MODES
+from superkernel.tools.advisor.environment import choose_threads, hardware, pick_device, versions
+from superkernel.util import atomic_write, check_not_input
+from superkernel.tools.advisor.measure import run_baselines, run_plan
+from superkernel.tools.advisor.plan_file import PlanFile, write_plan
+from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE
+from superkernel.tools.advisor.progress import Reporter
+from superkernel.tools.advisor.report import CHART_NAME, PLAN_NAME, REPORT_NAME, render
+from superkernel.tools.advisor.results import RunResult, fill_speedups, recommend
+from superkernel.tools.advisor.structure import analyze_structure
+from superkernel.tools.advisor.strategies import STRATEGIES, ScopePlan, StrategyError, auto_plans, custom_plan, plan_for
 
 RESULTS_NAME = "results.json"
 LOGITS_NAME = "logits.safetensors"
@@ -105,7 +105,7 @@ def load_and_prepare(opts: OptimizeOptions, reporter: Reporter) -> tuple[LoadedM
 
 def check_options(opts: OptimizeOptions) -> None:
     """Everything that can be checked before loading the model (one clear error, at once)."""
-    from ..scope import parse_options
+    from superkernel.scope import parse_options
 
     if opts.strategy not in STRATEGIES:
         raise StrategyError(f"unknown strategy {opts.strategy!r}; choose one of: {', '.join(STRATEGIES)}")

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from ..util import atomic_write
+from superkernel.util import atomic_write
 
 VERSION = 1
 _KEYS = {"version", "model", "strategy", "mode", "options", "scopes", "measured"}
@@ -70,7 +70,7 @@ def _validate(data: Any, where: str) -> PlanFile:
     options = data.get("options") or ""
     if not isinstance(options, str):
         raise PlanFileError(f"{where}: 'options' must be a string like 'stream-fusion=1', got {options!r}")
-    from ..scope import parse_options
+    from superkernel.scope import parse_options
 
     try:
         parse_options(options)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich import box
 from rich.table import Table
 
-from .results import RunResult
+from superkernel.tools.advisor.results import RunResult
 
 #: Column headers; the markdown report explains them under the table.
 COLUMNS = ("strategy", "mode", "scopes", "segments", "cuts", "decode ms median / p90", "tokens/s",

@@ -15,7 +15,7 @@ import operator
 
 import torch.fx as fx
 
-from .segments import Partition
+from superkernel.pipeline.ir import Partition
 
 
 @dataclass

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .zoo import ZOO, zoo_listing
+from superkernel.tools.models.zoo import ZOO, zoo_listing
 
 
 class ModelLoadError(ValueError):

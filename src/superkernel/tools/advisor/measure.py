@@ -7,13 +7,13 @@ from typing import Any
 
 import torch
 
-from ..decode import DecodeRun, DecodeSession, run_decode
-from .analysis import missing_labels
-from .compiling import compile_inductor, compile_superkernel
-from .precision import MAX_AUTOTUNE_TOLERANCE, compare, judge
-from .progress import Reporter
-from .results import RunResult
-from .strategies import ScopePlan
+from superkernel.tools.decode import DecodeRun, DecodeSession, run_decode
+from superkernel.tools.advisor.analysis import missing_labels
+from superkernel.tools.advisor.compiling import compile_inductor, compile_superkernel
+from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE, compare, judge
+from superkernel.tools.advisor.progress import Reporter
+from superkernel.tools.advisor.results import RunResult
+from superkernel.tools.advisor.strategies import ScopePlan
 
 
 def _error_text(exc: BaseException) -> str:
@@ -61,7 +61,7 @@ def run_baselines(session: DecodeSession, reporter: Reporter) -> list[RunResult]
 def _explain_into(result: RunResult, backend: Any) -> None:
     import superkernel
 
-    ex = superkernel.explain(backend)
+    ex = superkernel.pipeline.ir(backend)
     result.segments = len(ex.segments)
     result.cuts = list(ex.cuts)
     result.graph_breaks = ex.graph_breaks

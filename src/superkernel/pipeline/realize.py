@@ -1,4 +1,4 @@
-"""Realize one partition of the graph as one callable, per mode and device (DESIGN.md §5).
+"""Realize one partition of the graph as one callable, per mode and device.
 
 =================  =========================================  ======================================
 partition          reduce-overhead                            max-autotune
@@ -20,12 +20,10 @@ import warnings
 from collections import Counter
 from typing import Any, Callable
 
-from .config import CompilerConfig
-from .explain import SegmentInfo
-from .util import exception_summary
-from .partition_graph import PartitionModule
-from .scope import parse_options
-from .segments import SuperKernelScopeError
+from superkernel.config import CompilerConfig
+from superkernel.pipeline.ir import SegmentInfo, SuperKernelScopeError
+from superkernel.pipeline.partition import PartitionModule
+from superkernel.util import exception_summary
 
 
 class SuperKernelFallbackWarning(UserWarning):
@@ -40,7 +38,7 @@ class Realizer:
         self.static_kernels = static_kernels
 
     def realize(self, module: PartitionModule, info: SegmentInfo | None) -> Callable[..., Any]:
-        from .runtime.cpu import flat_program
+        from superkernel.runtime.cpu import flat_program
 
         part = module.partition
 
@@ -60,7 +58,7 @@ class Realizer:
             if self.device == "cuda":
                 flat = eager()  # replayed as a CUDA graph, and the fallback if capture fails
                 program, label = flat, "cuda-graph"
-                if parse_options(part.options).stream_fusion:
+                if part.options.stream_fusion:
                     program, label = self._multi_stream(module)
                 return self._guarded(module, info, lambda: self._cuda_graph(module, info, program, flat),
                                      lambda: flat, label)
@@ -97,7 +95,7 @@ class Realizer:
         part = module.partition
         cause = exception_summary(exc)
         where = f"segment {part.name!r} of scope {part.scope!r}" if part.scope else f"unscoped partition {part.name!r}"
-        if part.kind == "segment" and part.abort_on_cut:
+        if part.kind == "segment" and part.options.abort_on_cut:
             raise SuperKernelScopeError(f"strict-scope-check=abort: {where} failed to compile/capture: {cause}") from exc
         warnings.warn(f"superkernel: {where} falls back to eager: {cause}", SuperKernelFallbackWarning, stacklevel=3)
         self.counters["fallbacks"] += 1
@@ -106,7 +104,7 @@ class Realizer:
             info.fallback = cause
 
     def _inductor(self, module: PartitionModule) -> Callable[..., Any]:
-        from .runtime.inductor import compile_partition
+        from superkernel.runtime.inductor import compile_partition
 
         compile_fn = lambda: compile_partition(  # noqa: E731
             module.gm, module.example_inputs, device=self.device,
@@ -121,7 +119,7 @@ class Realizer:
         return fn
 
     def _multi_stream(self, module: PartitionModule) -> tuple[Callable[..., Any], str]:
-        from .runtime.streams import assign_streams, multi_stream_program, num_streams
+        from superkernel.runtime.streams import assign_streams, multi_stream_program, num_streams
 
         assignment = assign_streams(module.gm)
         self.counters["segments_multi_stream"] += 1
@@ -130,7 +128,7 @@ class Realizer:
     def _cuda_graph(self, module: PartitionModule, info: SegmentInfo | None, fn: Callable[..., Any],
                     fallback: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` captured as CUDA graphs; ``fallback`` (the flat program) runs if capture fails."""
-        from .runtime.cuda_graph import CudaGraphSegment
+        from superkernel.runtime.cuda_graph import CudaGraphSegment
 
         self.counters["segments_cuda_graph"] += 1
         return CudaGraphSegment(fn, module.partition.name, module.mutated_inputs,

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .precision import Diff, Verdict
+from superkernel.tools.advisor.precision import Diff, Verdict
 
 PASSED, FAILED, ERROR, BASELINE = "passed", "failed", "error", "baseline"
 

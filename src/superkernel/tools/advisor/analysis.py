@@ -15,10 +15,10 @@ from typing import Any, Callable
 
 import torch
 
-from ..decode import DecodeSession
-from .compiling import compile_superkernel
-from .strategies import ScopePlan, applicable, auto_plans
-from .structure import ModelStructure, analyze_structure
+from superkernel.tools.decode import DecodeSession
+from superkernel.tools.advisor.compiling import compile_superkernel
+from superkernel.tools.advisor.strategies import ScopePlan, applicable, auto_plans
+from superkernel.tools.advisor.structure import ModelStructure, analyze_structure
 
 
 @dataclass
@@ -29,8 +29,8 @@ class TrialCapture:
     wrapped: list[str] = field(default_factory=list)
     graphs: int = 0
     graph_breaks: int = 0
-    segments: list[Any] = field(default_factory=list)   # superkernel.explain SegmentInfo
-    cuts: list[Any] = field(default_factory=list)       # superkernel.explain Cut
+    segments: list[Any] = field(default_factory=list)   # superkernel.pipeline.ir SegmentInfo
+    cuts: list[Any] = field(default_factory=list)       # superkernel.pipeline.ir Cut
     unscoped_ops: int = 0
     total_ops: int = 0
     seconds: float = 0.0
@@ -165,7 +165,7 @@ def trial_capture(session: DecodeSession, plan: ScopePlan) -> TrialCapture:
         ids, pos = session.inputs(0)
         with torch.no_grad():
             step(ids, pos)
-        ex = superkernel.explain(backend)
+        ex = superkernel.pipeline.ir(backend)
         trial.graphs = len(ex.graphs)
         trial.graph_breaks = ex.graph_breaks
         trial.segments = list(ex.segments)

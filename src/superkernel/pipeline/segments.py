@@ -3,7 +3,7 @@
 Operators are visited in execution order. Consecutive operators of one scope form
 a segment. An operator that cannot run inside a superkernel (data-dependent output
 shape, host synchronization, CPU work in a CUDA scope, user-registered) ends the
-current segment, runs alone, and is recorded as a :class:`~superkernel.explain.Cut`.
+current segment, runs alone, and is recorded as a :class:`~superkernel.pipeline.ir.Cut`.
 Operators of another scope or unscoped operators in between also end a segment.
 """
 
@@ -11,33 +11,14 @@ from __future__ import annotations
 
 import operator
 import re
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.fx as fx
-from torch._dynamo import exc as _dynamo_exc
 
-from .explain import Cut
-from .scope import node_scope, parse_options
-
-_BaseScopeError = getattr(_dynamo_exc, "ShortenTraceback", RuntimeError)
-
-
-class SuperKernelScopeError(_BaseScopeError):  # type: ignore[misc,valid-type]
-    """Raised under ``strict-scope-check=abort`` when a scope would be cut.
-
-    Derives from Dynamo's ShortenTraceback where it exists, so torch.compile passes it
-    to the caller unchanged instead of wrapping it in BackendCompilerFailed.
-    """
-
-    def __init__(self, message: str, cut: Cut | None = None) -> None:
-        if _BaseScopeError is RuntimeError:  # pragma: no cover - torch without ShortenTraceback
-            super().__init__(message)
-        else:
-            super().__init__(message, first_useful_frame=None)
-        self.cut = cut
-
+from superkernel.pipeline.ir import (
+    Cut, Partition, ScopeOptions, Segmentation, SuperKernelScopeError, graph_device, node_scope, tensor_values,
+)
 
 # --- fusability rules -------------------------------------------------------------
 
@@ -111,14 +92,6 @@ def _has_unbacked_symbols(val: Any) -> bool:
         return False
 
 
-def _tensor_vals(val: Any) -> list[torch.Tensor]:
-    if isinstance(val, torch.Tensor):
-        return [val]
-    if isinstance(val, (list, tuple)):
-        return [v for item in val for v in _tensor_vals(item)]
-    return []
-
-
 def is_host_scalar(node: fx.Node) -> bool:
     """True for shape bookkeeping that launches no kernel: SymInt arithmetic,
     ``sym_size``, ``_assert_scalar`` on sizes. Such nodes join the partition they
@@ -126,7 +99,7 @@ def is_host_scalar(node: fx.Node) -> bool:
     if node.op != "call_function" or _packet(node.target) in _HOST_SYNC_OPS:
         return False
     val = node.meta.get("val")
-    return not _tensor_vals(val) and not isinstance(val, (list, tuple))
+    return not tensor_values(val) and not isinstance(val, (list, tuple))
 
 
 def unfusable_reason(node: fx.Node, graph_device: str) -> str | None:
@@ -153,10 +126,10 @@ def unfusable_reason(node: fx.Node, graph_device: str) -> str | None:
     if val is not None and _has_unbacked_symbols(val):
         return f"{DATA_DEPENDENT_SHAPE}: {name} produces a shape only known at run time"
     if graph_device == "cuda":
-        if any(t.device.type == "cpu" for t in _tensor_vals(val)):
+        if any(t.device.type == "cpu" for t in tensor_values(val)):
             return f"{CPU_IN_CUDA}: {name} computes on the CPU"
         for arg in node.all_input_nodes:
-            if any(t.device.type == "cpu" for t in _tensor_vals(arg.meta.get("val"))):
+            if any(t.device.type == "cpu" for t in tensor_values(arg.meta.get("val"))):
                 # A CUDA graph would bake the CPU value in at capture time.
                 return f"{CPU_IN_CUDA}: {name} reads the CPU tensor {arg.name} (host-to-device transfer)"
     return None
@@ -179,65 +152,12 @@ def source_line(node: fx.Node) -> str | None:
     return f"{path}:{line}"
 
 
-@dataclass
-class Partition:
-    """A run of consecutive graph nodes realized together.
-
-    kind: ``"segment"`` (scoped, fusable), ``"unscoped"`` (outside every scope) or
-    ``"cut"`` (one scoped operator that cannot be fused; runs alone, eagerly).
-    """
-
-    kind: str
-    scope: str
-    options: str
-    nodes: list[fx.Node] = field(default_factory=list)
-    indices: list[int] = field(default_factory=list)
-    name: str = ""
-
-    @property
-    def first(self) -> int:
-        return self.indices[0]
-
-    @property
-    def last(self) -> int:
-        return self.indices[-1]
-
-    @property
-    def num_ops(self) -> int:
-        return sum(1 for n in self.nodes if n.target is not operator.getitem)
-
-    @property
-    def abort_on_cut(self) -> bool:
-        return parse_options(self.options).abort_on_cut
-
-
-@dataclass
-class Segmentation:
-    partitions: list[Partition]
-    cuts: list[Cut]
-
-    @property
-    def segments(self) -> list[Partition]:
-        return [p for p in self.partitions if p.kind == "segment"]
-
-
-def graph_device(gm: fx.GraphModule) -> str:
-    """``"cuda"`` when any placeholder or op output lives on a CUDA device, else ``"cpu"``
-    (or, for a graph on another device type, the first such type)."""
-    kinds = {t.device.type for node in gm.graph.nodes for t in _tensor_vals(node.meta.get("val"))}
-    if "cuda" in kinds:
-        return "cuda"
-    kinds.discard("meta")
-    return "cpu" if not kinds or "cpu" in kinds else sorted(kinds)[0]
-
-
 def build_segments(
     gm: fx.GraphModule,
     device: str | None = None,
     *,
     continues_scope: str | None = None,
     break_reason: str | None = None,
-    on_cut: Callable[[Cut], None] | None = None,
 ) -> Segmentation:
     """Partition ``gm``'s operators into segments, unscoped runs and cut operators.
 
@@ -252,16 +172,14 @@ def build_segments(
     current: Partition | None = None
     seen_first_op = False
 
-    def record_cut(cut: Cut, options: str) -> None:
-        if parse_options(options).abort_on_cut:
+    def record_cut(cut: Cut, options: ScopeOptions) -> None:
+        if options.abort_on_cut:
             raise SuperKernelScopeError(
                 f"strict-scope-check=abort: scope {cut.scope!r} cannot be fused at {cut.op}"
                 f"{' (' + cut.source + ')' if cut.source else ''}: {cut.reason}",
                 cut,
             )
         cuts.append(cut)
-        if on_cut is not None:
-            on_cut(cut)
 
     for index, node in enumerate(gm.graph.nodes):
         if node.op != "call_function":

@@ -6,7 +6,7 @@
     superkernel static-compile --list DIR      # packages, what they hold, whether they match this machine
     superkernel static-compile --clean DIR     # remove packages, records and build leftovers
 
-The build loads the model (``superkernel.models.load_model``), applies the plan's scopes
+The build loads the model (``superkernel.tools.models.load_model``), applies the plan's scopes
 and mode when ``--config`` is given, compiles the decode step with the superkernel
 backend (static kernels enabled) once per batch size, runs one warm-up step each (which
 records every operator's shapes and compiles every partition ahead of time) and writes
@@ -14,8 +14,8 @@ one package. A later process that compiles the same decode step with static kern
 enabled and the same build dir loads the package instead of compiling.
 
 The graphs must be the ones the deployment will run: same model, same plan, same
-decode-step function (``superkernel.decode``'s), same KV-cache length
-(``--prompt-len`` + 36 by default, as ``superkernel.decode.prepare``) and batch sizes.
+decode-step function (``superkernel.tools.decode``'s), same KV-cache length
+(``--prompt-len`` + 36 by default, as ``superkernel.tools.decode.prepare``) and batch sizes.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..util import positive_int
-from .package import OUTPUTS_DIR, PackageError, describe, environment, find_packages, read_manifest
+from superkernel.util import positive_int
+from superkernel.static_kernel.package import OUTPUTS_DIR, PackageError, describe, environment, find_packages, read_manifest
 
 
 def _batch_sizes(text: str) -> list[int]:
@@ -61,7 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="override the plan's mode (static kernels are built for max-autotune partitions)")
     p.add_argument("--prompt-len", type=positive_int("--prompt-len"), default=32, help="prompt tokens prefilled before decoding (default 32)")
     p.add_argument("--max-cache-len", type=positive_int("--max-cache-len"), default=None,
-                   help="KV-cache length of the decode step (default prompt-len + 36, as superkernel.decode.prepare)")
+                   help="KV-cache length of the decode step (default prompt-len + 36, as superkernel.tools.decode.prepare)")
     p.add_argument("--seed", type=int, default=0, help="seed of zoo weights and prompt (default 0)")
     p.add_argument("--threads", type=positive_int("--threads"), default=None,
                    help="torch CPU threads while building (default: torch's default); precompiled frames are "
@@ -128,17 +128,17 @@ def build(model: str, build_dir: Path, *, batch_sizes: list[int] | None = None, 
     import torch
 
     import superkernel
-    from superkernel.backend import find_backend
-    from superkernel.models import load_model
+    from superkernel.pipeline.backend import find_backend
+    from superkernel.tools.models import load_model
 
-    from .session import resolve_build_dir
+    from superkernel.static_kernel.session import resolve_build_dir
 
     start = time.perf_counter()
     build_dir = resolve_build_dir(build_dir)
     loaded = load_model(model, seed=seed, device=device)
     cfg = copy.deepcopy(compiler_config) if compiler_config is not None else superkernel.CompilerConfig()
     if plan is not None:
-        from superkernel.advisor.plan_file import read_plan
+        from superkernel.tools.advisor.plan_file import read_plan
 
         spec = read_plan(plan)
         cfg.mode = spec.mode
@@ -182,13 +182,13 @@ def build(model: str, build_dir: Path, *, batch_sizes: list[int] | None = None, 
 
 def decode_session(model: Any, *, batch: int, prompt_len: int, max_cache_len: int, seed: int = 0,
                    device: str = "cpu") -> Any:
-    """A :class:`superkernel.decode.DecodeSession` for ``batch`` sequences, prefilled eagerly.
+    """A :class:`superkernel.tools.decode.DecodeSession` for ``batch`` sequences, prefilled eagerly.
 
-    Built by ``superkernel.decode.prepare`` (so the captured decode graph is the one the
+    Built by ``superkernel.tools.decode.prepare`` (so the captured decode graph is the one the
     harness compiles), without the greedy reference decode the harness runs for its
     precision checks.
     """
-    from superkernel.decode import prepare
+    from superkernel.tools.decode import prepare
 
     warmup = 4
     steps = max_cache_len - prompt_len - warmup
@@ -220,7 +220,7 @@ def list_packages(build_dir: Path, *, as_json: bool = False) -> int:
             pkg = read_manifest(path)
             row.update(describe(pkg))
             kind = pkg.manifest.get("environment", {}).get("device_kind", "cpu")
-            from .package import environment_mismatch
+            from superkernel.static_kernel.package import environment_mismatch
 
             reason = environment_mismatch(pkg.manifest.get("environment", {}), environment(kind))
             try:
@@ -262,7 +262,7 @@ def clean(build_dir: Path) -> int:
     if not root.is_dir():
         print(f"nothing to clean: {root} does not exist")
         return 0
-    from .storage import build_lock
+    from superkernel.static_kernel.storage import build_lock
 
     lock = build_lock(root)
     try:

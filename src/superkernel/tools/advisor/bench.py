@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .measure import run_baselines, run_plan
-from .plan_file import read_plan
-from .precision import MAX_AUTOTUNE_TOLERANCE
-from .progress import Reporter
-from .results import RunResult, fill_speedups
-from .strategies import ScopePlan
-from .workflow import OptimizeOptions, load_and_prepare, validate_scopes
+from superkernel.tools.advisor.measure import run_baselines, run_plan
+from superkernel.tools.advisor.plan_file import read_plan
+from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE
+from superkernel.tools.advisor.progress import Reporter
+from superkernel.tools.advisor.results import RunResult, fill_speedups
+from superkernel.tools.advisor.strategies import ScopePlan
+from superkernel.tools.advisor.workflow import OptimizeOptions, load_and_prepare, validate_scopes
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .structure import ModelStructure
+from superkernel.tools.advisor.structure import ModelStructure
 
 #: Every strategy name, in the bottom-up order ``auto`` tries them.
 STRATEGY_ORDER = ("attention", "mlp", "moe", "decoder_layer", "all_layers")

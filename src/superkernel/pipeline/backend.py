@@ -1,12 +1,15 @@
-"""The torch.compile backend: capture -> segments -> realize -> assemble.
+"""The torch.compile backend: capture -> passes -> segments -> partition -> realize -> assemble.
 
-Each stage is a separate function so it can be tested alone:
+Each stage is a separate module so it can be tested alone:
 
-* :func:`capture` (AOTAutograd) turns Dynamo's graph into an inference ATen graph and
-  hands it to :meth:`SuperKernelBackend.compile_aten`;
-* :func:`superkernel.segments.build_segments` cuts scopes into segments;
-* :mod:`superkernel.realize` turns every partition into one callable;
-* :func:`superkernel.partition_graph.assemble` stitches them into one step.
+* :func:`superkernel.pipeline.capture.capture` (AOTAutograd) turns Dynamo's graph into an
+  inference ATen graph and hands it to :meth:`SuperKernelBackend.compile_aten`;
+* :func:`superkernel.pipeline.segments.build_segments` cuts scopes into segments;
+* :mod:`superkernel.pipeline.realize` turns every partition into one callable;
+* :func:`superkernel.pipeline.partition.assemble` stitches them into one step.
+
+Also here: the backend registry (``backend="superkernel"``), :func:`compile` and
+:func:`explain`, which finds the backend behind a compiled object.
 """
 
 from __future__ import annotations
@@ -21,13 +24,14 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from .config import CompilerConfig
-from .explain import Explanation, GraphInfo, SegmentInfo
-from .graph_dump import dump_graph
-from .passes import reinplace_input_updates
-from .partition_graph import assemble, named_callable, split_partitions
-from .realize import Realizer
-from .segments import build_segments, graph_device, last_scope
+from superkernel.config import CompilerConfig
+from superkernel.pipeline.capture import break_text, capture, dynamo_graph_breaks
+from superkernel.pipeline.graph_dump import dump_graph
+from superkernel.pipeline.ir import Explanation, GraphInfo, SegmentInfo, graph_device
+from superkernel.pipeline.partition import assemble, named_callable, split_partitions
+from superkernel.pipeline.passes import reinplace_input_updates
+from superkernel.pipeline.realize import Realizer
+from superkernel.pipeline.segments import build_segments, last_scope
 
 
 class SuperKernelBackend:
@@ -46,10 +50,10 @@ class SuperKernelBackend:
         # (scope the previous graph ended in, Dynamo's graph-break reason if it ended in one)
         self._previous: tuple[str, str | None] = ("", None)
         self._pending_break: str | None = None
-        self._graph_breaks_at_start = _dynamo_graph_breaks()
+        self._graph_breaks_at_start = dynamo_graph_breaks()
         self.static_kernels = None
         if self.config.experimental_config.static_kernel.enable:
-            from .static_kernel.session import open_session
+            from superkernel.static_kernel.session import open_session
 
             self.static_kernels = open_session(self.config)
 
@@ -57,7 +61,7 @@ class SuperKernelBackend:
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
         name = f"graph_{len(self._graphs)}"
         reason = getattr(gm, "compile_subgraph_reason", None)  # why Dynamo ended this graph
-        self._pending_break = _break_text(reason) if getattr(reason, "graph_break", False) else None
+        self._pending_break = break_text(reason) if getattr(reason, "graph_break", False) else None
         return capture(gm, example_inputs, functools.partial(self.compile_aten, name=name),
                        decompositions=self._decompositions())
 
@@ -73,7 +77,7 @@ class SuperKernelBackend:
         start = time.perf_counter()
         cfg = self.config
         if self.static_kernels is not None:
-            from .static_kernel.frames import current_capture
+            from superkernel.static_kernel.frames import current_capture
 
             capture = current_capture()
             if capture is not None:  # a precompiled frame is being built: it keeps this graph
@@ -102,7 +106,7 @@ class SuperKernelBackend:
 
         if cfg.debug.run_eagerly:  # the exactness reference: the captured graph as it is
             for p in segmentation.segments:
-                info.segments.append(SegmentInfo(p.name, p.scope, p.first, p.last, p.num_ops, "reference"))
+                info.segments.append(SegmentInfo.of(p, "reference"))
             info.compile_seconds = time.perf_counter() - start
             return gm
 
@@ -113,7 +117,7 @@ class SuperKernelBackend:
             part = module.partition
             seg_info = None
             if part.kind == "segment":
-                seg_info = SegmentInfo(part.name, part.scope, part.first, part.last, part.num_ops)
+                seg_info = SegmentInfo.of(part)
                 info.segments.append(seg_info)
                 self.counters["segments"] += 1
             callables.append(named_callable(realizer.realize(module, seg_info), part.name))
@@ -128,45 +132,14 @@ class SuperKernelBackend:
     # -- introspection -------------------------------------------------------------
     def explanation(self) -> Explanation:
         return Explanation(graphs=list(self._graphs),
-                           graph_breaks=max(0, _dynamo_graph_breaks() - self._graph_breaks_at_start))
+                           graph_breaks=max(0, dynamo_graph_breaks() - self._graph_breaks_at_start))
 
     def reset(self) -> None:
         """Forget what was compiled (use together with ``torch._dynamo.reset()``)."""
         self._graphs.clear()
         self.counters.clear()
         self._previous, self._pending_break = ("", None), None
-        self._graph_breaks_at_start = _dynamo_graph_breaks()
-
-
-def _break_text(reason: Any) -> str:
-    where = ""
-    stack = getattr(reason, "user_stack", None) or []
-    if stack:
-        frame = stack[-1]
-        where = f" at {frame.filename}:{frame.lineno}"
-    text = (getattr(reason, "reason", "") or "graph break").strip().splitlines()[0]
-    return f"{text}{where}"
-
-
-def capture(gm: fx.GraphModule, example_inputs: list[Any], fw_compiler: Callable[..., Any],
-            decompositions: dict[Any, Any] | None = None) -> Callable[..., Any]:
-    """Run AOTAutograd on Dynamo's graph; ``fw_compiler`` receives the inference ATen graph.
-
-    Input mutations (a KV cache written in place) stay in the graph as ``copy_`` nodes,
-    as TorchInductor keeps them, so every stage sees them.
-    """
-    from torch._functorch.aot_autograd import aot_module_simplified
-
-    return aot_module_simplified(
-        gm, example_inputs, fw_compiler=fw_compiler, decompositions=decompositions,
-        keep_inference_input_mutations=True,
-    )
-
-
-def _dynamo_graph_breaks() -> int:
-    from torch._dynamo.utils import counters
-
-    return int(sum(counters["graph_break"].values()))
+        self._graph_breaks_at_start = dynamo_graph_breaks()
 
 
 def get_backend(compiler_config: CompilerConfig | None = None) -> SuperKernelBackend:
@@ -206,7 +179,7 @@ _register()
 def compile(model: Any, compiler_config: CompilerConfig | None = None, **torch_compile_kwargs: Any) -> Any:
     """``torch.compile(model, backend=get_backend(compiler_config), **kwargs)``.
 
-    :func:`superkernel.explain` accepts the result. With static kernels enabled and a
+    :func:`superkernel.pipeline.ir` accepts the result. With static kernels enabled and a
     function (not a module) to compile, the result also loads the function's precompiled
     Dynamo frame from the package (see ``superkernel.static_kernel.function``).
     """
@@ -214,7 +187,7 @@ def compile(model: Any, compiler_config: CompilerConfig | None = None, **torch_c
     torch_compile_kwargs.setdefault("dynamic", False)
     compiled = torch.compile(model, backend=backend, **torch_compile_kwargs)
     if backend.static_kernels is not None and _frames_apply(model, torch_compile_kwargs):
-        from .static_kernel.function import StaticFunction
+        from superkernel.static_kernel.function import StaticFunction
 
         compiled = StaticFunction(model, backend, compiled)
     _COMPILED[id(compiled)] = (weakref.ref(compiled), backend)
@@ -269,3 +242,11 @@ def find_backend(obj: Any) -> SuperKernelBackend:
         f"explain() needs a superkernel backend or a model compiled with one, got {type(obj).__name__}; "
         "compile with superkernel.compile(model, cfg) or torch.compile(model, backend=superkernel.get_backend(cfg))"
     )
+
+
+def explain(obj: Any) -> Explanation:
+    """Return the Explanation of a superkernel backend or of a model compiled with one.
+
+    ``str()`` of the result is a readable table of graphs, scopes, segments and cuts.
+    """
+    return find_backend(obj).explanation()

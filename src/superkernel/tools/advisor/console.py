@@ -5,9 +5,9 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from .analysis import Analysis
-from .results import RunResult
-from .table import rich_table
+from superkernel.tools.advisor.analysis import Analysis
+from superkernel.tools.advisor.results import RunResult
+from superkernel.tools.advisor.table import rich_table
 
 
 def print_analysis(a: Analysis, console: Console) -> None:

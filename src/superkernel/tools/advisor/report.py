@@ -5,11 +5,11 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Any
 
-from .analysis import Analysis
-from .precision import MAX_AUTOTUNE_TOLERANCE
-from .results import RunResult
-from .strategies import DESCRIPTIONS
-from .table import fmt_diff, markdown_table
+from superkernel.tools.advisor.analysis import Analysis
+from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE
+from superkernel.tools.advisor.results import RunResult
+from superkernel.tools.advisor.strategies import DESCRIPTIONS
+from superkernel.tools.advisor.table import fmt_diff, markdown_table
 
 CHART_NAME = "decode_latency.png"
 REPORT_NAME = "superkernel_optimization_report.md"

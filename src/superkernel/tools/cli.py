@@ -17,7 +17,7 @@ EXIT_NO_RESULT = 1
 EXIT_USAGE = 2
 
 
-from .util import positive_int
+from superkernel.util import positive_int
 
 
 class _Parser(argparse.ArgumentParser):
@@ -29,7 +29,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _add_model_args(p: argparse.ArgumentParser, *, default: str | None) -> None:
-    from .models import ZOO
+    from superkernel.tools.models import ZOO
 
     p.add_argument("--model", default=default, metavar="NAME|PATH",
                    help=f"zoo model ({', '.join(ZOO)}) built from a transformers config with seeded random weights, "
@@ -53,7 +53,7 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_precision_args(p: argparse.ArgumentParser) -> None:
-    from .advisor.precision import MAX_AUTOTUNE_TOLERANCE
+    from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE
 
     p.add_argument("--tolerance", type=float, default=MAX_AUTOTUNE_TOLERANCE,
                    help="max-autotune passes when max abs logit diff to the exactness reference <= TOLERANCE x "
@@ -70,7 +70,7 @@ def _add_scope_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .advisor.strategies import DESCRIPTIONS, STRATEGIES
+    from superkernel.tools.advisor.strategies import DESCRIPTIONS, STRATEGIES
 
     parser = _Parser(prog=PROG, description="Make PyTorch LLM decode faster with SuperKernel scopes: analyse a "
                                             "model, try scope strategies, verify precision, measure, report.")
@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _register_static_compile(sub) -> None:
     try:
-        from .static_kernel import cli as static_cli
+        from superkernel.tools import static_compile as static_cli
     except ImportError:
         return
     register = getattr(static_cli, "register", None)
@@ -138,7 +138,7 @@ def _register_static_compile(sub) -> None:
 
 
 def _modes(text: str) -> tuple[str, ...]:
-    from .advisor.compiling import MODES
+    from superkernel.tools.advisor.compiling import MODES
 
     if text == "both":
         return MODES
@@ -148,7 +148,7 @@ def _modes(text: str) -> tuple[str, ...]:
 
 
 def _custom_scopes(args) -> dict[str, list[str]]:
-    from .advisor.strategies import load_scopes_file, parse_scope_args
+    from superkernel.tools.advisor.strategies import load_scopes_file, parse_scope_args
 
     scopes = parse_scope_args(args.scope)
     if args.scopes_file is not None:
@@ -166,9 +166,9 @@ def _console(stderr: bool = False):
 
 
 def _cmd_optimize(args) -> int:
-    from .advisor.console import print_results
-    from .advisor.progress import Reporter
-    from .advisor.workflow import OptimizeOptions, optimize
+    from superkernel.tools.advisor.console import print_results
+    from superkernel.tools.advisor.progress import Reporter
+    from superkernel.tools.advisor.workflow import OptimizeOptions, optimize
 
     opts = OptimizeOptions(model=args.model, strategy=args.strategy, modes=_modes(args.mode), steps=args.steps,
                            warmup=args.warmup, prompt_len=args.prompt_len, output=args.output,
@@ -191,21 +191,21 @@ def _cmd_optimize(args) -> int:
 def _cmd_analyze(args) -> int:
     import json
 
-    from .advisor.analysis import analyze
-    from .util import atomic_write
-    from .advisor.progress import Reporter
-    from .advisor.structure import analyze_structure
-    from .advisor.workflow import OptimizeOptions, load_and_prepare, select_plans, validate_scopes
+    from superkernel.tools.advisor.analysis import analyze
+    from superkernel.util import atomic_write
+    from superkernel.tools.advisor.progress import Reporter
+    from superkernel.tools.advisor.structure import analyze_structure
+    from superkernel.tools.advisor.workflow import OptimizeOptions, load_and_prepare, select_plans, validate_scopes
 
     if args.strategy != "custom" and (args.scope or args.scopes_file):
-        from .advisor.strategies import StrategyError
+        from superkernel.tools.advisor.strategies import StrategyError
 
         raise StrategyError("--scope/--scopes-file give scopes for --strategy custom; add --strategy custom")
     reporter = Reporter(quiet=False)
     loaded, session = load_and_prepare(
         OptimizeOptions(model=args.model, prompt_len=args.prompt_len, steps=1, warmup=1, seed=args.seed,
                         device=args.device), reporter)
-    from .advisor.strategies import STRATEGIES, StrategyError
+    from superkernel.tools.advisor.strategies import STRATEGIES, StrategyError
 
     if args.strategy not in STRATEGIES:
         raise StrategyError(f"unknown strategy {args.strategy!r}; choose one of: {', '.join(STRATEGIES)}")
@@ -220,7 +220,7 @@ def _cmd_analyze(args) -> int:
 
         result = analyze(loaded.name, session, plans, on_trial=on_trial)
         update(done=len(plans))
-    from .advisor.console import print_analysis
+    from superkernel.tools.advisor.console import print_analysis
 
     print_analysis(result, _console())
     if args.json is not None:
@@ -234,9 +234,9 @@ def _cmd_analyze(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from .advisor.bench import BenchOptions, bench
-    from .advisor.console import print_results
-    from .advisor.progress import Reporter
+    from superkernel.tools.advisor.bench import BenchOptions, bench
+    from superkernel.tools.advisor.console import print_results
+    from superkernel.tools.advisor.progress import Reporter
 
     if args.mode is not None:
         _modes(args.mode)
@@ -260,17 +260,17 @@ def _cmd_bench(args) -> int:
 
 
 def _expected_errors() -> tuple[type[BaseException], ...]:
-    from .util import OutputError
-    from .advisor.plan_file import PlanFileError
-    from .advisor.strategies import StrategyError
-    from .models import ModelLoadError
-    from .scope_apply import ScopeGlobError
+    from superkernel.util import OutputError
+    from superkernel.tools.advisor.plan_file import PlanFileError
+    from superkernel.tools.advisor.strategies import StrategyError
+    from superkernel.tools.models import ModelLoadError
+    from superkernel.scope_apply import ScopeGlobError
 
     return (ModelLoadError, StrategyError, ScopeGlobError, PlanFileError, OutputError, ValueError, OSError)
 
 
 def _no_result_errors() -> tuple[type[BaseException], ...]:
-    from .advisor.workflow import WorkflowError
+    from superkernel.tools.advisor.workflow import WorkflowError
 
     return (WorkflowError,)
 

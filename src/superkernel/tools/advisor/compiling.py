@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from ..decode import DecodeSession, StepFn
+from superkernel.tools.decode import DecodeSession, StepFn
 
 MODES = ("reduce-overhead", "max-autotune")
 

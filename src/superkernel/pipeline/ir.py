@@ -1,0 +1,287 @@
+"""The pipeline's data model, at the bottom of every other module.
+
+Everything the stages hand to each other is defined here, so each stage imports this
+module and none imports a later stage:
+
+* scope annotations and their parsed options (:class:`ScopeOptions`, parsed once per
+  distinct option string);
+* :class:`Partition` / :class:`Segmentation` — what segmentation produces;
+* :class:`Cut`, :class:`SegmentInfo`, :class:`GraphInfo`, :class:`Explanation` — what
+  ``superkernel.explain()`` shows;
+* :func:`device_kind` — the one place that decides which device a graph or a call runs on;
+* :class:`SuperKernelScopeError`.
+"""
+
+from __future__ import annotations
+
+import functools
+import operator
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable
+
+import torch
+import torch.fx as fx
+from torch._dynamo import exc as _dynamo_exc
+
+# --- scope annotations ----------------------------------------------------------------
+
+#: Key under ``node.meta["custom"]`` that holds a node's scope annotation.
+ANNOTATION_KEY = "superkernel"
+
+#: Allowed option keys and their allowed values; the first value is the default.
+OPTION_VALUES: dict[str, tuple[str, ...]] = {
+    "stream-fusion": ("0", "1"),
+    "strict-scope-check": ("bypass", "abort"),
+}
+
+
+@dataclass(frozen=True)
+class ScopeOptions:
+    """Parsed ``key=value:key=value`` options of a scope (``text``: the string as written)."""
+
+    stream_fusion: bool = False
+    strict_scope_check: str = "bypass"
+    text: str = field(default="", compare=False)
+
+    @property
+    def abort_on_cut(self) -> bool:
+        return self.strict_scope_check == "abort"
+
+
+def _allowed_text() -> str:
+    return "; ".join(f"{k} in {{{', '.join(v)}}}" for k, v in OPTION_VALUES.items())
+
+
+def parse_options(options: str | None) -> ScopeOptions:
+    """Parse a scope options string such as ``"stream-fusion=1:strict-scope-check=abort"``.
+
+    Raises ``ValueError`` naming the offending key and the allowed keys and values.
+    """
+    if options is None:
+        return ScopeOptions()
+    if not isinstance(options, str):
+        raise TypeError(f"scope options must be a string like 'stream-fusion=1', got {type(options).__name__}")
+    return _parse_options(options)
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_options(options: str) -> ScopeOptions:
+    values = {k: v[0] for k, v in OPTION_VALUES.items()}
+    given: set[str] = set()
+    for part in options.split(":"):
+        part = part.strip()
+        if not part:
+            continue
+        if "=" not in part:
+            raise ValueError(
+                f"scope option {part!r} is missing '=': write key=value pairs joined by ':'; allowed: {_allowed_text()}"
+            )
+        key, value = (s.strip() for s in part.split("=", 1))
+        if key not in OPTION_VALUES:
+            raise ValueError(f"unknown scope option {key!r}; allowed: {_allowed_text()}")
+        if value not in OPTION_VALUES[key]:
+            raise ValueError(
+                f"invalid value {value!r} for scope option {key!r}; allowed values: {', '.join(OPTION_VALUES[key])}"
+            )
+        if key in given:
+            raise ValueError(f"scope option {key!r} is given twice in {options!r}; give each key at most once")
+        given.add(key)
+        values[key] = value
+    return ScopeOptions(
+        stream_fusion=values["stream-fusion"] == "1",
+        strict_scope_check=values["strict-scope-check"],
+        text=options,
+    )
+
+
+def node_scope(node: Any) -> tuple[str, ScopeOptions]:
+    """Return ``(scope, options)`` of an fx node; ``("", ScopeOptions())`` when it carries none."""
+    ann = (node.meta.get("custom") or {}).get(ANNOTATION_KEY)
+    if not ann:
+        return "", ScopeOptions()
+    return ann.get("scope", "") or "", parse_options(ann.get("options", "") or "")
+
+
+# --- devices ----------------------------------------------------------------------------
+
+def tensor_values(val: Any) -> list[torch.Tensor]:
+    """The tensors in a value, a node's ``meta["val"]`` or a (nested) list of them."""
+    if isinstance(val, torch.Tensor):
+        return [val]
+    if isinstance(val, (list, tuple)):
+        return [v for item in val for v in tensor_values(item)]
+    return []
+
+
+def device_kind(values: Iterable[Any]) -> str:
+    """``"cuda"`` when any tensor among ``values`` lives on a CUDA device, else ``"cpu"``
+    (or, when only another device type is present, the first such type). Meta tensors
+    say nothing."""
+    kinds = {t.device.type for v in values for t in tensor_values(v)}
+    if "cuda" in kinds:
+        return "cuda"
+    kinds.discard("meta")
+    return "cpu" if not kinds or "cpu" in kinds else sorted(kinds)[0]
+
+
+def graph_device(gm: fx.GraphModule) -> str:
+    """:func:`device_kind` of every placeholder and operator output of a graph."""
+    return device_kind(node.meta.get("val") for node in gm.graph.nodes)
+
+
+# --- errors -----------------------------------------------------------------------------
+
+_BaseScopeError = getattr(_dynamo_exc, "ShortenTraceback", RuntimeError)
+
+
+class SuperKernelScopeError(_BaseScopeError):  # type: ignore[misc,valid-type]
+    """Raised under ``strict-scope-check=abort`` when a scope would be cut.
+
+    Derives from Dynamo's ShortenTraceback where it exists, so torch.compile passes it
+    to the caller unchanged instead of wrapping it in BackendCompilerFailed.
+    """
+
+    def __init__(self, message: str, cut: "Cut | None" = None) -> None:
+        if _BaseScopeError is RuntimeError:  # pragma: no cover - torch without ShortenTraceback
+            super().__init__(message)
+        else:
+            super().__init__(message, first_useful_frame=None)
+        self.cut = cut
+
+
+# --- partitions -------------------------------------------------------------------------
+
+@dataclass
+class Partition:
+    """A run of consecutive graph nodes realized together.
+
+    kind: ``"segment"`` (scoped, fusable), ``"unscoped"`` (outside every scope) or
+    ``"cut"`` (one scoped operator that cannot be fused; runs alone, eagerly).
+    """
+
+    kind: str
+    scope: str
+    options: ScopeOptions
+    nodes: list[fx.Node] = field(default_factory=list)
+    indices: list[int] = field(default_factory=list)
+    name: str = ""
+
+    @property
+    def first(self) -> int:
+        return self.indices[0]
+
+    @property
+    def last(self) -> int:
+        return self.indices[-1]
+
+    @property
+    def num_ops(self) -> int:
+        return sum(1 for n in self.nodes if n.target is not operator.getitem)
+
+
+@dataclass
+class Segmentation:
+    partitions: list[Partition]
+    cuts: list["Cut"]
+
+    @property
+    def segments(self) -> list[Partition]:
+        return [p for p in self.partitions if p.kind == "segment"]
+
+
+# --- what explain() shows -----------------------------------------------------------------
+
+@dataclass
+class Cut:
+    """Where and why a scope was split."""
+
+    scope: str
+    node_index: int
+    op: str
+    reason: str
+    source: str | None = None  # "file.py:123" of the model code, when the graph has it
+
+    def describe(self) -> str:
+        where = f" at {self.source}" if self.source else ""
+        return f"scope {self.scope!r}: {self.op} (node {self.node_index}){where}: {self.reason}"
+
+
+@dataclass
+class SegmentInfo:
+    """A segment as explain() shows it; the realizer fills in ``realization`` and ``fallback``."""
+
+    name: str
+    scope: str
+    first: int
+    last: int
+    num_ops: int
+    realization: str = "pending"  # e.g. "cuda-graph", "cpu-flat", "inductor-cpp", "inductor-triton", "eager"
+    fallback: str | None = None  # cause when the segment fell back to eager
+
+    @classmethod
+    def of(cls, part: Partition, realization: str = "pending") -> "SegmentInfo":
+        return cls(part.name, part.scope, part.first, part.last, part.num_ops, realization)
+
+
+@dataclass
+class GraphInfo:
+    name: str
+    num_ops: int
+    mode: str
+    device: str
+    segments: list[SegmentInfo] = field(default_factory=list)
+    cuts: list[Cut] = field(default_factory=list)
+    unscoped_ops: int = 0
+    compile_seconds: float = 0.0
+
+    @property
+    def scopes(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for s in self.segments:
+            seen.setdefault(s.scope)
+        return list(seen)
+
+
+@dataclass
+class Explanation:
+    graphs: list[GraphInfo] = field(default_factory=list)
+    graph_breaks: int = 0
+
+    @property
+    def scopes(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for g in self.graphs:
+            for s in g.scopes:
+                seen.setdefault(s)
+        return list(seen)
+
+    @property
+    def segments(self) -> list[SegmentInfo]:
+        return [s for g in self.graphs for s in g.segments]
+
+    @property
+    def cuts(self) -> list[Cut]:
+        return [c for g in self.graphs for c in g.cuts]
+
+    @property
+    def fallbacks(self) -> list[SegmentInfo]:
+        return [s for s in self.segments if s.fallback]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"graph_breaks": self.graph_breaks, "graphs": [asdict(g) for g in self.graphs]}
+
+    def __str__(self) -> str:
+        lines = [f"superkernel: {len(self.graphs)} graph(s), {len(self.scopes)} scope(s), "
+                 f"{len(self.segments)} segment(s), {len(self.cuts)} cut(s), {self.graph_breaks} graph break(s)"]
+        for g in self.graphs:
+            lines.append(f"\n[{g.name}] mode={g.mode} device={g.device} ops={g.num_ops} unscoped_ops={g.unscoped_ops}"
+                         f" compile={g.compile_seconds:.2f}s")
+            header = f"  {'segment':<40} {'scope':<20} {'ops':>5} {'nodes':>11}  {'realization':<16} fallback"
+            lines.append(header)
+            lines.append("  " + "-" * (len(header) + 6))
+            for s in g.segments:
+                lines.append(f"  {s.name:<40} {s.scope:<20} {s.num_ops:>5} {f'{s.first}-{s.last}':>11}  "
+                             f"{s.realization:<16} {s.fallback or '-'}")
+            for c in g.cuts:
+                lines.append(f"  cut: {c.describe()}")
+        return "\n".join(lines)
