@@ -23,7 +23,7 @@ import time
 
 import onnxruntime as ort
 
-from superkernel.advisor.environment import cpu_name
+from superkernel.tools.advisor.environment import cpu_name
 from superkernel.onnx import zoo
 from superkernel.onnx.cli import main as gaf
 
