@@ -234,7 +234,7 @@ def _cmd_analyze(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from superkernel.tools.advisor.bench import BenchOptions, bench
+    from superkernel.tools.advisor.plan_bench import BenchOptions, bench
     from superkernel.tools.advisor.console import print_results
     from superkernel.tools.advisor.progress import Reporter
 

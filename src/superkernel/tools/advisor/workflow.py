@@ -23,7 +23,7 @@ from superkernel.tools.advisor.measure import run_baselines, run_plan
 from superkernel.tools.advisor.plan_file import PlanFile, write_plan
 from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE
 from superkernel.tools.advisor.progress import Reporter
-from superkernel.tools.advisor.report import CHART_NAME, PLAN_NAME, REPORT_NAME, render
+from superkernel.tools.advisor.optimize_report import CHART_NAME, PLAN_NAME, REPORT_NAME, render
 from superkernel.tools.advisor.results import RunResult, fill_speedups, recommend
 from superkernel.tools.advisor.structure import analyze_structure
 from superkernel.tools.advisor.strategies import STRATEGIES, ScopePlan, StrategyError, auto_plans, custom_plan, plan_for
