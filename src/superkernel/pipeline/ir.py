@@ -14,7 +14,6 @@ module and none imports a later stage:
 
 from __future__ import annotations
 
-import functools
 import operator
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
@@ -61,10 +60,17 @@ def parse_options(options: str | None) -> ScopeOptions:
         return ScopeOptions()
     if not isinstance(options, str):
         raise TypeError(f"scope options must be a string like 'stream-fusion=1', got {type(options).__name__}")
-    return _parse_options(options)
+    parsed = _PARSED.get(options)
+    if parsed is None:
+        parsed = _PARSED[options] = _parse_options(options)
+    return parsed
 
 
-@functools.lru_cache(maxsize=256)
+# Parsed once per distinct string (a plain dict: Dynamo traces super_kernel() and warns
+# about functools.lru_cache wrappers).
+_PARSED: dict[str, ScopeOptions] = {}
+
+
 def _parse_options(options: str) -> ScopeOptions:
     values = {k: v[0] for k, v in OPTION_VALUES.items()}
     given: set[str] = set()
