@@ -14,6 +14,13 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
+#: Graph compile: source fusion by TorchInductor per segment.
+MAX_AUTOTUNE = "max-autotune"
+#: Graph capture of the unchanged kernels: binary fusion, bit-exact.
+REDUCE_OVERHEAD = "reduce-overhead"
+#: Every mode, in the order the workflow tries them (the default is MAX_AUTOTUNE).
+MODES = (REDUCE_OVERHEAD, MAX_AUTOTUNE)
+
 
 @dataclass(frozen=True)
 class Field:
@@ -146,9 +153,9 @@ class CompilerConfig(Section):
 
     _fields = {
         "mode": Field(
-            "max-autotune",
+            MAX_AUTOTUNE,
             "max-autotune: source fusion by TorchInductor per segment; reduce-overhead: binary fusion, bit-exact",
-            choices=("max-autotune", "reduce-overhead"),
+            choices=MODES,
         ),
     }
     _sections = {"debug": DebugConfig, "experimental_config": ExperimentalConfig, "inductor": InductorConfig}

@@ -59,7 +59,7 @@ def test_apply_returns_a_compiled_model_with_the_scopes(llama_session):
             return compiled(input_ids=ids, past_key_values=cache, cache_position=pos, use_cache=True).logits[:, -1, :]
 
         got = run_decode(llama_session, step)
-        ex = superkernel.pipeline.ir(compiled)
+        ex = superkernel.explain(compiled)
         assert ex.scopes == ["attention"] and len(ex.segments) == 4
         eager = run_decode(llama_session, llama_session.step_fn())
         torch.testing.assert_close(got.logits, eager.logits, rtol=0, atol=1e-5)

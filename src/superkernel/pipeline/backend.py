@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from superkernel.config import CompilerConfig
+from superkernel.config import MAX_AUTOTUNE, CompilerConfig
 from superkernel.pipeline.capture import break_text, capture, dynamo_graph_breaks
 from superkernel.pipeline.graph_dump import dump_graph
 from superkernel.pipeline.ir import Explanation, GraphInfo, SegmentInfo, graph_device
@@ -53,9 +53,9 @@ class SuperKernelBackend:
         self._graph_breaks_at_start = dynamo_graph_breaks()
         self.static_kernels = None
         if self.config.experimental_config.static_kernel.enable:
-            from superkernel.static_kernel.session import open_session
+            from superkernel.static_kernel.compiler import open_compiler
 
-            self.static_kernels = open_session(self.config)
+            self.static_kernels = open_compiler(self.config)
 
     # -- torch.compile entry -------------------------------------------------------
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:
@@ -66,7 +66,7 @@ class SuperKernelBackend:
                        decompositions=self._decompositions())
 
     def _decompositions(self) -> dict[Any, Any] | None:
-        if self.config.mode == "max-autotune" and not self.config.debug.run_eagerly:
+        if self.config.mode == MAX_AUTOTUNE and not self.config.debug.run_eagerly:
             from torch._inductor.decomposition import select_decomp_table
 
             return select_decomp_table()
@@ -76,12 +76,8 @@ class SuperKernelBackend:
     def compile_aten(self, gm: fx.GraphModule, example_inputs: list[Any], *, name: str) -> Callable[..., Any]:
         start = time.perf_counter()
         cfg = self.config
-        if self.static_kernels is not None:
-            from superkernel.static_kernel.frames import current_capture
-
-            capture = current_capture()
-            if capture is not None:  # a precompiled frame is being built: it keeps this graph
-                capture.record(gm)
+        if self.static_kernels is not None:  # a precompiled frame being built keeps this graph
+            self.static_kernels.observe_aten_graph(gm)
         device = graph_device(gm)
         # A graph that starts in the scope the previous graph ended in, right after Dynamo
         # broke the previous graph, continues that scope: the break is a cut.
@@ -181,15 +177,13 @@ def compile(model: Any, compiler_config: CompilerConfig | None = None, **torch_c
 
     :func:`superkernel.pipeline.ir` accepts the result. With static kernels enabled and a
     function (not a module) to compile, the result also loads the function's precompiled
-    Dynamo frame from the package (see ``superkernel.static_kernel.function``).
+    Dynamo frame from the package (see ``superkernel.static_kernel.compiler``).
     """
     backend = get_backend(compiler_config)
     torch_compile_kwargs.setdefault("dynamic", False)
     compiled = torch.compile(model, backend=backend, **torch_compile_kwargs)
     if backend.static_kernels is not None and _frames_apply(model, torch_compile_kwargs):
-        from superkernel.static_kernel.function import StaticFunction
-
-        compiled = StaticFunction(model, backend, compiled)
+        compiled = backend.static_kernels.wrap_function(model, backend, compiled)
     _COMPILED[id(compiled)] = (weakref.ref(compiled), backend)
     return compiled
 

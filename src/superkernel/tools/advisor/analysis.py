@@ -165,7 +165,7 @@ def trial_capture(session: DecodeSession, plan: ScopePlan) -> TrialCapture:
         ids, pos = session.inputs(0)
         with torch.no_grad():
             step(ids, pos)
-        ex = superkernel.pipeline.ir(backend)
+        ex = superkernel.explain(backend)
         trial.graphs = len(ex.graphs)
         trial.graph_breaks = ex.graph_breaks
         trial.segments = list(ex.segments)

@@ -11,9 +11,10 @@ from typing import Any
 
 import torch
 
+from superkernel.config import MODES, REDUCE_OVERHEAD
 from superkernel.tools.decode import DecodeSession, StepFn
 
-MODES = ("reduce-overhead", "max-autotune")
+__all__ = ["MODES", "REDUCE_OVERHEAD", "compile_inductor", "compile_superkernel", "superkernel_backend"]
 
 
 def superkernel_backend(mode: str, *, run_eagerly: bool = False) -> Any:

@@ -61,7 +61,7 @@ def run_baselines(session: DecodeSession, reporter: Reporter) -> list[RunResult]
 def _explain_into(result: RunResult, backend: Any) -> None:
     import superkernel
 
-    ex = superkernel.pipeline.ir(backend)
+    ex = superkernel.explain(backend)
     result.segments = len(ex.segments)
     result.cuts = list(ex.cuts)
     result.graph_breaks = ex.graph_breaks

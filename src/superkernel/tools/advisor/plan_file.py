@@ -22,10 +22,10 @@ from typing import Any, Mapping
 import yaml
 
 from superkernel.util import atomic_write
+from superkernel.config import MODES
 
 VERSION = 1
 _KEYS = {"version", "model", "strategy", "mode", "options", "scopes", "measured"}
-_MODES = ("reduce-overhead", "max-autotune")
 
 
 class PlanFileError(ValueError):
@@ -55,8 +55,8 @@ def _validate(data: Any, where: str) -> PlanFile:
     if data.get("version", VERSION) != VERSION:
         raise PlanFileError(f"{where}: version {data.get('version')!r} is not supported (this superkernel reads {VERSION})")
     mode = data.get("mode")
-    if mode not in _MODES:
-        raise PlanFileError(f"{where}: mode must be one of {', '.join(_MODES)}, got {mode!r}")
+    if mode not in MODES:
+        raise PlanFileError(f"{where}: mode must be one of {', '.join(MODES)}, got {mode!r}")
     scopes = data.get("scopes")
     if not isinstance(scopes, Mapping) or not scopes:
         raise PlanFileError(f"{where}: 'scopes' must be a non-empty mapping of label -> module glob(s)")
