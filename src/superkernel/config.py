@@ -31,7 +31,7 @@ class Field:
     check: Callable[[Any], str | None] | None = None  # returns an error text or None
 
     def validate(self, path: str, value: Any) -> Any:
-        if self.choices is not None and value not in self.choices:
+        if self.choices is not None and not any(type(value) is type(c) and value == c for c in self.choices):
             allowed = ", ".join(repr(c) for c in self.choices)
             raise ValueError(f"invalid value {value!r} for {path}; allowed values: {allowed}")
         if self.kind is not None and not isinstance(value, self.kind):
@@ -45,7 +45,8 @@ class Field:
 
 
 def _positive_int_list(value: Any) -> str | None:
-    if not isinstance(value, (list, tuple)) or not all(isinstance(v, int) and v > 0 for v in value):
+    if not isinstance(value, (list, tuple)) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
         return "expected a list of positive integers, e.g. [1, 2, 4]"
     return None
 
@@ -88,6 +89,9 @@ class Section:
         if not isinstance(values, dict):
             raise TypeError(f"{self._path} must be a mapping, got {type(values).__name__}")
         for key, value in values.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{self._path}: keys must be field names (strings), got {type(key).__name__} {key!r}; "
+                                f"allowed: {', '.join(self.field_names())}")
             if key in self._sections:
                 getattr(self, key).update(value)
             else:
