@@ -82,7 +82,6 @@ class CudaGraphSegment:
         self.max_captures = max_captures
         self.captures: dict[tuple[Any, ...], _Captured] = {}
         self.failed = False
-        self.replays = 0
 
     def __call__(self, *args: Any) -> Any:
         if self.failed:
@@ -90,7 +89,6 @@ class CudaGraphSegment:
         key = _signature(args)
         entry = self.captures.get(key)
         if entry is not None:
-            self.replays += 1
             return entry.replay(args)
         if len(self.captures) >= self.max_captures:
             return self.fn(*args)  # bounded: more shapes than we keep graphs for run uncaptured

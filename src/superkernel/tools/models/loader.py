@@ -37,10 +37,6 @@ class LoadedModel:
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
 
-    @property
-    def vocab_size(self) -> int:
-        return int(self.model.config.vocab_size)
-
 
 def looks_like_path(spec: str) -> bool:
     return os.sep in spec or spec.startswith(".") or spec.startswith("~") or os.path.exists(spec)
