@@ -11,7 +11,7 @@ from superkernel.tools.decode import DecodeRun, prepare, run_decode
 def test_session_shapes_and_teacher_tokens(llama_session):
     s = llama_session
     assert s.prompt_ids.shape == (1, 8)
-    assert s.tokens.shape == (s.warmup + s.steps,)
+    assert s.tokens.shape == (s.warmup + s.steps, 1)  # [steps, batch]
     assert s.max_cache_len == 8 + s.warmup + s.steps
     assert all(layer.keys.shape[2] == s.max_cache_len for layer in s.cache.layers)  # preallocated
     assert s.prefill_seconds > 0
@@ -20,7 +20,7 @@ def test_session_shapes_and_teacher_tokens(llama_session):
 def test_tokens_are_the_eager_greedy_sequence(llama_session):
     run = run_decode(llama_session, llama_session.step_fn())
     # step i is fed tokens[i]; greedy means its argmax is the token fed at step i + 1
-    assert torch.equal(run.logits.argmax(-1)[:-1], llama_session.tokens[1:].cpu())
+    assert torch.equal(run.logits.argmax(-1)[:-1], llama_session.tokens[1:].reshape(-1).cpu())
 
 
 def test_every_run_starts_from_the_same_cache_state(llama_session):

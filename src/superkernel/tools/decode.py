@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -38,44 +38,87 @@ class DecodeSession:
 
     model: torch.nn.Module
     device: torch.device
-    prompt_ids: torch.Tensor          # [1, prompt_len]
-    tokens: torch.Tensor              # [warmup + steps] token fed at each decode step
+    prompt_ids: torch.Tensor          # [batch, prompt_len]
+    tokens: torch.Tensor              # [warmup + steps, batch] tokens fed at each decode step
     cache: object                     # transformers StaticCache, preallocated
-    snapshot: list[tuple[torch.Tensor, ...]]
+    snapshot: dict[str, Any]           # snapshot_state(cache) right after prefill
     warmup: int
     steps: int
     prefill_seconds: float
     max_cache_len: int
+    #: Python ints of the cache that change from step to step (e.g. a sliding window's
+    #: ``cumulative_length_int``): measured during the reference decode, made dynamic for
+    #: Dynamo while the decode runs so the step compiles once instead of once per position.
+    growing_ints: list[str] = field(default_factory=list)
+    #: The model's forward takes ``position_ids``: the step passes them (from cache_position)
+    #: so models that derive them from a mask growing with the position (OPT) keep static shapes.
+    pass_position_ids: bool = False
 
     @property
     def prompt_len(self) -> int:
         return int(self.prompt_ids.shape[1])
 
     @property
+    def batch(self) -> int:
+        return int(self.prompt_ids.shape[0])
+
+    @property
+    def dynamic_sources(self) -> str:
+        """``torch.compiler.config.dynamic_sources`` for the decode (see :attr:`growing_ints`)."""
+        return ",".join(rf".*\.{name}$" for name in self.growing_ints)
+
+    def dynamo_config(self):
+        """Context manager: the Dynamo settings every decode run (baselines and plans alike) uses.
+
+        - the cache's growing Python ints are dynamic sources (see :attr:`growing_ints`);
+        - ``.item()`` and data-dependent output shapes are captured instead of breaking the
+          graph (``capture_scalar_outputs`` / ``capture_dynamic_output_shape_ops``): OPT's
+          dead ``torch.ones(batch, past + 1)`` mask, MoE routing with ``nonzero``.
+        """
+        import contextlib
+
+        stack = contextlib.ExitStack()
+        stack.enter_context(torch._dynamo.config.patch(capture_scalar_outputs=True,
+                                                       capture_dynamic_output_shape_ops=True))
+        if self.growing_ints:
+            stack.enter_context(torch.compiler.config.patch(dynamic_sources=self.dynamic_sources))
+        return stack
+
+    @property
     def total_steps(self) -> int:
         return self.warmup + self.steps
 
     def restore_cache(self) -> None:
-        """Put the cache back to its state right after prefill, in place (addresses stay the same)."""
-        for layer, saved in zip(self.cache.layers, self.snapshot):
-            for tensor, value in zip(_layer_state(layer), saved):
-                tensor.copy_(value)
+        """Put the cache back to its complete state right after prefill (see :func:`snapshot_state`).
+
+        Tensors are copied in place (their addresses stay the same: compiled steps and CUDA
+        graphs keep pointing at them); Python attributes (ints such as a sliding window's
+        ``cumulative_length_int``, flags, dicts of per-state tensors) are set back.
+        """
+        restore_state(self.cache, self.snapshot)
 
     def step_fn(self) -> StepFn:
         """A fresh eager decode step bound to this session's model and cache.
 
-        Returns the last-position logits ``[1, vocab]``. Compile it with any backend.
+        Returns the last-position logits ``[batch, vocab]``. Compile it with any backend.
         """
         model, cache = self.model, self.cache
 
-        def decode_step(input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
-            out = model(input_ids=input_ids, past_key_values=cache, cache_position=cache_position, use_cache=True)
-            return out.logits[:, -1, :]
+        if self.pass_position_ids:
+            def decode_step(input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+                position_ids = cache_position.unsqueeze(0).expand(input_ids.shape[0], -1)
+                out = model(input_ids=input_ids, past_key_values=cache, cache_position=cache_position,
+                            position_ids=position_ids, use_cache=True)
+                return out.logits[:, -1, :]
+        else:
+            def decode_step(input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+                out = model(input_ids=input_ids, past_key_values=cache, cache_position=cache_position, use_cache=True)
+                return out.logits[:, -1, :]
 
         return decode_step
 
     def inputs(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = self.tokens[i].reshape(1, 1)
+        ids = self.tokens[i].reshape(self.batch, 1)
         pos = torch.tensor([self.prompt_len + i], device=self.device)
         return ids, pos
 
@@ -85,10 +128,12 @@ class DecodeRun:
     """Logits and timings of one plan over all decode steps of a session."""
 
     label: str
-    logits: torch.Tensor                     # [warmup + steps, vocab], float32 on CPU
+    logits: torch.Tensor                     # [(warmup + steps) * batch, vocab], float32 on CPU, step-major
     step_seconds: list[float] = field(repr=False)  # every step, warm-up included
     warmup: int = 1
     compile_seconds: float = 0.0             # first call: tracing + compiling + one step
+    batch: int = 1
+    dynamo: "DynamoCounts | None" = None     # recompiles / graph breaks, split into warm-up and timed steps
 
     @property
     def timed(self) -> list[float]:
@@ -104,7 +149,7 @@ class DecodeRun:
 
     @property
     def tokens_per_s(self) -> float:
-        return 1e3 / self.median_ms if self.median_ms > 0 else math.inf  # batch 1
+        return self.batch * 1e3 / self.median_ms if self.median_ms > 0 else math.inf
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -116,16 +161,119 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def _layer_state(layer) -> tuple[torch.Tensor, ...]:
-    state = [layer.keys, layer.values]
-    if isinstance(getattr(layer, "cumulative_length", None), torch.Tensor):
-        state.append(layer.cumulative_length)  # transformers >= 5 tracks the write position in the layer
-    return tuple(state)
+# --- complete cache state ------------------------------------------------------------
+#
+# transformers' cache layers keep their state in tensors (keys, values, a write position
+# ``cumulative_length``, the conv and recurrent states of linear attention, quantized
+# payloads) *and* in Python attributes (a sliding window's ``cumulative_length_int``,
+# ``is_initialized``, per-state ``has_previous_state`` dicts, a quantized layer's int
+# length). Restoring only some of it makes two runs from "the same" state differ. So the
+# snapshot is generic: every attribute of the cache and of every layer, recursively
+# through dicts, lists and tuples; tensors are cloned, everything else is copied.
+
+_ATOMS = (int, float, bool, str, bytes, type(None), torch.dtype, torch.device)
 
 
-def make_prompt(vocab_size: int, prompt_len: int, seed: int, device: torch.device) -> torch.Tensor:
+def _snap(value: Any) -> tuple[str, Any]:
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.detach().clone())
+    if isinstance(value, dict):
+        return ("dict", (type(value), {k: _snap(v) for k, v in value.items()}))
+    if isinstance(value, (list, tuple)):
+        return ("seq", (type(value), [_snap(v) for v in value]))
+    if isinstance(value, _ATOMS):
+        return ("atom", value)
+    if _is_layer(value):
+        return ("layer", (value, _snap_vars(value)))
+    return ("ref", value)  # functions, quantizer objects, modules: kept by reference, never mutated by a step
+
+
+def _is_layer(value: Any) -> bool:
+    module = type(value).__module__ or ""
+    return module.startswith("transformers.cache_utils") and hasattr(value, "__dict__")
+
+
+def _snap_vars(obj: Any) -> dict[str, tuple[str, Any]]:
+    return {k: _snap(v) for k, v in vars(obj).items()}
+
+
+def _restore(current: Any, saved: tuple[str, Any]) -> Any:
+    """The value to put back; tensors and containers are updated in place where they still fit."""
+    kind, data = saved
+    if kind == "tensor":
+        if (isinstance(current, torch.Tensor) and current.shape == data.shape and current.dtype == data.dtype
+                and current.device == data.device and current.stride() == data.stride()):
+            current.copy_(data)
+            return current
+        return data.clone()
+    if kind == "dict":
+        cls, items = data
+        if isinstance(current, dict) and type(current) is cls:
+            for key in [k for k in current if k not in items]:
+                del current[key]
+            for key, value in items.items():
+                current[key] = _restore(current.get(key), value)
+            return current
+        return cls((k, _restore(None, v)) for k, v in items.items())
+    if kind == "seq":
+        cls, items = data
+        if isinstance(current, list) and cls is list and len(current) == len(items):
+            for i, value in enumerate(items):
+                current[i] = _restore(current[i], value)
+            return current
+        values = [_restore(current[i] if isinstance(current, (list, tuple)) and i < len(current) else None, v)
+                  for i, v in enumerate(items)]
+        return cls(values) if cls in (list, tuple) else cls(*values)
+    if kind == "layer":
+        obj, attrs = data
+        _restore_vars(obj, attrs)
+        return obj
+    return data  # atom or reference
+
+
+def _restore_vars(obj: Any, attrs: dict[str, tuple[str, Any]]) -> None:
+    for key in [k for k in vars(obj) if k not in attrs]:
+        delattr(obj, key)  # created after the snapshot (lazy initialization): undo it
+    for key, value in attrs.items():
+        current = vars(obj).get(key)
+        restored = _restore(current, value)
+        if restored is not current:
+            setattr(obj, key, restored)
+
+
+def snapshot_state(cache: Any) -> dict[str, Any]:
+    """Every tensor and Python attribute of a transformers cache and of each of its layers."""
+    return _snap_vars(cache)
+
+
+def restore_state(cache: Any, snapshot: dict[str, Any]) -> None:
+    """Put ``cache`` back to ``snapshot`` (see :func:`snapshot_state`); tensors in place."""
+    _restore_vars(cache, snapshot)
+
+
+def make_prompt(vocab_size: int, prompt_len: int, seed: int, device: torch.device, batch: int = 1) -> torch.Tensor:
+    """Seeded random token ids ``[batch, prompt_len]`` (row 0 is the same for every batch size)."""
     gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab_size, (1, prompt_len), generator=gen).to(device)
+    return torch.randint(0, vocab_size, (batch, prompt_len), generator=gen).to(device)
+
+
+def _takes_position_ids(model: torch.nn.Module) -> bool:
+    import inspect
+
+    try:
+        return "position_ids" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _python_ints(cache: Any) -> dict[tuple[int, str], int]:
+    """(layer index, attribute) -> value of every plain int attribute of the cache layers."""
+    out = {}
+    for i, layer in enumerate(getattr(cache, "layers", [])):
+        for name, value in vars(layer).items():
+            if isinstance(value, int) and not isinstance(value, bool):
+                out[(i, name)] = value
+    return out
 
 
 def prepare(model: torch.nn.Module, *, prompt_len: int = 32, steps: int = 32, warmup: int = 4, seed: int = 0,
@@ -148,9 +296,10 @@ def prepare(model: torch.nn.Module, *, prompt_len: int = 32, steps: int = 32, wa
     if max_pos is not None and max_cache_len > max_pos:
         raise ValueError(f"prompt_len + warmup + steps = {max_cache_len} exceeds the model's "
                          f"max_position_embeddings ({max_pos})")
-    if reference_tokens and batch != 1:
-        raise ValueError(f"the greedy reference token sequence is batch 1 only (got batch={batch})")
-    prompt = make_prompt(int(model.config.vocab_size), prompt_len, seed, device).repeat(batch, 1)
+    if batch < 1:
+        raise ValueError(f"batch must be >= 1 (got {batch})")
+    vocab = getattr(model.config, "vocab_size", None) or getattr(model.config.get_text_config(), "vocab_size")
+    prompt = make_prompt(int(vocab), prompt_len, seed, device, batch)
     cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
     with torch.no_grad():
         synchronize(device)
@@ -159,42 +308,102 @@ def prepare(model: torch.nn.Module, *, prompt_len: int = 32, steps: int = 32, wa
                     use_cache=True)
         synchronize(device)
         prefill_seconds = time.perf_counter() - start
-    snapshot = [tuple(t.clone() for t in _layer_state(layer)) for layer in cache.layers]
+    snapshot = snapshot_state(cache)
     session = DecodeSession(model=model, device=device, prompt_ids=prompt, tokens=torch.empty(0), cache=cache,
                             snapshot=snapshot, warmup=warmup, steps=steps, prefill_seconds=prefill_seconds,
-                            max_cache_len=max_cache_len)
+                            max_cache_len=max_cache_len, pass_position_ids=_takes_position_ids(model))
+    first = out.logits[:, -1].argmax(-1)
     if reference_tokens:
-        session.tokens = _greedy_tokens(session, out.logits[0, -1].argmax())
+        session.tokens = _greedy_tokens(session, first)
     else:
-        session.tokens = out.logits[:, -1].argmax(-1)
+        session.tokens = first.reshape(1, batch)
     return session
 
 
 def _greedy_tokens(session: DecodeSession, first: torch.Tensor) -> torch.Tensor:
-    """Greedy decode with the uncompiled model; the result is the sequence every plan is fed."""
-    tokens = [first.reshape(())]
+    """Greedy decode with the uncompiled model; the result is the sequence every plan is fed.
+
+    Also records which Python ints of the cache changed over the decode (growing_ints).
+    """
+    tokens = [first.reshape(session.batch)]
     step = session.step_fn()
     session.restore_cache()
+    before = _python_ints(session.cache)
     with torch.no_grad():
         for i in range(session.total_steps - 1):
-            ids = tokens[-1].reshape(1, 1)
+            ids = tokens[-1].reshape(session.batch, 1)
             pos = torch.tensor([session.prompt_len + i], device=session.device)
-            tokens.append(step(ids, pos)[0].argmax())
+            tokens.append(step(ids, pos).argmax(-1).reshape(session.batch))
+        if session.total_steps == 1:  # one step still shows which ints move
+            step(tokens[0].reshape(session.batch, 1), torch.tensor([session.prompt_len], device=session.device))
+    after = _python_ints(session.cache)
+    session.growing_ints = sorted({name for key, name in after if before.get((key, name)) != after[(key, name)]})
     session.restore_cache()
     return torch.stack(tokens).to(session.device)
+
+
+@dataclass
+class DynamoCounts:
+    """What Dynamo did during one run, measured (not guessed) from its own records.
+
+    ``recompiles_*`` count guard failures that made Dynamo compile the step again
+    (``torch._dynamo.utils.guard_failures``); ``graph_breaks_*`` the graph breaks Dynamo
+    traced (``counters["graph_break"]``); ``graphs_*`` graphs handed to a backend. "first"
+    is the first call (the compile), "warmup" the other warm-up steps, "timed" the timed steps.
+    """
+
+    recompiles_first: int = 0
+    recompiles_warmup: int = 0
+    recompiles_timed: int = 0
+    graph_breaks_first: int = 0
+    graph_breaks_later: int = 0
+    graphs_first: int = 0
+    graphs_later: int = 0
+    reasons: list[str] = field(default_factory=list)   # guard failures after the first call, first line each
+    break_reasons: list[str] = field(default_factory=list)
+    limit_hit: bool = False                            # Dynamo gave up and runs the step uncompiled
+
+    @property
+    def steady_state_recompiles(self) -> int:
+        """Recompiles after the first call (warm-up and timed steps)."""
+        return self.recompiles_warmup + self.recompiles_timed
+
+    @property
+    def recompiles_in_steady_state(self) -> bool:
+        return self.recompiles_timed > 0 or self.limit_hit
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def _dynamo_marks() -> tuple[int, int, int, list[str], list[str]]:
+    from torch._dynamo.utils import counters, guard_failures
+
+    fails = [reason for reasons in guard_failures.values() for reason in reasons]
+    breaks = list(counters["graph_break"].keys())
+    return (len(fails), int(sum(counters["graph_break"].values())), int(counters["stats"]["unique_graphs"]),
+            fails, breaks)
+
+
+def _first_line(text: str) -> str:
+    return " ".join(str(text).strip().splitlines()[0].split())[:300] if str(text).strip() else ""
 
 
 def run_decode(session: DecodeSession, step: StepFn, *, label: str = "",
                on_step: Callable[[int, int], None] | None = None) -> DecodeRun:
     """Run every decode step of the session through ``step`` and time each one.
 
-    ``on_step(done, total)`` is called after each step (progress bars).
+    ``on_step(done, total)`` is called after each step (progress bars). The run also
+    counts Dynamo's recompiles and graph breaks per phase (:class:`DynamoCounts`).
     """
     session.restore_cache()
     device = session.device
     logits, times = [], []
     total = session.total_steps
-    with torch.no_grad():
+    marks = [_dynamo_marks()]
+    with torch.no_grad(), session.dynamo_config():
         for i in range(total):
             ids, pos = session.inputs(i)
             synchronize(device)
@@ -203,9 +412,28 @@ def run_decode(session: DecodeSession, step: StepFn, *, label: str = "",
             synchronize(device)
             times.append(time.perf_counter() - start)
             # Copy out at once: a CUDA-graph replay may reuse the output buffer on the next step.
-            logits.append(out.detach().reshape(-1).float().cpu().clone())
+            logits.append(out.detach().reshape(-1, out.shape[-1]).float().cpu().clone())
+            if i == 0 or i == session.warmup - 1:
+                marks.append(_dynamo_marks())
             if on_step is not None:
                 on_step(i + 1, total)
+    while len(marks) < 3:
+        marks.append(marks[-1])
+    marks.append(_dynamo_marks())
     session.restore_cache()
-    return DecodeRun(label=label, logits=torch.stack(logits), step_seconds=times, warmup=session.warmup,
-                     compile_seconds=times[0])
+    return DecodeRun(label=label, logits=torch.cat(logits), step_seconds=times, warmup=session.warmup,
+                     compile_seconds=times[0], batch=session.batch, dynamo=_counts(marks))
+
+
+def _counts(marks: list[tuple[int, int, int, list[str], list[str]]]) -> DynamoCounts:
+    start, first, warm, end = marks
+    later_fails = end[3][first[0]:]
+    new_breaks = [b for b in end[4] if b not in start[4]]
+    limit = int(getattr(torch._dynamo.config, "recompile_limit", 8) or 8)
+    return DynamoCounts(
+        recompiles_first=first[0] - start[0], recompiles_warmup=warm[0] - first[0], recompiles_timed=end[0] - warm[0],
+        graph_breaks_first=first[1] - start[1], graph_breaks_later=end[1] - first[1],
+        graphs_first=first[2] - start[2], graphs_later=end[2] - first[2],
+        reasons=list(dict.fromkeys(_first_line(r) for r in later_fails))[:5],
+        break_reasons=[_first_line(b) for b in new_breaks][:5],
+        limit_hit=(end[0] - start[0]) >= limit)
