@@ -55,6 +55,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bench-warmup", type=int, default=10, metavar="N", help="warm-up runs (default 10)")
     p.add_argument("--threads", type=int, default=0, metavar="N",
                    help="ONNX Runtime intra-op threads for the benchmark (default: ORT's choice)")
+    p.add_argument("--no-calibrate", action="store_true",
+                   help="decide with the static estimate only (no micro-benchmarks, no end-to-end check)")
+    p.add_argument("--no-e2e-check", action="store_true",
+                   help="skip the end-to-end timing that drops fusion kinds which make the whole model slower")
+    p.add_argument("--calibration-cache", metavar="PATH", default=None,
+                   help="JSON cache of micro-benchmark results (default: the user cache directory)")
     p.add_argument("--no-verify", action="store_true", help="skip the comparison in ONNX Runtime")
     p.add_argument("--seed", type=int, default=0, help="seed of the random verification inputs (default 0)")
     p.add_argument("--atol", type=float, default=None, help="override the per-dtype absolute tolerance")
@@ -111,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         loaded = modelio.load(args.input)
         modelio.check_output_path(args.input, args.output, loaded.external_files)
         if args.report:
-            modelio.check_output_path(args.input, args.report, loaded.external_files)
+            modelio.check_output_path(args.input, args.report, loaded.external_files, flag="--report")
             for path in (args.report, report.json_twin(args.report)):  # neither may replace a file of this run
                 check_not_input(path, report_inputs(args, loaded))
     except (InputError, RuleSelectionError, OutputError) as e:
@@ -121,7 +127,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     cost_model = B.CPU_DEFAULT
     staged = None
-    verification = bench = None
+    verification = bench = e2e = None
+    calibrator = None
+    if not args.no_calibrate and specs:
+        from .calibrate import Calibrator
+
+        calibrator = Calibrator(threads=args.threads or 1, cache_path=args.calibration_cache, dims=dims,
+                                default_dim=ESTIMATE_DEFAULT_DIM)
     status, code, message, written = "ok", EXIT_OK, "", []
     progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
                         transient=True, disable=args.quiet)
@@ -132,10 +144,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             def on_stage(names: str, i: int, n: int) -> None:
                 progress.update(task, description=f"stage {i + 1}/{n}: {names}")
 
-            fusion = engine.fuse(loaded.model, specs, dims=dims, default_dim=ESTIMATE_DEFAULT_DIM,
-                                 debug=args.debug, cost_model=cost_model, progress=on_stage)
-            progress.update(task, description="writing the fused model (staged)")
-            staged = modelio.stage_model(loaded.model, args.output, external_data=loaded.external_data)
+            def fuse_and_stage(excluded: set[str], model=None):
+                chosen = [sp for sp in specs if sp.name not in excluded]
+                m = model if model is not None else modelio.load(args.input).model
+                f = engine.fuse(m, chosen, dims=dims, default_dim=ESTIMATE_DEFAULT_DIM, debug=args.debug,
+                                cost_model=cost_model, progress=on_stage, calibrator=calibrator)
+                return f, modelio.stage_model(m, args.output, external_data=loaded.external_data)
+
+            fusion, staged = fuse_and_stage(set(), loaded.model)
+            if calibrator is not None and not args.no_e2e_check and fusion.applied:
+                from .e2e import guard
+
+                progress.update(task, description="end-to-end check in ONNX Runtime")
+                fusion, staged, e2e = guard(args.input, fusion, staged, fuse_and_stage, dims=dims, seed=args.seed,
+                                            threads=args.threads or 1)
             if not args.no_verify:
                 progress.update(task, description="verifying in ONNX Runtime")
                 verification = V.verify(args.input, staged.model_path, dims=dims, seed=args.seed, atol=args.atol,
@@ -161,7 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     data = report.build(input_path=args.input, output_path=args.output, opset=loaded.opset,
                         opt_level=args.opt_level, rules=[s.name for s in specs], dims=dims, fusion=fusion,
                         verification=verification, benchmark=bench, status=status, exit_code=code,
-                        written=written, cost_model=dataclasses.asdict(cost_model), message=message)
+                        written=written, cost_model=dataclasses.asdict(cost_model), message=message,
+                        calibration=_calibration_info(calibrator), e2e=e2e)
     if args.report:
         import json
 
@@ -172,6 +195,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if code == EXIT_VERIFY_FAILED:
         err.print(f"graph-autofusion: verification failed, nothing written: {message}", markup=False)
     return code
+
+
+def _calibration_info(calibrator) -> dict | None:
+    if calibrator is None:
+        return None
+    return {"cache": calibrator.cache_path if calibrator.use_cache else None, "env": calibrator.env,
+            "measured": calibrator.measured, "reused_from_cache": calibrator.reused}
 
 
 def report_inputs(args: argparse.Namespace, loaded: modelio.LoadedModel) -> list[str]:
@@ -193,10 +223,11 @@ def print_summary(console: Console, d: dict) -> None:
         e[3] += c["benefit"]["net_us"]
     if counts:
         t = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
-        for h in ("rule", "fused op", "count", "bytes saved", "est. net us"):
+        for h in ("rule", "fused op", "count", "bytes saved", "est. net us", "measured saved us"):
             t.add_column(h)
         for k, (op, n, b, us) in counts.items():
-            t.add_row(k, op, str(n), str(b), f"{us:+.2f}")
+            ms = [c["measured"]["saved_us"] for c in d["applied"] if c["rule"] == k and c.get("measured")]
+            t.add_row(k, op, str(n), str(b), f"{us:+.2f}", f"{sum(ms):+.2f}" if ms else "-")
         console.print(t)
     skipped = d["skipped"][:5]
     for c in skipped:
@@ -220,6 +251,10 @@ def print_summary(console: Console, d: dict) -> None:
                       f"original ENABLE_ALL {t[('original', 'ORT_ENABLE_ALL')]:.4f}, "
                       f"fused ENABLE_ALL {t[('fused', 'ORT_ENABLE_ALL')]:.4f}; "
                       f"speedup vs ORT_ENABLE_ALL {b['speedup_vs_ort_enable_all']:.3f}x")
+    e = d.get("end_to_end")
+    if e:
+        console.print(f"end-to-end (ORT_ENABLE_ALL): original {e['original_ms']:.4f} ms, fused {e['fused_ms']:.4f} ms "
+                      f"(x{e['ratio']:.3f}); dropped rules: {', '.join(e['dropped_rules']) or 'none'}")
     console.print(f"written: {', '.join(d['written']) or 'nothing'}")
 
 

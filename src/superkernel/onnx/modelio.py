@@ -76,19 +76,28 @@ def load(path: str) -> LoadedModel:
     return LoadedModel(path, model, int(opset), bool(files), files)
 
 
-def check_output_path(input_path: str, output_path: str, external_files: list[str]) -> None:
+def check_output_path(input_path: str, output_path: str, external_files: list[str], *, flag: str = "--output") -> None:
+    """Refuse, before any work, an output that could lose data or cannot be written.
+
+    The output (and, for ``--output``, its external-data twin) may not be any file the input
+    consists of; its directory must exist and be writable.
+    """
     if not output_path:
-        raise InputError("--output is required")
-    ip, op_ = os.path.realpath(input_path), os.path.realpath(output_path)
-    if ip == op_:
-        raise InputError(f"--output is the same file as --input ({output_path}); refusing to overwrite the input")
+        raise InputError(f"{flag} is required")
+    op_ = os.path.realpath(output_path)
+    inputs = {os.path.realpath(f): f for f in [input_path, *external_files]}
+    targets = [op_] + ([os.path.realpath(external_data_path(output_path))] if flag == "--output" else [])
+    for target in targets:
+        if target in inputs:
+            raise InputError(f"{flag} {output_path} is the same file as {inputs[target]}, part of the input model; "
+                             "refusing to overwrite the input (choose another path)")
     if os.path.isdir(op_):
-        raise InputError(f"--output is a directory: {output_path}")
+        raise InputError(f"{flag} is a directory: {output_path}")
     out_dir = os.path.dirname(op_)
     if not os.path.isdir(out_dir):
-        raise InputError(f"output directory does not exist: {out_dir}")
-    if os.path.realpath(external_data_path(output_path)) in {os.path.realpath(f) for f in external_files}:
-        raise InputError(f"output external data {external_data_path(output_path)} would overwrite the input's")
+        raise InputError(f"{flag}: output directory does not exist: {out_dir}")
+    if not os.access(out_dir, os.W_OK | os.X_OK):
+        raise InputError(f"{flag}: output directory is not writable: {out_dir}")
 
 
 def external_data_path(output_path: str) -> str:
