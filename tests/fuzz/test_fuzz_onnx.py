@@ -224,3 +224,32 @@ def test_unwritable_output_is_refused_before_work(tmp_path: Path, flag: str) -> 
     assert code == 2, err.getvalue()
     assert "Traceback" not in err.getvalue() and flag in err.getvalue(), err.getvalue()
     assert not (tmp_path / "o.onnx").exists()
+
+
+def test_model_and_external_data_appear_together_or_not_at_all(tmp_path: Path, monkeypatch) -> None:
+    """If moving the model into place fails after its external data moved, both old files come back."""
+    import onnx_ir as ir
+
+    from superkernel.onnx import modelio
+
+    out = tmp_path / "o.onnx"
+    out.write_bytes(b"old model")
+    (tmp_path / "o.onnx.data").write_bytes(b"old data")
+    staged = modelio.stage_model(ir.from_proto(_base_model()), str(out), external_data=True)
+    real_replace = modelio.os.replace
+
+    def failing_replace(src, dst):
+        if str(dst) == str(out) and ".graph-autofusion-" in str(src) and "previous" not in str(src):
+            raise OSError("disk full")
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(modelio.os, "replace", failing_replace)
+    with pytest.raises(OSError, match="disk full"):
+        staged.commit()
+    assert out.read_bytes() == b"old model"
+    assert (tmp_path / "o.onnx.data").read_bytes() == b"old data"
+    monkeypatch.setattr(modelio.os, "replace", real_replace)
+    staged = modelio.stage_model(ir.from_proto(_base_model()), str(out), external_data=True)
+    assert staged.commit() == [str(out), str(out) + ".data"]
+    assert onnx.load(str(out)).graph.node[0].op_type == "Add"
+    staged.discard()

@@ -5,6 +5,7 @@ naming the problem (exit code 2 on the command line)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -114,15 +115,35 @@ class StagedModel:
     output_path: str
 
     def commit(self) -> list[str]:
-        """Move into place: the external data first, then the model (os.replace each)."""
-        written = []
+        """Move the model and its external data into place together, or leave both as they were.
+
+        Files already at the targets are first renamed aside inside the staging folder;
+        if a move fails, what was moved is taken back and the old files are restored.
+        """
+        pairs = [(self.model_path, self.output_path)]
         if self.data_path and os.path.exists(self.data_path):
-            os.replace(self.data_path, external_data_path(self.output_path))
-            written.append(external_data_path(self.output_path))
-        os.replace(self.model_path, self.output_path)
-        written.insert(0, self.output_path)
+            pairs.insert(0, (self.data_path, external_data_path(self.output_path)))
+        backups: list[tuple[str, str]] = []
+        moved: list[tuple[str, str]] = []
+        try:
+            for i, (_, target) in enumerate(pairs):
+                if os.path.lexists(target):
+                    aside = os.path.join(self.tmpdir, f".previous-{i}")
+                    os.replace(target, aside)
+                    backups.append((aside, target))
+            for source, target in pairs:
+                os.replace(source, target)
+                moved.append((source, target))
+        except BaseException:
+            for source, target in reversed(moved):
+                with contextlib.suppress(OSError):
+                    os.replace(target, source)
+            for aside, target in backups:
+                with contextlib.suppress(OSError):
+                    os.replace(aside, target)
+            raise
         self.discard()
-        return written
+        return [target for _, target in reversed(pairs)]
 
     def discard(self) -> None:
         shutil.rmtree(self.tmpdir, ignore_errors=True)
