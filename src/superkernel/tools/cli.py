@@ -38,6 +38,8 @@ def _add_model_args(p: argparse.ArgumentParser, *, default: str | None) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the zoo weights and of the prompt tokens (default 0)")
     p.add_argument("--device", default="auto", metavar="auto|cpu|cuda[:N]",
                    help="where to run; auto = cuda when available, else cpu (default auto)")
+    p.add_argument("--dtype", default=None, metavar="float32|float16|bfloat16",
+                   help="dtype to run the model in (default: the checkpoint's dtype; float32 for zoo models)")
 
 
 def _add_decode_args(p: argparse.ArgumentParser) -> None:
@@ -47,6 +49,8 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
                    help="warm-up decode steps per plan, not timed; the first one includes compiling (default 4)")
     p.add_argument("--prompt-len", type=positive_int("--prompt-len"), default=32,
                    help="prompt tokens prefilled once before decoding (default 32)")
+    p.add_argument("--batch-size", type=positive_int("--batch-size"), default=1, metavar="N",
+                   help="sequences decoded together (default 1); tokens/s counts all of them")
     p.add_argument("--threads", type=positive_int("--threads"), default=None, metavar="N",
                    help="CPU threads for torch (default auto: 1 for models under 50M parameters on CPU, whose "
                         "decode step is launch-bound and times steadily on one thread; else torch's default)")
@@ -105,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     ana.add_argument("--strategy", default="auto", metavar="NAME",
                      help=f"which plans to trial-capture: {', '.join(STRATEGIES)} (default auto = every one that applies)")
     _add_scope_args(ana)
+    ana.add_argument("--batch-size", type=positive_int("--batch-size"), default=1, metavar="N",
+                     help="sequences decoded together in the trial capture (default 1)")
     ana.add_argument("--prompt-len", type=positive_int("--prompt-len"), default=8,
                      help="prompt tokens prefilled before the trial capture (default 8)")
     ana.add_argument("--json", type=Path, metavar="FILE", help="also write the analysis as JSON to FILE")
@@ -174,14 +180,18 @@ def _cmd_optimize(args) -> int:
                            warmup=args.warmup, prompt_len=args.prompt_len, output=args.output,
                            custom_scopes=_custom_scopes(args), options=args.options, seed=args.seed,
                            device=args.device, tolerance=args.tolerance, threads=args.threads,
-                           quiet=args.quiet, inputs=[p for p in (args.scopes_file,) if p is not None])
+                           quiet=args.quiet, inputs=[p for p in (args.scopes_file,) if p is not None],
+                           dtype=args.dtype, batch_size=args.batch_size)
     outcome = optimize(opts, Reporter(quiet=args.quiet))
     console = _console()
-    print_results(outcome.results, outcome.recommended, f"superkernel optimize: {args.model}", console)
+    marked = outcome.recommended
+    if marked is None and outcome.decision is not None and outcome.decision.kind == "torch.compile":
+        marked = outcome.decision.baseline
+    print_results(outcome.results, marked, f"superkernel optimize: {args.model}", console)
     for key in ("report", "chart", "plan", "results"):
         if key in outcome.files:
             console.print(f"  {key}: {outcome.files[key]}")
-    if outcome.recommended is None:
+    if not outcome.has_recommendation:
         sys.stderr.write(f"{PROG}: error: {outcome.message}\n")
         return EXIT_NO_RESULT
     console.print(outcome.message, highlight=False)
@@ -197,19 +207,25 @@ def _cmd_analyze(args) -> int:
     from superkernel.tools.advisor.structure import analyze_structure
     from superkernel.tools.advisor.workflow import OptimizeOptions, load_and_prepare, select_plans, validate_scopes
 
-    if args.strategy != "custom" and (args.scope or args.scopes_file):
-        from superkernel.tools.advisor.strategies import StrategyError
+    from superkernel.tools.advisor.strategies import STRATEGIES, StrategyError, custom_plan
+    from superkernel.tools.models.loader import parse_dtype
+    from superkernel.util import check_output_file
 
+    if args.strategy not in STRATEGIES:  # before the model loads
+        raise StrategyError(f"unknown strategy {args.strategy!r}; choose one of: {', '.join(STRATEGIES)}")
+    if args.strategy != "custom" and (args.scope or args.scopes_file):
         raise StrategyError("--scope/--scopes-file give scopes for --strategy custom; add --strategy custom")
+    custom = _custom_scopes(args)
+    if args.strategy == "custom":
+        custom_plan(custom)
+    parse_dtype(args.dtype)
+    if args.json is not None:
+        check_output_file(args.json, "--json", [p for p in (args.scopes_file,) if p is not None])
     reporter = Reporter(quiet=False)
     loaded, session = load_and_prepare(
-        OptimizeOptions(model=args.model, prompt_len=args.prompt_len, steps=1, warmup=1, seed=args.seed,
-                        device=args.device), reporter)
-    from superkernel.tools.advisor.strategies import STRATEGIES, StrategyError
-
-    if args.strategy not in STRATEGIES:
-        raise StrategyError(f"unknown strategy {args.strategy!r}; choose one of: {', '.join(STRATEGIES)}")
-    plans = select_plans(args.strategy, analyze_structure(loaded.model), _custom_scopes(args))
+        OptimizeOptions(model=args.model, prompt_len=args.prompt_len, steps=2, warmup=1, seed=args.seed,
+                        device=args.device, dtype=args.dtype, batch_size=args.batch_size), reporter)
+    plans = select_plans(args.strategy, analyze_structure(loaded.model), custom)
     validate_scopes(loaded.model, plans, "")
     with reporter.task(f"trial capture of {len(plans)} plan(s)", total=len(plans)) as update:
         done = []
@@ -242,13 +258,21 @@ def _cmd_bench(args) -> int:
         _modes(args.mode)
     outcome = bench(BenchOptions(config=args.config, model=args.model, steps=args.steps, warmup=args.warmup,
                                  prompt_len=args.prompt_len, seed=args.seed, device=args.device, mode=args.mode,
-                                 tolerance=args.tolerance, threads=args.threads, quiet=args.quiet),
+                                 tolerance=args.tolerance, threads=args.threads, quiet=args.quiet,
+                                 dtype=args.dtype, batch_size=args.batch_size),
                     Reporter(quiet=args.quiet))
     console = _console()
     print_results(outcome.results, None, f"superkernel bench: {outcome.model} with {args.config}", console)
     plan = outcome.plan
     if plan.error:
         sys.stderr.write(f"{PROG}: error: the plan could not be captured: {plan.error}\n")
+        return EXIT_NO_RESULT
+    if plan.kind == "baseline":  # a "backend: torch.compile" plan
+        console.print(f"use torch.compile: {plan.median_ms:.3f} ms/step, {plan.speedup_vs_eager or 0:.2f}x vs eager"
+                      + (f"; {plan.recompile_reason}" if plan.recompiles else ""), highlight=False)
+        return 0
+    if plan.recompiles:
+        sys.stderr.write(f"{PROG}: error: the plan recompiles in steady state: {plan.recompile_reason}\n")
         return EXIT_NO_RESULT
     if not plan.passed:
         sys.stderr.write(f"{PROG}: error: the plan failed precision: {plan.verdict.reason}\n")

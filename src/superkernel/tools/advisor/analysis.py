@@ -10,6 +10,7 @@ would be cut at, with reasons.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -67,11 +68,21 @@ class Analysis:
     suggested_order: list[str] = field(default_factory=list)
     suggestion_why: str = ""
     trials: list[TrialCapture] = field(default_factory=list)
+    #: guards that would make Dynamo recompile the plain decode step at every position, with
+    #: what the harness does about each (measured: the step compiled for 3 steps, backend "eager")
+    recompile_guards: list[str] = field(default_factory=list)
+    recompiles_with_harness: int = 0
+    recompile_reasons_with_harness: list[str] = field(default_factory=list)
 
     @property
     def issues(self) -> list[str]:
         """The potential-problem list of workflow step one: breaks, cuts, scopes lost, captures that failed."""
         out = []
+        for guard in self.recompile_guards:
+            out.append(f"recompile guard: {guard}")
+        if self.recompiles_with_harness:
+            out.append(f"the decode step still recompiles {self.recompiles_with_harness} time(s) with the harness's "
+                       f"fixes: {'; '.join(self.recompile_reasons_with_harness[:2])}")
         if self.breaks:
             where = sorted({b.where for b in self.breaks if b.where})
             out.append(f"{len(self.breaks)} graph break(s) in the decode step"
@@ -98,6 +109,7 @@ class Analysis:
             "decode_graphs": self.decode_graphs, "graph_breaks": [asdict(b) for b in self.breaks],
             "kv_cache": self.kv_cache, "prefill_decode": self.prefill_decode,
             "suggested_order": self.suggested_order, "issues": self.issues,
+            "recompile_guards": self.recompile_guards, "recompiles_with_harness": self.recompiles_with_harness,
             "trials": [{"strategy": t.plan.strategy, "scopes": t.plan.scopes, "wrapped": t.wrapped,
                         "graphs": t.graphs, "graph_breaks": t.graph_breaks,
                         "segments": [asdict(s) for s in t.segments], "cuts": [asdict(c) for c in t.cuts],
@@ -107,15 +119,30 @@ class Analysis:
         }
 
 
+def _cache_tensors(layer) -> list[torch.Tensor]:
+    out = []
+    for value in vars(layer).values():
+        if isinstance(value, torch.Tensor):
+            out.append(value)
+        elif isinstance(value, dict):
+            out += [v for v in value.values() if isinstance(v, torch.Tensor)]
+    return out
+
+
 def kv_cache_description(session: DecodeSession) -> str:
-    layers = session.cache.layers
-    nbytes = sum(t.numel() * t.element_size() for layer in layers for t in (layer.keys, layer.values))
-    k = tuple(layers[0].keys.shape)
+    layers = list(getattr(session.cache, "layers", []))
+    if not layers:
+        return "no cache layers (the model keeps no decode state)"
+    nbytes = sum(t.numel() * t.element_size() for layer in layers for t in _cache_tensors(layer))
+    kinds = Counter(type(layer).__name__ for layer in layers)
+    first = next((layer for layer in layers if isinstance(getattr(layer, "keys", None), torch.Tensor)), None)
+    k = f" x keys {tuple(first.keys.shape)}" if first is not None else ""
     declared = getattr(session.model, "_can_compile_fullgraph", None)
     claim = {True: "; the model class declares full-graph compile support",
              False: "; the model class does not declare full-graph compile support"}.get(declared, "")
-    return (f"preallocated: transformers StaticCache, {len(layers)} layers x keys {k}, "
-            f"max_cache_len {session.max_cache_len}, {nbytes / 2**20:.2f} MiB; written in place (index_copy_){claim}")
+    kind_text = ", ".join(f"{n} {name}" for name, n in kinds.items())
+    return (f"preallocated: transformers StaticCache, {len(layers)} layers ({kind_text}){k}, "
+            f"max_cache_len {session.max_cache_len}, {nbytes / 2**20:.2f} MiB; written in place{claim}")
 
 
 PREFILL_DECODE = ("separated by the harness: the model has one forward for both (Hugging Face), so prefill runs "
@@ -141,7 +168,7 @@ def dynamo_breaks(session: DecodeSession) -> tuple[int, list[BreakInfo]]:
     """Graphs and graph-break reasons of the unscoped decode step (torch._dynamo.explain)."""
     torch._dynamo.reset()
     ids, pos = session.inputs(0)
-    with torch.no_grad():
+    with torch.no_grad(), session.dynamo_config():
         out = torch._dynamo.explain(session.step_fn())(ids, pos)
     session.restore_cache()
     breaks = []
@@ -150,6 +177,50 @@ def dynamo_breaks(session: DecodeSession) -> tuple[int, list[BreakInfo]]:
         where = f"{frame.filename}:{frame.lineno}" if frame is not None else None
         breaks.append(BreakInfo(reason=" ".join(str(b.reason).split())[:300], where=where))
     return out.graph_count, breaks
+
+
+def recompile_guards(session: DecodeSession, steps: int = 3) -> tuple[list[str], int, list[str]]:
+    """Which guards would recompile the decode step, measured with Dynamo's "eager" backend.
+
+    Runs the unscoped step for a few positions twice: once as a user would compile it
+    (no harness settings) to list the guard failures, and once under the harness's Dynamo
+    settings (growing cache ints dynamic, scalar capture) to check it then compiles once.
+    """
+    from torch._dynamo.utils import guard_failures
+
+    def run(with_harness: bool) -> list[str]:
+        import contextlib
+
+        torch._dynamo.reset()
+        guard_failures.clear()
+        step = torch.compile(session.step_fn(), backend="eager", dynamic=False)
+        session.restore_cache()
+        ctx = session.dynamo_config() if with_harness else contextlib.nullcontext()
+        try:
+            with torch.no_grad(), ctx:
+                for i in range(steps):
+                    ids = session.tokens[min(i, len(session.tokens) - 1)].reshape(session.batch, 1)
+                    step(ids, torch.tensor([session.prompt_len + i], device=session.device))
+        finally:
+            session.restore_cache()
+        reasons = [" ".join(r.strip().splitlines()[0].split())[:300] for rs in guard_failures.values() for r in rs]
+        torch._dynamo.reset()
+        return list(dict.fromkeys(reasons))
+
+    if session.max_cache_len < session.prompt_len + steps:
+        steps = max(1, session.max_cache_len - session.prompt_len)
+    try:
+        plain = run(False)
+        fixed = run(True)
+    except Exception as exc:  # reported, never fatal for the analysis
+        return [f"could not be measured: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"], 0, []
+    guards = []
+    for reason in plain[:3]:
+        handled = [name for name in session.growing_ints if name in reason]
+        fix = (f" — the harness makes `{handled[0]}` a dynamic source (torch.compiler.config.dynamic_sources), so "
+               "decode compiles once" if handled else "")
+        guards.append(f"`{reason}`{fix}")
+    return guards, len(fixed), fixed
 
 
 def trial_capture(session: DecodeSession, plan: ScopePlan) -> TrialCapture:
@@ -163,7 +234,7 @@ def trial_capture(session: DecodeSession, plan: ScopePlan) -> TrialCapture:
         trial.wrapped = superkernel.apply_scopes(model, plan.scopes)
         step, backend = compile_superkernel(session, "reduce-overhead", run_eagerly=True)
         ids, pos = session.inputs(0)
-        with torch.no_grad():
+        with torch.no_grad(), session.dynamo_config():
             step(ids, pos)
         ex = superkernel.explain(backend)
         trial.graphs = len(ex.graphs)
@@ -197,6 +268,8 @@ def analyze(model_name: str, session: DecodeSession, plans: list[ScopePlan] | No
                       not_applicable={s: r for s, r in reasons.items() if r}, kv_cache=kv_cache_description(session),
                       prefill_decode=PREFILL_DECODE, suggested_order=order, suggestion_why=why)
     result.decode_graphs, result.breaks = dynamo_breaks(session)
+    result.recompile_guards, result.recompiles_with_harness, result.recompile_reasons_with_harness = \
+        recompile_guards(session)
     for plan in plans if plans is not None else auto_plans(structure):
         if on_trial is not None:
             on_trial(plan.strategy)

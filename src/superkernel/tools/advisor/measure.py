@@ -31,6 +31,7 @@ def _fill_timing(result: RunResult, run: DecodeRun) -> None:
     result.median_ms, result.p90_ms = run.median_ms, run.p90_ms
     result.tokens_per_s, result.compile_s = run.tokens_per_s, run.compile_seconds
     result.logits = run.logits
+    result.dynamo = run.dynamo
 
 
 def run_baselines(session: DecodeSession, reporter: Reporter) -> list[RunResult]:

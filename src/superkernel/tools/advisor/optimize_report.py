@@ -98,7 +98,8 @@ def apply_section(best: RunResult, options: str, model_name: str) -> list[str]:
 
 def render(*, analysis: Analysis, model_name: str, model_source: str, notes: list[str], results: list[RunResult],
            recommended: RunResult | None, settings: dict[str, Any], hardware: str, versions: dict[str, str],
-           tolerance: float, plan_yaml: str | None, prefill_ms: float, eager_drift: float | None = None) -> str:
+           tolerance: float, plan_yaml: str | None, prefill_ms: float, eager_drift: float | None = None,
+           decision: Any = None) -> str:
     eager = next((r for r in results if r.name == "eager"), None)
     inductor = next((r for r in results if r.name == "torch.compile"), None)
     plans = [r for r in results if r.kind == "plan"]
@@ -108,8 +109,13 @@ def render(*, analysis: Analysis, model_name: str, model_source: str, notes: lis
              f"- Model: `{model_name}` ({model_source}{'; ' + '; '.join(notes) if notes else ''})",
              f"- Strategy: `{settings['strategy']}` ({DESCRIPTIONS.get(settings['strategy'], '')}); "
              f"modes: {', '.join(settings['modes'])}; scope options: `{settings['options'] or '(none)'}`",
-             f"- Decode: batch 1, prompt {settings['prompt_len']} tokens, {settings['warmup']} warm-up + "
-             f"{settings['steps']} timed steps, teacher-forced (every plan is fed the same tokens), static KV cache",
+             f"- Decode: batch {settings.get('batch_size', 1)}, dtype {settings.get('dtype', 'float32')} "
+             f"({settings.get('dtype_source', 'default')}), prompt {settings['prompt_len']} tokens, {settings['warmup']} "
+             f"warm-up + {settings['steps']} timed steps, teacher-forced (every plan is fed the same tokens), "
+             "static KV cache restored completely before every run",
+             *([f"- Dynamo: the cache's growing Python int(s) are dynamic sources (`{settings['dynamic_sources']}`), "
+                "so the decode step compiles once instead of once per position"] if settings.get("dynamic_sources")
+               else []),
              f"- Prefill (once, uncompiled, unscoped): {prefill_ms:.2f} ms — not included in any decode number",
              f"- Hardware: {hardware}",
              f"- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()), "",
@@ -118,7 +124,10 @@ def render(*, analysis: Analysis, model_name: str, model_source: str, notes: lis
              markdown_table(results, recommended), "",
              f"![decode step latency per plan]({CHART_NAME})", "",
              "Decode ms: median and p90 of the timed steps; compile s: the first call (tracing + compiling + one step). "
-             "Speedups are eager or torch.compile median / plan median, all measured in this run.", "",
+             "Speedups are eager or torch.compile median / plan median, all measured in this run. Recompiles: guard "
+             "failures that made Dynamo compile again during the timed steps (measured from "
+             "`torch._dynamo.utils.guard_failures`); a plan that recompiles is never recommended.", "",
+             *recompile_section(results),
              "## Precision", "",
              "Every decode step's logits are compared, from the same prompt and cache state, with the exactness "
              "reference (the same scopes, captured graph run operator by operator: `debug.run_eagerly`) and with the "
@@ -135,15 +144,31 @@ def render(*, analysis: Analysis, model_name: str, model_source: str, notes: lis
             lines.append(f"- `{r.name}`: {tag} — {r.verdict.reason}; vs eager: max abs diff "
                          f"{fmt_diff(r.vs_eager.max_abs)}, top-1 agreement {r.vs_eager.top1_agreement:.0%}")
     lines += ["", "## Recommendation", ""]
-    if recommended is None:
-        lines.append("**No plan passed precision**: nothing is recommended and no superkernel.yaml was written.")
+    if decision is not None and decision.kind == "torch.compile":
+        base = decision.baseline
+        lines += [f"**Use plain `torch.compile`** (default TorchInductor) — {decision.reason}.", "",
+                  f"- torch.compile: median decode step {base.median_ms:.3f} ms (p90 {base.p90_ms:.3f} ms)"
+                  + (f", {base.speedup_vs_eager:.2f}x vs eager." if base.speedup_vs_eager else "."),
+                  f"- A superkernel plan is recommended only when it beats plain torch.compile by more than the "
+                  f"noise threshold ({decision.noise:.1%}: the larger of {3:.0f}% and the eager drift of this run) "
+                  "and is not slower than eager.",
+                  "- `superkernel.yaml` says `backend: torch.compile`; `superkernel.apply(model, \"superkernel.yaml\")` "
+                  "returns `torch.compile(model)`."]
+        lines += [f"- `{r.name}`: {_not_recommended(r, base)}" for r in plans]
+        lines += ["", "## Cuts, graph breaks and fallbacks", "", *cuts_section(results)]
+        if plan_yaml:
+            lines += ["", "`superkernel.yaml`:", "", "```yaml", plan_yaml.rstrip(), "```"]
+    elif recommended is None:
+        why = decision.reason if decision is not None else "no plan passed precision"
+        lines.append(f"**Nothing is recommended** and no superkernel.yaml was written: {why}.")
+        lines += [f"- `{r.name}`: {_not_recommended(r, inductor)}" for r in plans]
     else:
         lines += _why(recommended, plans, eager, inductor)
         lines += ["", "## Cuts, graph breaks and fallbacks", "", *cuts_section(results), "",
                   "## How to apply", "", *apply_section(recommended, settings["options"], model_name)]
         if plan_yaml:
             lines += ["", "`superkernel.yaml`:", "", "```yaml", plan_yaml.rstrip(), "```"]
-    if recommended is None:
+    if recommended is None and not (decision is not None and decision.kind == "torch.compile"):
         lines += ["", "## Cuts, graph breaks and fallbacks", "", *cuts_section(results)]
     lines += ["", "## Notes", "",
               "- Absolute times hold for the hardware above only; ratios are the result. On a busy machine the "
@@ -156,6 +181,37 @@ def render(*, analysis: Analysis, model_name: str, model_source: str, notes: lis
                      f"median ({verdict}).")
     lines.append("- Decode steps use a preallocated StaticCache; prefill is never scoped or compiled.")
     return "\n".join(lines) + "\n"
+
+
+def _not_recommended(r: RunResult, inductor: RunResult | None) -> str:
+    if r.error:
+        return f"error — {r.error}"
+    if not r.passed:
+        return f"failed precision — {r.verdict.reason if r.verdict else '?'}"
+    if r.recompiles:
+        return f"recompiles in steady state — {r.recompile_reason}"
+    if inductor is not None and inductor.median_ms and r.median_ms:
+        return f"passed, {r.median_ms:.3f} ms/step = {inductor.median_ms / r.median_ms:.2f}x vs torch.compile"
+    return "passed"
+
+
+def recompile_section(results: list[RunResult]) -> list[str]:
+    """Dynamo's own record of every run: recompiles and graph breaks, with the failing guard."""
+    out = []
+    for r in results:
+        d = r.dynamo
+        if d is None or r.name == "eager":
+            continue
+        if d.recompiles_timed or d.limit_hit or d.recompiles_warmup:
+            out.append(f"- `{r.name}`: {d.recompiles_warmup} recompile(s) in the warm-up, {d.recompiles_timed} in the "
+                       f"timed steps{' (recompile limit hit: the step ran uncompiled)' if d.limit_hit else ''}; "
+                       f"guard: `{d.reasons[0] if d.reasons else '?'}`")
+        if d.graph_breaks_first:
+            out.append(f"- `{r.name}`: {d.graph_breaks_first} graph break(s) while compiling"
+                       + (f": {d.break_reasons[0]}" if d.break_reasons else ""))
+    if not out:
+        return ["Dynamo: every compiled run compiled once (0 recompiles in the timed steps) without graph breaks.", ""]
+    return ["Dynamo:", "", *out, ""]
 
 
 def _why(best: RunResult, plans: list[RunResult], eager: RunResult | None, inductor: RunResult | None) -> list[str]:

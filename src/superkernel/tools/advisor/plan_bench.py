@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from superkernel.tools.advisor.measure import run_baselines, run_plan
-from superkernel.tools.advisor.plan_file import read_plan
+from superkernel.tools.advisor.plan_file import SUPERKERNEL, read_plan
 from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE
 from superkernel.tools.advisor.progress import Reporter
 from superkernel.tools.advisor.results import RunResult, fill_speedups
@@ -27,6 +27,8 @@ class BenchOptions:
     tolerance: float = MAX_AUTOTUNE_TOLERANCE
     threads: int | None = None
     quiet: bool = False
+    dtype: str | None = None
+    batch_size: int = 1
 
 
 @dataclass
@@ -36,7 +38,9 @@ class BenchOutcome:
 
     @property
     def plan(self) -> RunResult:
-        return next(r for r in self.results if r.kind == "plan")
+        """The plan's result; for a ``backend: torch.compile`` plan, the torch.compile baseline."""
+        plan = next((r for r in self.results if r.kind == "plan"), None)
+        return plan if plan is not None else next(r for r in self.results if r.name == "torch.compile")
 
 
 def bench(opts: BenchOptions, reporter: Reporter | None = None) -> BenchOutcome:
@@ -47,11 +51,15 @@ def bench(opts: BenchOptions, reporter: Reporter | None = None) -> BenchOutcome:
         raise ValueError(f"{opts.config} names no model; pass --model NAME|PATH")
     loaded, session = load_and_prepare(
         OptimizeOptions(model=model, steps=opts.steps, warmup=opts.warmup, prompt_len=opts.prompt_len,
-                        seed=opts.seed, device=opts.device, threads=opts.threads), reporter)
-    plan = ScopePlan(spec.strategy or "custom", spec.scopes)
-    validate_scopes(loaded.model, [plan], spec.options)
+                        seed=opts.seed, device=opts.device, threads=opts.threads, dtype=opts.dtype,
+                        batch_size=opts.batch_size), reporter)
     results = run_baselines(session, reporter)
     eager = results[0]
+    if spec.backend != SUPERKERNEL:  # "use torch.compile": the baselines are the whole measurement
+        fill_speedups(results, eager, next((r for r in results if r.name == "torch.compile" and not r.error), None))
+        return BenchOutcome(model=loaded.name, results=results)
+    plan = ScopePlan(spec.strategy or "custom", spec.scopes)
+    validate_scopes(loaded.model, [plan], spec.options)
     results += run_plan(session, plan, (opts.mode or spec.mode,), eager.logits, options=spec.options,
                         tolerance=opts.tolerance, reporter=reporter)
     fill_speedups(results, eager, next((r for r in results if r.name == "torch.compile" and not r.error), None))

@@ -10,6 +10,10 @@ Format (version 1)::
     scopes:                      # label -> module glob or list of globs
       attention: [model.layers.*.self_attn]
     measured: {...}              # numbers from the run that chose it (informational)
+
+When no superkernel plan beat plain torch.compile beyond noise, ``optimize`` writes the
+plan ``backend: torch.compile`` with empty ``scopes`` (and no mode): ``superkernel.apply``
+then removes any scopes and returns ``torch.compile(model)`` (default TorchInductor).
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from superkernel.util import atomic_write
 from superkernel.config import MODES
 
 VERSION = 1
-_KEYS = {"version", "model", "strategy", "mode", "options", "scopes", "measured"}
+_KEYS = {"version", "model", "strategy", "mode", "options", "scopes", "measured", "backend"}
+SUPERKERNEL, TORCH_COMPILE = "superkernel", "torch.compile"
+BACKENDS = (SUPERKERNEL, TORCH_COMPILE)
 
 
 class PlanFileError(ValueError):
@@ -40,10 +46,14 @@ class PlanFile:
     model: str | None = None
     strategy: str | None = None
     measured: dict[str, Any] = field(default_factory=dict)
+    backend: str = SUPERKERNEL
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": VERSION, "model": self.model, "strategy": self.strategy, "mode": self.mode,
-                "options": self.options, "scopes": self.scopes, "measured": self.measured}
+        out = {"version": VERSION, "model": self.model, "strategy": self.strategy, "mode": self.mode,
+               "options": self.options, "scopes": self.scopes, "measured": self.measured}
+        if self.backend != SUPERKERNEL:
+            out = {"version": VERSION, "backend": self.backend, **{k: v for k, v in out.items() if k != "version"}}
+        return out
 
 
 def _validate(data: Any, where: str) -> PlanFile:
@@ -54,6 +64,18 @@ def _validate(data: Any, where: str) -> PlanFile:
         raise PlanFileError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}; allowed: {', '.join(sorted(_KEYS))}")
     if data.get("version", VERSION) != VERSION:
         raise PlanFileError(f"{where}: version {data.get('version')!r} is not supported (this superkernel reads {VERSION})")
+    backend = data.get("backend", SUPERKERNEL)
+    if backend not in BACKENDS:
+        raise PlanFileError(f"{where}: backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    if backend == TORCH_COMPILE:
+        if data.get("scopes"):
+            raise PlanFileError(f"{where}: a 'backend: torch.compile' plan has no scopes (got {data.get('scopes')!r})")
+        model, strategy = data.get("model"), data.get("strategy")
+        if (model is not None and not isinstance(model, str)) or (strategy is not None and not isinstance(strategy, str)):
+            raise PlanFileError(f"{where}: 'model' and 'strategy' must be strings")
+        measured = data.get("measured") or {}
+        return PlanFile(scopes={}, mode=None, model=model, strategy=strategy, backend=TORCH_COMPILE,
+                        measured=dict(measured) if isinstance(measured, Mapping) else {})
     mode = data.get("mode")
     if mode not in MODES:
         raise PlanFileError(f"{where}: mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -77,6 +99,9 @@ def _validate(data: Any, where: str) -> PlanFile:
     except ValueError as exc:
         raise PlanFileError(f"{where}: {exc}") from None
     measured = data.get("measured") or {}
+    for key in ("model", "strategy"):
+        if data.get(key) is not None and not isinstance(data.get(key), str):
+            raise PlanFileError(f"{where}: {key!r} must be a string, got {data.get(key)!r}")
     return PlanFile(scopes=norm, mode=mode, options=options, model=data.get("model"), strategy=data.get("strategy"),
                     measured=dict(measured) if isinstance(measured, Mapping) else {})
 
@@ -118,6 +143,11 @@ def apply(model: Any, plan: str | Path | Mapping[str, Any], *, mode: str | None 
     import superkernel
 
     spec = read_plan(plan)
+    if spec.backend == TORCH_COMPILE:  # optimize found no superkernel plan faster than this
+        import torch
+
+        superkernel.remove_scopes(model)
+        return torch.compile(model)
     cfg = superkernel.CompilerConfig()
     cfg.mode = mode or spec.mode
     superkernel.remove_scopes(model)

@@ -10,7 +10,8 @@ from superkernel.tools.advisor.results import RunResult
 #: Column headers; the markdown report explains them under the table.
 COLUMNS = ("strategy", "mode", "scopes", "segments", "cuts", "decode ms median / p90", "tokens/s",
            "vs eager", "vs torch.compile", "max abs diff vs reference", "max abs diff vs eager",
-           "top-1 vs ref", "precision", "compile s")
+           "top-1 vs ref", "precision", "compile s", "recompiles (timed)")
+_PRECISION = COLUMNS.index("precision")
 
 
 def fmt_diff(value: float | None) -> str:
@@ -43,14 +44,22 @@ def row(r: RunResult) -> list[str]:
         f"{r.vs_reference.top1_agreement:.0%}" if r.vs_reference else "-",
         r.status if not r.error else "error",
         "-" if r.compile_s is None or r.name == "eager" or r.error else f"{r.compile_s:.1f}",
+        _recompiles(r),
     ]
+
+
+def _recompiles(r: RunResult) -> str:
+    """Recompiles Dynamo made during the timed steps ("limit" when it gave up and ran eagerly)."""
+    if r.dynamo is None or r.name == "eager":
+        return "-"
+    return f"{r.dynamo.recompiles_timed}" + (" (limit hit)" if r.dynamo.limit_hit else "")
 
 
 _STYLE = {"passed": "green", "failed": "bold red", "error": "bold red", "baseline": "dim"}
 
 #: Short headers for terminals narrower than the full table, same order as COLUMNS.
 SHORT = ("strategy", "mode", "scopes", "segs", "cuts", "ms med / p90", "tok/s", "x eager", "x compile",
-         "diff ref", "diff eager", "top-1", "status", "compile s")
+         "diff ref", "diff eager", "top-1", "status", "compile s", "recomp")
 #: Columns left out below a terminal width (they stay in the report and results.json).
 OPTIONAL = {"scopes": 140, "max abs diff vs eager": 140, "top-1 vs ref": 140,
             "tokens/s": 120, "cuts": 120, "compile s": 120}
@@ -70,7 +79,7 @@ def rich_table(results: list[RunResult], recommended: RunResult | None, title: s
                          no_wrap=True, min_width=15 if col == "strategy" else None)
     for r in results:
         cells = row(r)
-        cells[-2] = f"[{_STYLE.get(r.status, '')}]{cells[-2]}[/]"
+        cells[_PRECISION] = f"[{_STYLE.get(r.status, '')}]{cells[_PRECISION]}[/]"
         if recommended is r:
             cells[0] = f"[bold]* {cells[0]}[/]"
         table.add_row(*(cells[i] for i in keep))
@@ -84,6 +93,6 @@ def markdown_table(results: list[RunResult], recommended: RunResult | None) -> s
         if recommended is r:
             cells[0] = f"**{cells[0]}** (recommended)"
         if r.status in ("failed", "error"):
-            cells[-2] = f"**{cells[-2].upper()}**"
+            cells[_PRECISION] = f"**{cells[_PRECISION].upper()}**"
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)

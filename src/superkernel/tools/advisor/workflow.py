@@ -18,13 +18,13 @@ from superkernel.tools.advisor.analysis import Analysis, analyze
 from superkernel.tools.advisor.chart import latency_chart
 from superkernel.tools.advisor.compiling import MODES
 from superkernel.tools.advisor.environment import choose_threads, hardware, pick_device, versions
-from superkernel.util import atomic_write, check_not_input
+from superkernel.util import OutputError, atomic_write, check_not_input
 from superkernel.tools.advisor.measure import run_baselines, run_plan
 from superkernel.tools.advisor.plan_file import PlanFile, write_plan
 from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE
 from superkernel.tools.advisor.progress import Reporter
 from superkernel.tools.advisor.optimize_report import CHART_NAME, PLAN_NAME, REPORT_NAME, render
-from superkernel.tools.advisor.results import RunResult, fill_speedups, recommend
+from superkernel.tools.advisor.results import Recommendation, RunResult, decide, fill_speedups
 from superkernel.tools.advisor.structure import analyze_structure
 from superkernel.tools.advisor.strategies import STRATEGIES, ScopePlan, StrategyError, auto_plans, custom_plan, plan_for
 
@@ -54,15 +54,22 @@ class OptimizeOptions:
     threads: int | None = None                          # None: auto (see environment.choose_threads)
     quiet: bool = False
     inputs: list[Path] = field(default_factory=list)   # files given by the user, never overwritten
+    dtype: str | None = None                            # None: the checkpoint's dtype (float32 for zoo models)
+    batch_size: int = 1
 
 
 @dataclass
 class Outcome:
     results: list[RunResult]
-    recommended: RunResult | None
+    recommended: RunResult | None                      # the recommended superkernel plan, if one is
     analysis: Analysis
     files: dict[str, Path]
     message: str
+    decision: Recommendation | None = None             # plan, "use torch.compile", or none
+
+    @property
+    def has_recommendation(self) -> bool:
+        return self.decision is not None and self.decision.kind != "none"
 
 
 def select_plans(strategy: str, analysis_structure, custom: dict[str, list[str]]) -> list[ScopePlan]:
@@ -89,18 +96,54 @@ def validate_scopes(model: torch.nn.Module, plans: list[ScopePlan], options: str
 def load_and_prepare(opts: OptimizeOptions, reporter: Reporter) -> tuple[LoadedModel, DecodeSession]:
     device = pick_device(opts.device)
     with reporter.task(f"loading {opts.model}"):
-        loaded = load_model(opts.model, seed=opts.seed, device=device)
+        loaded = load_model(opts.model, seed=opts.seed, device=device, dtype=opts.dtype)
+    check_supported(loaded)
     choose_threads(opts.threads, device, loaded.num_parameters)
     with reporter.task("prefill + reference token sequence (uncompiled)"):
         try:
             session = prepare(loaded.model, prompt_len=opts.prompt_len, steps=opts.steps, warmup=opts.warmup,
-                              seed=opts.seed, device=device)
+                              seed=opts.seed, device=device, batch=opts.batch_size)
         except ValueError:
             raise  # bad lengths: a usage error
         except Exception as exc:
-            raise WorkflowError(f"{loaded.name} cannot decode with a preallocated StaticCache: "
-                                f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from exc
+            raise UnsupportedModelError(f"{loaded.name} ({loaded.architecture}) cannot decode with a preallocated "
+                                        f"transformers StaticCache: {type(exc).__name__}: "
+                                        f"{' '.join(str(exc).split())[:300]}") from exc
     return loaded, session
+
+
+class UnsupportedModelError(ValueError):
+    """A model the decode harness cannot run (no decoder layers, a cache kind it cannot preallocate)."""
+
+
+def check_supported(loaded: LoadedModel) -> None:
+    """One clear line for architectures the harness cannot decode, before any prefill."""
+    config = loaded.model.config
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    layers = getattr(text, "num_hidden_layers", None)
+    if layers is None:
+        layers = getattr(text, "n_layer", None)
+    if layers is not None and int(layers) < 1:
+        raise UnsupportedModelError(f"{loaded.name} ({loaded.architecture}) has {layers} decoder layers: there is no "
+                                    "decode step to optimize")
+    try:
+        from transformers import StaticCache
+
+        cache = StaticCache(config=config, max_cache_len=2)
+    except Exception as exc:
+        raise UnsupportedModelError(f"{loaded.name} ({loaded.architecture}): transformers cannot preallocate a "
+                                    f"StaticCache for it ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
+                                    ) from None
+    kinds = {type(layer).__name__ for layer in cache.layers}
+    if not cache.layers:
+        raise UnsupportedModelError(f"{loaded.name} ({loaded.architecture}) has no cache layers: there is no decode "
+                                    "step to optimize")
+    not_compileable = sorted(k for layer in cache.layers for k in [type(layer).__name__]
+                             if getattr(layer, "is_compileable", True) is False)
+    if not_compileable:
+        raise UnsupportedModelError(f"{loaded.name} ({loaded.architecture}): cache layer kind(s) "
+                                    f"{', '.join(dict.fromkeys(not_compileable))} cannot be compiled with static "
+                                    f"shapes (layers: {', '.join(sorted(kinds))})")
 
 
 def check_options(opts: OptimizeOptions) -> None:
@@ -119,8 +162,20 @@ def check_options(opts: OptimizeOptions) -> None:
     if not opts.tolerance > 0:
         raise ValueError(f"--tolerance must be > 0, got {opts.tolerance}")
     parse_options(opts.options)
-    for name in OUTPUT_NAMES:  # before the run, not after minutes of measuring
-        check_not_input(Path(opts.output) / name, _inputs(opts))
+    from superkernel.tools.models.loader import parse_dtype
+    from superkernel.util import check_output_dir
+
+    parse_dtype(opts.dtype)
+    if not isinstance(opts.batch_size, int) or isinstance(opts.batch_size, bool) or opts.batch_size < 1:
+        raise ValueError(f"--batch-size must be an integer >= 1, got {opts.batch_size!r}")
+    if opts.threads is not None and (not isinstance(opts.threads, int) or opts.threads < 1):
+        raise ValueError(f"--threads must be an integer >= 1, got {opts.threads!r}")
+    check_output_dir(opts.output)  # before the run, not after minutes of measuring
+    for name in OUTPUT_NAMES:
+        target = Path(opts.output) / name
+        check_not_input(target, _inputs(opts))
+        if target.is_dir():
+            raise OutputError(f"--output {str(opts.output)!r}: {name} exists there as a directory")
 
 
 def optimize(opts: OptimizeOptions, reporter: Reporter | None = None) -> Outcome:
@@ -144,24 +199,48 @@ def optimize(opts: OptimizeOptions, reporter: Reporter | None = None) -> Outcome
                             tolerance=opts.tolerance, reporter=reporter, references=references)
     inductor = next((r for r in results if r.name == "torch.compile" and not r.error), None)
     fill_speedups(results, eager, inductor)
-    best = recommend(results)
     drift = eager_drift(session, eager, reporter)
+    decision = decide(results, drift)
+    best = decision.plan if decision.kind == "plan" else None
 
-    files = write_outputs(opts, loaded, session, analysis, results, best, references, drift)
+    files = write_outputs(opts, loaded, session, analysis, results, decision, references, drift)
+    return Outcome(results=results, recommended=best, analysis=analysis, files=files,
+                   message=outcome_message(results, decision), decision=decision)
+
+
+def plans_summary(results: list[RunResult]) -> str:
+    """Why each plan was not recommended (failed, errored, recompiled), one clause each."""
+    out = []
+    for r in results:
+        if r.kind != "plan":
+            continue
+        if r.error:
+            out.append(f"{r.name}: error ({r.error[:160]})")
+        elif not r.passed:
+            out.append(f"{r.name}: failed precision ({r.verdict.reason if r.verdict else '?'})")
+        elif r.recompiles:
+            out.append(f"{r.name}: recompiles in steady state ({r.recompile_reason[:200]})")
+    return "; ".join(out)
+
+
+def outcome_message(results: list[RunResult], decision: Recommendation) -> str:
     plan_results = [r for r in results if r.kind == "plan"]
+    if decision.kind == "plan":
+        best = decision.plan
+        return (f"recommended: {best.name} — {best.median_ms:.3f} ms/step, {best.speedup_vs_eager or 0:.2f}x vs eager, "
+                f"{best.speedup_vs_compile or 0:.2f}x vs torch.compile ({decision.reason})")
+    if decision.kind == "torch.compile":
+        inductor = decision.baseline
+        eager_x = f", {inductor.speedup_vs_eager:.2f}x vs eager" if inductor.speedup_vs_eager else ""
+        text = f"recommended: use torch.compile — {inductor.median_ms:.3f} ms/step{eager_x} ({decision.reason})"
+        summary = plans_summary(results)
+        return text + (f"; plans not recommended: {summary}" if summary else "")
     if plan_results and all(r.error for r in plan_results):
-        message = f"model cannot be captured: every plan failed to compile or run (first: {plan_results[0].error})"
-    elif best is None:
-        failed = ", ".join(f"{r.name} ({r.verdict.reason if r.verdict else r.error})" for r in plan_results)
-        message = f"no plan passed precision: {failed}"
+        lead = f"model cannot be captured: every plan failed to compile or run (first: {plan_results[0].error})"
     else:
-        message = (f"recommended: {best.name} — {best.median_ms:.3f} ms/step, "
-                   f"{best.speedup_vs_eager or 0:.2f}x vs eager, {best.speedup_vs_compile or 0:.2f}x vs torch.compile")
-        slower = [name for name, x in (("eager", best.speedup_vs_eager), ("torch.compile", best.speedup_vs_compile))
-                  if x is not None and x < 1]
-        if slower:
-            message += f" (the best plan that passed is slower than {' and '.join(slower)} on this machine)"
-    return Outcome(results=results, recommended=best, analysis=analysis, files=files, message=message)
+        lead = "nothing to recommend"
+    summary = plans_summary(results)
+    return f"{lead}: {decision.reason}" + (f"; {summary}" if summary and lead == "nothing to recommend" else "")
 
 
 def eager_drift(session: DecodeSession, eager: RunResult, reporter: Reporter) -> float | None:
@@ -178,30 +257,44 @@ def eager_drift(session: DecodeSession, eager: RunResult, reporter: Reporter) ->
 
 
 def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSession, analysis: Analysis,
-                  results: list[RunResult], best: RunResult | None,
+                  results: list[RunResult], decision: Recommendation,
                   references: dict[str, torch.Tensor], drift: float | None = None) -> dict[str, Path]:
+    from superkernel.tools.advisor.plan_file import TORCH_COMPILE
+
     out = Path(opts.output)
     inputs = _inputs(opts)
     files: dict[str, Path] = {}
     plan_yaml = None
+    best = decision.plan if decision.kind == "plan" else None
+    marked = best if best is not None else (decision.baseline if decision.kind == "torch.compile" else None)
     if best is not None:
         plan = PlanFile(scopes=best.scopes, mode=best.mode, options=opts.options, model=loaded.name,
                         strategy=best.strategy, measured=_measured(best, results, session))
+    elif decision.kind == "torch.compile":
+        plan = PlanFile(scopes={}, mode=None, model=loaded.name, strategy=None, backend=TORCH_COMPILE,
+                        measured={**_measured(decision.baseline, results, session), "why": decision.reason})
+    else:
+        plan = None
+    if plan is not None:
         files["plan"] = write_plan(out / PLAN_NAME, plan, inputs)
         plan_yaml = files["plan"].read_text()
     title = f"{loaded.name}: decode step latency ({hardware(session.device).split(' (')[0]})"
-    files["chart"] = atomic_write(out / CHART_NAME, latency_chart(results, best, title), inputs)
+    files["chart"] = atomic_write(out / CHART_NAME, latency_chart(results, marked, title), inputs)
     settings = {"strategy": opts.strategy, "modes": list(opts.modes), "options": opts.options, "steps": opts.steps,
-                "warmup": opts.warmup, "prompt_len": opts.prompt_len}
+                "warmup": opts.warmup, "prompt_len": opts.prompt_len, "batch_size": session.batch,
+                "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
+                "dtype_source": loaded.dtype_source, "dynamic_sources": session.dynamic_sources,
+                "position_ids_passed": session.pass_position_ids}
     report = render(analysis=analysis, model_name=loaded.name, model_source=loaded.source, notes=loaded.notes,
-                    results=results, recommended=best, settings=settings, hardware=hardware(session.device),
+                    results=results, recommended=marked, settings=settings, hardware=hardware(session.device),
                     versions=versions(), tolerance=opts.tolerance, plan_yaml=plan_yaml,
-                    prefill_ms=session.prefill_seconds * 1e3, eager_drift=drift)
+                    prefill_ms=session.prefill_seconds * 1e3, eager_drift=drift, decision=decision)
     files["report"] = atomic_write(out / REPORT_NAME, report, inputs)
     payload = {"model": loaded.name, "hardware": hardware(session.device), "versions": versions(),
                "settings": settings, "tolerance": opts.tolerance, "prefill_ms": session.prefill_seconds * 1e3,
-               "recommended": best.name if best else None, "eager_drift": drift,
-               "results": [r.to_dict() for r in results]}
+               "recommended": decision.name, "recommendation": {"kind": decision.kind, "reason": decision.reason,
+                                                                "noise_threshold": decision.noise},
+               "eager_drift": drift, "results": [r.to_dict() for r in results]}
     files["results"] = atomic_write(out / RESULTS_NAME, json.dumps(payload, indent=2, default=str) + "\n", inputs)
     files["logits"] = atomic_write(out / LOGITS_NAME, _logits_bytes(results, references, session), inputs)
     return files
@@ -229,6 +322,7 @@ def _logits_bytes(results: list[RunResult], references: dict[str, torch.Tensor],
 def _measured(best: RunResult, results: list[RunResult], session: DecodeSession) -> dict:
     eager = next(r for r in results if r.name == "eager")
     return {"decode_ms_median": round(best.median_ms, 4), "decode_ms_p90": round(best.p90_ms, 4),
+            "batch_size": session.batch,
             "eager_ms_median": round(eager.median_ms, 4),
             "speedup_vs_eager": round(best.speedup_vs_eager or 0, 3),
             "speedup_vs_torch_compile": round(best.speedup_vs_compile or 0, 3),

@@ -28,6 +28,7 @@ class LoadedModel:
     model: torch.nn.Module
     architecture: str
     notes: list[str] = field(default_factory=list)
+    dtype_source: str = "default"   # "--dtype", "checkpoint" or "default" (float32)
 
     @property
     def config(self):
@@ -42,12 +43,49 @@ def looks_like_path(spec: str) -> bool:
     return os.sep in spec or spec.startswith(".") or spec.startswith("~") or os.path.exists(spec)
 
 
-def load_model(spec: str, *, seed: int = 0, device: str | torch.device = "cpu") -> LoadedModel:
-    """Build a zoo model (seeded random weights) or load a local checkpoint directory."""
+#: --dtype names -> torch dtypes (decode runs in one dtype; weights are cast on load).
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+          "half": torch.float16, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+
+
+def parse_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
+    """``None`` stays None (the checkpoint's dtype); a name from DTYPES, else ValueError listing them."""
+    if name is None or isinstance(name, torch.dtype):
+        return name
+    key = str(name).strip().lower().removeprefix("torch.")
+    if key not in DTYPES:
+        raise ValueError(f"--dtype {name!r} is not supported; choose float32, float16 or bfloat16")
+    return DTYPES[key]
+
+
+def _checkpoint_dtype(raw: dict) -> torch.dtype | None:
+    for key in ("dtype", "torch_dtype"):
+        value = raw.get(key)
+        if isinstance(value, str):
+            found = DTYPES.get(value.lower().removeprefix("torch."))
+            if found is not None:
+                return found
+    text = raw.get("text_config")
+    return _checkpoint_dtype(text) if isinstance(text, dict) else None
+
+
+def load_model(spec: str, *, seed: int = 0, device: str | torch.device = "cpu",
+               dtype: str | torch.dtype | None = None) -> LoadedModel:
+    """Build a zoo model (seeded random weights) or load a local checkpoint directory.
+
+    ``dtype`` None: the checkpoint's dtype (``dtype``/``torch_dtype`` in config.json), float32
+    for zoo models and checkpoints that name none.
+    """
+    wanted = parse_dtype(dtype)
+    if not isinstance(spec, str) or not spec:
+        raise ModelLoadError(f"--model must be a zoo name or a checkpoint directory, got {spec!r}")
     if spec in ZOO:
         loaded = _build_zoo(spec, seed)
+        if wanted is not None and wanted != torch.float32:
+            loaded.model.to(wanted)
+        loaded.dtype_source = "--dtype" if wanted is not None else "default (zoo models run in float32)"
     elif looks_like_path(spec):
-        loaded = _load_checkpoint(Path(spec).expanduser())
+        loaded = _load_checkpoint(Path(spec).expanduser(), wanted)
     else:
         raise ModelLoadError(f"unknown model {spec!r}: give a zoo model ({zoo_listing()}) "
                              "or a local checkpoint directory (config.json + *.safetensors)")
@@ -67,7 +105,7 @@ def _build_zoo(name: str, seed: int) -> LoadedModel:
                        notes=[f"random weights, seed {seed}"])
 
 
-def _load_checkpoint(path: Path) -> LoadedModel:
+def _load_checkpoint(path: Path, wanted: torch.dtype | None = None) -> LoadedModel:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if not path.exists():
@@ -83,19 +121,28 @@ def _load_checkpoint(path: Path) -> LoadedModel:
         raise ModelLoadError(f"{config_file} is not valid JSON: {exc}") from None
     if not isinstance(raw, dict) or "model_type" not in raw:
         raise ModelLoadError(f"{config_file} has no \"model_type\"; it is not a Hugging Face model config")
+    if not isinstance(raw["model_type"], str):
+        raise ModelLoadError(f"{config_file}: \"model_type\" must be a string, got {raw['model_type']!r}")
+    if "auto_map" in raw:  # custom code: never run it (trust_remote_code is always False)
+        raise ModelLoadError(f"checkpoint {str(path)!r} needs custom Python code (config.json has \"auto_map\"); "
+                             "superkernel never runs code from a checkpoint (trust_remote_code=False): use a model_type "
+                             "transformers implements, or load the model yourself and call superkernel.apply")
     weights = sorted(path.glob("*.safetensors"))
     if not weights:
         pickles = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt"))
         extra = f" (found {', '.join(pickles[:3])}: pickle weights are not loaded; convert them to safetensors)" if pickles else ""
         raise ModelLoadError(f"checkpoint directory {str(path)!r} has no *.safetensors weights{extra}")
     try:
-        config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+        config = AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except Exception as exc:  # transformers raises ValueError/KeyError/OSError for unknown or broken configs
         raise ModelLoadError(f"cannot read {config_file}: {_one_line(exc)}") from None
+    dtype = wanted or _checkpoint_dtype(raw) or torch.float32
+    dtype_source = "--dtype" if wanted is not None else ("checkpoint" if _checkpoint_dtype(raw) else
+                                                         "default (the checkpoint names no dtype)")
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
-            str(path), config=config, local_files_only=True, use_safetensors=True, dtype=torch.float32,
-            output_loading_info=True)
+            str(path), config=config, local_files_only=True, use_safetensors=True, dtype=dtype,
+            output_loading_info=True, trust_remote_code=False)
     except ValueError as exc:
         if "Unrecognized configuration class" in str(exc):
             raise ModelLoadError(f"{str(path)!r}: model_type {raw['model_type']!r} is not a causal language model "
@@ -110,7 +157,8 @@ def _load_checkpoint(path: Path) -> LoadedModel:
     notes = [f"{len(weights)} safetensors file(s)"]
     if info.get("unexpected_keys"):
         notes.append(f"{len(info['unexpected_keys'])} unused tensor(s) in the checkpoint ignored")
-    return LoadedModel(name=str(path), source="checkpoint", model=model, architecture=type(model).__name__, notes=notes)
+    return LoadedModel(name=str(path), source="checkpoint", model=model, architecture=type(model).__name__, notes=notes,
+                       dtype_source=dtype_source)
 
 
 def _is_tied(model: torch.nn.Module, key: str) -> bool:
