@@ -15,6 +15,18 @@ from superkernel.onnx import verify as V
 DIMS = zoo.Dims(batch=2, seq=8, hidden=64, heads=4, kv_heads=2, intermediate=128)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def calibration_cache(tmp_path_factory):
+    """Micro-benchmark results of the tests go to a temporary cache, not the user's."""
+    old = os.environ.get("SUPERKERNEL_CACHE_DIR")
+    os.environ["SUPERKERNEL_CACHE_DIR"] = str(tmp_path_factory.mktemp("sk_cache"))
+    yield os.environ["SUPERKERNEL_CACHE_DIR"]
+    if old is None:
+        os.environ.pop("SUPERKERNEL_CACHE_DIR", None)
+    else:
+        os.environ["SUPERKERNEL_CACHE_DIR"] = old
+
+
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("gaf_models")

@@ -115,3 +115,11 @@ def attr_int(node: ir.Node, name: str, default: int) -> int:
 def attr_ints(node: ir.Node, name: str) -> list[int] | None:
     a = node.attributes.get(name)
     return None if a is None else [int(v) for v in a.value]
+
+
+def np_dtype(dtype: ir.DataType | None):
+    """numpy dtype of an ONNX element type (float32 when unknown)."""
+    try:
+        return dtype.numpy() if dtype is not None else np.float32
+    except Exception:  # noqa: BLE001
+        return np.float32

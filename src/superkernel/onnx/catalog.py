@@ -60,11 +60,11 @@ CATALOG: tuple[RuleSpec, ...] = (
     RuleSpec("layernorm", "ReduceMean,Sub,Pow|Mul,ReduceMean,[Add eps],Sqrt,Div|Reciprocal+Mul,Mul,[Add]",
              "LayerNormalization", 1, 10,
              "Decomposed LayerNorm over the last axis (with or without epsilon and bias).",
-             _v(R.LayerNormDecomposed, eps=(True, False), bias=(True, False))),
+             _v(R.LayerNormDecomposed, eps=(True, False), bias=(True, False), axes_attr=(False, True))),
     RuleSpec("rmsnorm", "Pow|Mul,ReduceMean,Add eps,Sqrt,Reciprocal+Mul|Div,Mul",
              "SimplifiedLayerNormalization (opset<23) / RMSNormalization (opset>=23)", 1, 10,
              "Decomposed RMSNorm (Llama) over the last axis.",
-             _v(R.RMSNormDecomposed)),
+             _v(R.RMSNormDecomposed, axes_attr=(False, True), cast=(False, True))),
     RuleSpec("gelu_erf", "Div|Mul,Erf,Add 1,Mul 0.5,Mul", "com.microsoft Gelu (opset<20) / Gelu", 1, 10,
              "Exact GELU: x * 0.5 * (1 + erf(x / sqrt(2))).", _v(R.GeluErf, form=("a", "b", "c"))),
     RuleSpec("gelu_tanh", "Pow 3,Mul,Add,Mul,Tanh,Add 1,Mul 0.5,Mul",
@@ -96,6 +96,14 @@ CATALOG: tuple[RuleSpec, ...] = (
              "com.microsoft MultiHeadAttention", 3, 40,
              "Bidirectional attention with an optional additive mask [B,1,1|S,T] (BERT).",
              _v(R.PaddedMHA, kt=("direct", "double"), op=("div", "mul"), mask=(True, False))),
+    RuleSpec("attention", "[Mul q, Mul k^T],MatMul,[Mul|Div scale],[Add mask],Softmax,[IsNaN,Where],[Cast],MatMul",
+             "com.microsoft MultiHeadAttention (BNSH key/value)", 3, 40,
+             "Scaled dot-product attention on [B,N,S,hd] tensors as exported today: HF eager attention, SDPA "
+             "decompositions of both exporters (split scale, NaN guard), repeated K/V, decode with past K/V "
+             "concatenated; the mask (causal/padding, from inputs) becomes the attention bias.",
+             lambda: [v for v in _v(R.AttentionCore, scale=("qk", "mul", "div", "none"), mask=(True, False),
+                                    guard=(True, False), casts=(0, 1, 2))()
+                      if not (v.params["guard"] and v.params["casts"])]),
     RuleSpec("bias_gelu", "Add bias,Gelu|FastGelu", "com.microsoft BiasGelu / FastGelu(bias)", 2, 50,
              "Bias add (the MatMul epilogue) folded into the GELU.",
              _v(R.BiasGelu, form=("ms_gelu", "ms_fast", "onnx"))),

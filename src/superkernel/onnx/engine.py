@@ -13,11 +13,12 @@ import onnxscript.optimizer
 from onnxscript.rewriter import pattern
 
 from . import benefit as B
-
+from . import shapes as S
 from . import _util as U
 from .catalog import RuleSpec
 from .rules import MS, FusionPattern
 
+MIN_MEASURED_GAIN = 0.02  # a calibrated fusion is kept when its micro-benchmark is >= 2 % faster
 OTHER_USES = "Matched nodes have other uses preventing replacement."
 FUSED_FROM_KEY = "superkernel.fused_from"
 RULE_KEY = "superkernel.rule"
@@ -34,11 +35,34 @@ class Candidate:
     status: str = "candidate"  # applied | skipped
     reason: str = ""
     notes: list[str] = field(default_factory=list)
+    measured: Any = None  # calibrate.Measurement when the candidate was micro-benchmarked
+
+    @property
+    def score_us(self) -> float:
+        """What the choice ranks by: the measured saving when calibrated, else the estimate."""
+        if self.measured is not None:
+            return self.measured.saved_us
+        return self.benefit.net_us if self.benefit else 0.0
+
+    @property
+    def keep(self) -> bool:
+        if self.measured is not None:
+            return self.measured.fused_us <= (1.0 - MIN_MEASURED_GAIN) * self.measured.unfused_us
+        return bool(self.benefit and self.benefit.positive)
+
+    def decision_text(self) -> str:
+        est = self.benefit.describe() if self.benefit else "no estimate"
+        if self.measured is None:
+            return est
+        m = self.measured
+        return (f"measured fused {m.fused_us:.2f} us vs unfused {m.unfused_us:.2f} us ({m.saved_us:+.2f} us"
+                f"{', cached' if m.cached else ''}); predicted {est}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"rule": self.rule, "variant": self.variant, "fused_op": self.fused_op, "root": self.root,
                 "nodes": self.nodes, "status": self.status, "reason": self.reason, "notes": self.notes,
-                "benefit": self.benefit.to_dict() if self.benefit else None}
+                "benefit": self.benefit.to_dict() if self.benefit else None,
+                "measured": self.measured.to_dict() if self.measured is not None else None}
 
 
 @dataclass
@@ -59,6 +83,7 @@ class FusionResult:
     ops_before: dict[str, int] = field(default_factory=dict)
     ops_after: dict[str, int] = field(default_factory=dict)
     unfixed_dims: list[str] = field(default_factory=list)
+    shape_inference: S.Annotations | None = None
 
     @property
     def applied(self) -> list[Candidate]:
@@ -206,15 +231,24 @@ def _detach(nodes) -> None:
 
 def fuse(model: ir.Model, specs: list[RuleSpec], *, dims: Mapping[str, int] | None = None, default_dim: int = 1,
          debug: bool = False, cost_model: B.CostModel = B.CPU_DEFAULT,
-         progress: Callable[[str, int, int], None] | None = None) -> FusionResult:
-    """Fuse ``model`` in place with the rules in ``specs``; return what was found and done."""
+         progress: Callable[[str, int, int], None] | None = None, infer_shapes: bool = True,
+         calibrator=None) -> FusionResult:
+    """Fuse ``model`` in place with the rules in ``specs``; return what was found and done.
+
+    With ``infer_shapes`` the dtypes and shapes the model does not declare are inferred
+    first (:mod:`superkernel.onnx.shapes`) and cleared again at the end. With a
+    ``calibrator`` (:class:`superkernel.onnx.calibrate.Calibrator`) every candidate is
+    micro-benchmarked and kept only when measured faster; otherwise the estimate decides."""
     graph = model.graph
     result = FusionResult(ops_before=op_counts(graph))
+    if infer_shapes and specs:
+        result.shape_inference = S.annotate(model)
     est = _Estimator(dims or {}, default_dim, cost_model)
     onnxscript.optimizer.basic_constant_propagation(graph)
     stages = sorted({s.stage for s in specs})
     counter = collections.Counter()
     seen_near: set[tuple[str, str, str]] = set()
+    decided: set[tuple[str, str]] = set()  # (rule, root) skipped in an earlier round: not re-measured
     for si, stage in enumerate(stages):
         stage_specs = [s for s in specs if s.stage == stage]
         if progress:
@@ -238,12 +272,15 @@ def fuse(model: ir.Model, specs: list[RuleSpec], *, dims: Mapping[str, int] | No
                         continue
                     if delta is None:
                         continue
-                    if any(c[4] is node and c[1].name == spec.name for c in found):
+                    if (spec.name, node.name or "") in decided or any(
+                            c[4] is node and c[1].name == spec.name for c in found):
                         _detach(delta.new_nodes)
                         continue  # another variant of the same rule at the same root
                     cand = Candidate(spec.name, inst.variant, spec.fused_op, node.name or "",
                                      [n.name or n.op_type for n in match.nodes])
                     cand.benefit, cand.notes = est.estimate(inst, match, delta.new_nodes)
+                    if calibrator is not None:
+                        _calibrate(calibrator, cand, model, match, delta)
                     _detach(delta.new_nodes)
                     found.append((cand, spec, inst, rw, node, set(match.nodes)))
             for spec, inst, rw in built:
@@ -259,23 +296,26 @@ def fuse(model: ir.Model, specs: list[RuleSpec], *, dims: Mapping[str, int] | No
             taken: set[ir.Node] = set()
             owner: dict[ir.Node, Candidate] = {}
             chosen = []
-            for item in sorted(found, key=lambda it: -it[0].benefit.net_us):
+            for item in sorted(found, key=lambda it: -it[0].score_us):
                 cand, nodes = item[0], item[5]
-                if not cand.benefit.positive:
-                    cand.status, cand.reason = "skipped", f"net benefit not positive: {cand.benefit.describe()}"
+                if not cand.keep:
+                    cand.status = "skipped"
+                    cand.reason = (f"not faster when measured: {cand.decision_text()}" if cand.measured is not None
+                                   else f"net benefit not positive: {cand.benefit.describe()}")
                     continue
                 clash = nodes & taken
                 if clash:
                     other = owner[next(iter(clash))]
                     cand.status = "skipped"
                     cand.reason = (f"overlaps {other.rule} at {other.root} "
-                                   f"(net {other.benefit.net_us:+.3f} us >= {cand.benefit.net_us:+.3f} us)")
+                                   f"(net {other.score_us:+.3f} us >= {cand.score_us:+.3f} us)")
                     continue
                 taken |= nodes
                 for n in nodes:
                     owner[n] = cand
                 chosen.append(item)
             result.candidates.extend(it[0] for it in found)
+            decided.update((it[0].rule, it[0].root) for it in found if it[0].status == "skipped")
             applied_now = 0
             for cand, spec, inst, rw, node, _nodes in chosen:
                 if node.graph is not graph:
@@ -288,11 +328,12 @@ def fuse(model: ir.Model, specs: list[RuleSpec], *, dims: Mapping[str, int] | No
                         _detach(delta.new_nodes)
                     cand.status, cand.reason = "skipped", "no longer matches after an earlier fusion in this stage"
                     continue
-                main = delta.new_outputs[0].producer()
+                main = next((n for n in delta.new_nodes if n.domain == MS), None) or delta.new_outputs[0].producer()
                 if main is not None:
                     cand.fused_op = (f"{main.domain}::" if main.domain not in ("", "ai.onnx") else "") + main.op_type
                 _apply(model, graph, node, match, delta, spec, counter, debug)
-                cand.status, cand.reason = "applied", "positive net benefit"
+                cand.status = "applied"
+                cand.reason = "measured faster" if cand.measured is not None else "positive net benefit"
                 applied_now += 1
             if applied_now:
                 graph.sort()
@@ -302,9 +343,28 @@ def fuse(model: ir.Model, specs: list[RuleSpec], *, dims: Mapping[str, int] | No
     result.near_misses = [m for m in result.near_misses if (m.rule, m.node) not in fused_at]
     if result.applied:
         _cleanup(model)
+    if result.shape_inference is not None:
+        result.shape_inference.restore(model)
+    if calibrator is not None:
+        calibrator.save()
     result.ops_after = op_counts(graph)
     result.unfixed_dims = sorted(est.unfixed)
     return result
+
+
+def _calibrate(calibrator, cand: Candidate, model: ir.Model, match, delta) -> None:
+    opsets = {d: v for d, v in model.opset_imports.items() if d not in ("ai.onnx",)}
+    opsets.setdefault("", 17)
+    opsets.setdefault(MS, 1)
+    built = calibrator.micro_models(match.nodes, None, match.outputs, delta.new_nodes, delta.new_outputs, opsets)
+    if isinstance(built, str):
+        cand.notes.append(f"not calibrated: {built}; the estimate decides")
+        return
+    try:
+        cand.measured = calibrator.calibrate(*built)
+    except Exception as e:  # noqa: BLE001 - e.g. ORT rejects the micro-model; the estimate decides
+        cand.notes.append(f"not calibrated: micro-benchmark failed ({type(e).__name__}: {str(e)[:160]}); "
+                          "the estimate decides")
 
 
 def _apply(model, graph, root, match, delta, spec: RuleSpec, counter, debug: bool) -> None:

@@ -18,11 +18,13 @@ def json_twin(md_path: str) -> str:
 def build(*, input_path: str, output_path: str | None, opset: int, opt_level: int, rules: list[str],
           dims: dict[str, int], fusion: FusionResult | None, verification: VerifyResult | None,
           benchmark: BenchResult | None, status: str, exit_code: int, written: list[str],
-          cost_model: dict[str, Any], message: str = "") -> dict[str, Any]:
+          cost_model: dict[str, Any], message: str = "", calibration: dict | None = None,
+          e2e: dict | None = None) -> dict[str, Any]:
     d: dict[str, Any] = {
         "tool": "graph-autofusion", "status": status, "exit_code": exit_code, "message": message,
         "input": input_path, "output": output_path, "written": written, "opset": opset, "opt_level": opt_level,
-        "rules": rules, "dims": dims, "cost_model": cost_model,
+        "rules": rules, "dims": dims, "cost_model": cost_model, "calibration": calibration,
+        "end_to_end": e2e,
     }
     if fusion is not None:
         d.update(
@@ -32,6 +34,8 @@ def build(*, input_path: str, output_path: str | None, opset: int, opt_level: in
             skipped=[c.to_dict() for c in fusion.skipped], near_misses=[m.to_dict() for m in fusion.near_misses],
             estimated_bytes_saved=fusion.bytes_saved, node_count_saved=fusion.nodes_before - fusion.nodes_after,
             estimated_net_us=fusion.net_us, unfixed_dims=fusion.unfixed_dims,
+            measured_saved_us=sum(c.measured.saved_us for c in fusion.applied if c.measured is not None),
+            shape_inference=fusion.shape_inference.to_dict() if fusion.shape_inference else None,
         )
     d["verification"] = verification.to_dict() if verification else None
     d["benchmark"] = benchmark.to_dict() if benchmark else None
@@ -69,10 +73,36 @@ def markdown(d: dict[str, Any]) -> str:
         L += _table(["op", "before", "after"], [[k, v, d["operators_after"].get(k, 0)]
                                                  for k, v in d["operators_found"].items()]
                     + [[k, 0, v] for k, v in d["operators_after"].items() if k not in d["operators_found"]])
+        si = d.get("shape_inference")
+        if si:
+            L += ["", f"Shape inference (matching only, not written): {si['onnx_inferred']} values typed by ONNX "
+                      f"inference, {si['symbolic_inferred']} by symbolic inference, {si['still_unknown']} unknown"
+                      + (f"; {'; '.join(si['notes'])}" if si["notes"] else "")]
         L += ["", "## Fusions applied", ""]
-        L += _table(["rule", "fused op", "root", "nodes", "bytes saved", "ops saved", "net us"],
+
+        def meas(c, key):
+            m = c.get("measured")
+            return f"{m[key]:.2f}" if m else "-"
+
+        L += _table(["rule", "fused op", "root", "nodes", "bytes saved", "ops saved", "predicted net us",
+                     "measured unfused us", "measured fused us", "measured saved us"],
                     [[c["rule"], c["fused_op"], c["root"], len(c["nodes"]), c["benefit"]["bytes_saved"],
-                      c["benefit"]["launches_saved"], f"{c['benefit']['net_us']:+.3f}"] for c in d["applied"]])
+                      c["benefit"]["launches_saved"], f"{c['benefit']['net_us']:+.3f}", meas(c, "unfused_us"),
+                      meas(c, "fused_us"), meas(c, "saved_us")] for c in d["applied"]])
+        cal = d.get("calibration")
+        L += ["", ("Calibration: micro-benchmarks in ONNX Runtime (ORT_ENABLE_ALL) at the model's shapes, "
+                   f"{cal['measured']} measured, {cal['reused_from_cache']} from the cache `{cal['cache']}` "
+                   f"({cal['env']}); a fusion is kept when measured faster.") if cal
+              else "Calibration: off (--no-calibrate); the estimate decides."]
+        e = d.get("end_to_end")
+        if e:
+            L += ["", "## End-to-end check (ORT_ENABLE_ALL, this run)", "",
+                  f"original {e['original_ms']:.4f} ms, fused {e['fused_ms']:.4f} ms, ratio {e['ratio']:.3f} "
+                  f"(tolerance {e['tolerance']:.0%}); dropped rules: {', '.join(e['dropped_rules']) or 'none'}", ""]
+            L += _table(["rules left out", "original ms", "fused ms", "ratio", "step"],
+                        [[", ".join(st["excluded"]) or "none", f"{st['original_ms']:.4f}", f"{st['fused_ms']:.4f}",
+                          f"{st['ratio']:.3f}", "chosen" if st.get("chosen") else "tried" if st.get("tried")
+                          else "first"] for st in e["steps"]])
         L += ["", "## Candidates skipped", ""]
         L += _table(["rule", "root", "reason"], [[c["rule"], c["root"], c["reason"]] for c in d["skipped"]]) \
             if d["skipped"] else ["none"]

@@ -73,10 +73,16 @@ class LayerNormDecomposed(FusionPattern):
     rule_name = "layernorm"
 
     def pattern(self, op, x, axes1, axes2, two, eps, scale, bias):
-        mean = op.ReduceMean(x, axes1, _allow_other_attributes=True, _outputs=["mean"])
+        if self.params.get("axes_attr"):  # opset < 18: ReduceMean(x) with an axes attribute
+            mean = op.ReduceMean(x, _allow_other_attributes=True, _outputs=["mean"])
+        else:
+            mean = op.ReduceMean(x, axes1, _allow_other_attributes=True, _outputs=["mean"])
         d = op.Sub(x, mean)
         sq = pattern.OrValue([op.Pow(d, two), op.Mul(d, d)])
-        var = op.ReduceMean(sq, axes2, _allow_other_attributes=True, _outputs=["var"])
+        if self.params.get("axes_attr"):
+            var = op.ReduceMean(sq, _allow_other_attributes=True, _outputs=["var"])
+        else:
+            var = op.ReduceMean(sq, axes2, _allow_other_attributes=True, _outputs=["var"])
         if self.params["eps"]:
             var = op.Add(var, eps)
         std = op.Sqrt(var)
@@ -92,8 +98,12 @@ class LayerNormDecomposed(FusionPattern):
         if x.dtype not in U.FLOAT_TYPES:
             return _fail(f"input dtype {x.dtype} is not a float type", x)
         r = U.rank(x)
-        if not (U.is_last_axis(U.ints(axes1), r) and U.is_last_axis(U.ints(axes2), r)):
-            return _fail(f"mean/variance reduce axes {U.ints(axes1)}/{U.ints(axes2)} are not the last axis", x)
+        if self.params.get("axes_attr"):
+            a1, a2 = U.attr_ints(mean.producer(), "axes"), U.attr_ints(var.producer(), "axes")
+        else:
+            a1, a2 = U.ints(axes1), U.ints(axes2)
+        if not (U.is_last_axis(a1, r) and U.is_last_axis(a2, r)):
+            return _fail(f"mean/variance reduce axes {a1}/{a2} are not the last axis", x)
         for node in (mean.producer(), var.producer()):
             if U.attr_int(node, "keepdims", 1) != 1:
                 return _fail("ReduceMean without keepdims", node)
@@ -123,24 +133,39 @@ class LayerNormDecomposed(FusionPattern):
 
 
 class RMSNormDecomposed(FusionPattern):
+    """Variants: ``axes_attr`` (ReduceMean with an ``axes`` attribute, opset < 18, the
+    TorchScript exporter's form) and ``cast`` (a Cast to the input's own dtype between the
+    normalization and the scale, Hugging Face's ``.to(input_dtype)``)."""
+
     rule_name = "rmsnorm"
 
-    def pattern(self, op, x, two, axes, eps, scale):
-        sq = pattern.OrValue([op.Pow(x, two), op.Mul(x, x)])
-        ms = op.ReduceMean(sq, axes, _allow_other_attributes=True, _outputs=["ms"])
+    def pattern(self, op, x, two, axes, eps, scale, one):
+        sq = pattern.OrValue([op.Pow(x, two), op.Mul(x, x)], tag_var="sform", tag_values=("pow", "mul"))
+        if self.params.get("axes_attr"):
+            ms = op.ReduceMean(sq, _allow_other_attributes=True, _outputs=["ms"])
+        else:
+            ms = op.ReduceMean(sq, axes, _allow_other_attributes=True, _outputs=["ms"])
         r = op.Sqrt(op.Add(ms, eps))
-        norm = pattern.OrValue([op.Mul(x, op.Reciprocal(r)), op.Div(x, r)])
+        norm = pattern.OrValue([op.Mul(x, op.Reciprocal(r)), op.Div(x, r), op.Mul(x, op.Div(one, r))],
+                               tag_var="rform", tag_values=("reciprocal", "div", "one_over"))
+        if self.params.get("cast"):
+            norm = op.Cast(norm, _allow_other_attributes=True, _outputs=["cast"])
         return op.Mul(norm, scale)
 
-    def validate(self, context, x, two, axes, eps, scale, ms, **_):
+    def validate(self, context, x, two, axes, eps, scale, ms, one=None, cast=None, rform=None, sform=None, **_):
         if x.dtype not in U.FLOAT_TYPES:
             return _fail(f"input dtype {x.dtype} is not a float type", x)
-        if not U.is_last_axis(U.ints(axes), U.rank(x)):
-            return _fail(f"mean of squares reduces axes {U.ints(axes)}, not the last axis", x)
+        ax = U.attr_ints(ms.producer(), "axes") if self.params.get("axes_attr") else U.ints(axes)
+        if not U.is_last_axis(ax, U.rank(x)):
+            return _fail(f"mean of squares reduces axes {ax}, not the last axis", x)
         if U.attr_int(ms.producer(), "keepdims", 1) != 1:
             return _fail("ReduceMean without keepdims")
         if two is not None and U.scalar(two) != 2.0:
             return _fail(f"Pow exponent {U.scalar(two)} is not 2", two)
+        if one is not None and U.scalar(one) != 1.0:
+            return _fail(f"Div({U.scalar(one)}, sqrt) is not a reciprocal", one)
+        if cast is not None and U.attr_int(cast.producer(), "to", 0) != int(x.dtype):
+            return _fail("the Cast before the scale changes the dtype", cast.producer())
         e = U.scalar(eps)
         if e is None:
             return _fail("epsilon is not a scalar constant", eps)
@@ -148,6 +173,8 @@ class RMSNormDecomposed(FusionPattern):
         sd = U.dims(scale)
         if sd is None or len(sd) != 1 or (d is not None and sd[0] != d):
             return _fail(f"scale shape {sd} is not [{d}]", scale)
+        if scale.dtype != x.dtype:
+            return _fail("scale dtype differs from the input", scale)
         self.state["epsilon"] = float(e)
         return MatchResult()
 
@@ -473,9 +500,31 @@ class MatMulTranspose(FusionPattern):
 # --------------------------------------------------------------------------------------
 
 
+def _through_identity(v: ir.Value) -> tuple[ir.Value, float]:
+    """Skip Casts to the same float type and Mul by a scalar constant (Hugging Face's
+    ``attention_scaling`` and ``.to(dtype)`` after cos/sin); return (source, scale)."""
+    scale = 1.0
+    for _ in range(6):
+        p = v.producer()
+        if p is None or p.domain not in ("", "ai.onnx"):
+            break
+        if p.op_type == "Cast" and p.inputs[0].dtype is not None and U.attr_int(p, "to", 0) == int(p.inputs[0].dtype):
+            v = p.inputs[0]
+        elif p.op_type == "Mul" and U.scalar(p.inputs[1]) is not None and U.const_array(p.inputs[0]) is None:
+            scale *= float(U.scalar(p.inputs[1]))
+            v = p.inputs[0]
+        elif p.op_type == "Mul" and U.scalar(p.inputs[0]) is not None and U.const_array(p.inputs[1]) is None:
+            scale *= float(U.scalar(p.inputs[0]))
+            v = p.inputs[1]
+        else:
+            break
+    return v, scale
+
+
 def _cos_sin_source(cos_u: ir.Value, sin_u: ir.Value):
-    """Return ('freqs', f) when cos/sin are Unsqueeze(Cos/Sin(Concat(f, f)), [1]),
-    ('const', (cos_half, sin_half)) when they are constants with equal halves, or (None, why)."""
+    """Return ('freqs', f) when cos/sin are Unsqueeze(Cos/Sin(Concat(f, f)), [1]) (optionally
+    with a no-op Cast / a scalar Mul after Cos/Sin), ('const', (cos_half, sin_half)) when
+    they are constants (or Cos/Sin of a constant) with equal halves, or (None, why)."""
     ca, sa = U.const_array(cos_u), U.const_array(sin_u)
     if ca is not None and sa is not None:
         if ca.ndim != 4 or ca.shape[1] != 1:
@@ -484,22 +533,41 @@ def _cos_sin_source(cos_u: ir.Value, sin_u: ir.Value):
         if not (np.array_equal(ca[..., :h], ca[..., h:]) and np.array_equal(sa[..., :h], sa[..., h:])):
             return None, "constant cos/sin halves differ (not a half-rotation cache)"
         return "const", (ca[:, 0, :, :h], sa[:, 0, :, :h])
-    srcs = []
+    srcs, scales, consts = [], [], []
     for v, trig in ((cos_u, "Cos"), (sin_u, "Sin")):
         un = v.producer()
         if un is None or un.op_type != "Unsqueeze" or U.ints(un.inputs[1]) not in ([1], [-3]):
             return None, f"{trig.lower()} is not Unsqueeze(..., axis 1) of a computed cache"
-        tn = un.inputs[0].producer()
+        src, sc = _through_identity(un.inputs[0])
+        tn = src.producer()
         if tn is None or tn.op_type != trig:
-            return None, f"{trig.lower()} input is not produced by {trig}"
-        cn = tn.inputs[0].producer()
+            return None, (f"{trig.lower()} input is not produced by {trig} (found "
+                          f"{tn.op_type if tn is not None else 'a graph input'} after skipping no-op Cast/scalar Mul)")
+        arg = tn.inputs[0]
+        const = U.const_array(arg)
+        if const is not None:
+            consts.append(const)
+            srcs.append(arg)
+            scales.append(sc)
+            continue
+        cn = arg.producer()
         if (cn is None or cn.op_type != "Concat" or len(cn.inputs) != 2 or cn.inputs[0] is not cn.inputs[1]
                 or U.attr_int(cn, "axis", 0) not in (-1, 2)):
             return None, f"{trig} argument is not Concat(freqs, freqs) on the last axis"
         srcs.append(cn.inputs[0])
+        scales.append(sc)
     if srcs[0] is not srcs[1]:
         return None, "cos and sin come from different frequencies"
-    return "freqs", srcs[0]
+    if len(consts) == 2:
+        emb = consts[0].astype(np.float64)
+        if emb.ndim != 3:
+            return None, f"constant rotary angles of shape {emb.shape} are not [B, S, H]"
+        h = emb.shape[-1] // 2
+        if not np.array_equal(emb[..., :h], emb[..., h:]):
+            return None, "constant rotary angles have different halves"
+        dt = consts[0].dtype
+        return "const", ((np.cos(emb[..., :h]) * scales[0]).astype(dt), (np.sin(emb[..., :h]) * scales[1]).astype(dt))
+    return "freqs", (srcs[0], scales[0], scales[1])
 
 
 class Rotary(FusionPattern):
@@ -564,11 +632,16 @@ def rotary_cache(op, state):
         cc = op.Constant(value=ir.tensor(np.ascontiguousarray(ch.reshape(b * s, h2))))
         sc = op.Constant(value=ir.tensor(np.ascontiguousarray(sh.reshape(b * s, h2))))
         return pos, cc, sc
-    f = state["src"]
+    f, cos_scale, sin_scale = state["src"]
     fd = U.dims(f)
     flat = op.Constant(value=ir.tensor(np.array([-1, h2], dtype=np.int64)))
-    cc = op.Reshape(op.Cos(f), flat)
-    sc = op.Reshape(op.Sin(f), flat)
+    cos, sin = op.Cos(f), op.Sin(f)
+    if cos_scale != 1.0:
+        cos = op.Mul(cos, op.Constant(value=ir.tensor(np.array(cos_scale, dtype=U.np_dtype(f.dtype)))))
+    if sin_scale != 1.0:
+        sin = op.Mul(sin, op.Constant(value=ir.tensor(np.array(sin_scale, dtype=U.np_dtype(f.dtype)))))
+    cc = op.Reshape(cos, flat)
+    sc = op.Reshape(sin, flat)
     if fd is not None and isinstance(fd[0], int) and isinstance(fd[1], int):
         pos = op.Constant(value=ir.tensor(np.arange(fd[0] * fd[1], dtype=np.int64).reshape(fd[0], fd[1])))
     else:
@@ -609,9 +682,17 @@ def _is_causal_mask(mask: ir.Value) -> str | None:
 def _heads_view(reshape_shape: ir.Value, src: ir.Value) -> tuple[int, int] | None:
     """(heads, head_dim) from a Reshape target [B, S, heads, head_dim]."""
     s = U.ints(reshape_shape)
-    if s is None or len(s) != 4 or s[2] <= 0 or s[3] <= 0:
+    if s is None or len(s) != 4:
         return None
-    return s[2], s[3]
+    heads, hd = s[2], s[3]
+    d = U.last_dim(src)
+    if hd == -1 and heads > 0 and d is not None and d % heads == 0:  # [B, S, heads, -1]
+        hd = d // heads
+    if heads == -1 and hd > 0 and d is not None and d % hd == 0:  # Hugging Face: [B, S, -1, head_dim]
+        heads = d // hd
+    if heads <= 0 or hd <= 0 or (d is not None and heads * hd != d):
+        return None
+    return heads, hd
 
 
 class CausalGQA(FusionPattern):
@@ -757,3 +838,123 @@ class PaddedMHA(FusionPattern):
             return {}
         md, qd = U.dims(mask), U.dims(b["q3"])
         return {"added": [([md[0], 1, qd[1] if qd else 1, md[3]], U.dtype_name(mask.dtype), 1)]}
+
+
+def _k_of_kt(kt: ir.Value) -> tuple[ir.Value | None, str, list[int] | None]:
+    """The key in [B, N, T, hd] such that ``kt`` is it with the last two axes swapped:
+    Transpose(k4, [0, 1, 3, 2]) gives (k4, "", None); the dynamo exporter's SDPA form
+    Reshape(Transpose(k3, [0, 2, 1]), [B, N, hd, T]) with k3 = Reshape(..., [B*N, T, hd])
+    gives (k3, "", [B, N, T, hd]) (the rewrite reshapes k3 back to 4-D)."""
+    p = kt.producer()
+    if p is None:
+        return None, "key^T is a graph input or constant", None
+    if p.op_type == "Transpose" and U.attr_ints(p, "perm") == [0, 1, 3, 2]:
+        return p.inputs[0], "", None
+    if p.op_type == "Reshape":
+        t = p.inputs[0].producer()
+        if t is not None and t.op_type == "Transpose" and U.attr_ints(t, "perm") == [0, 2, 1]:
+            k3 = t.inputs[0]
+            d3, ktd = U.dims(k3), U.dims(kt)
+            if d3 and ktd and len(d3) == 3 and len(ktd) == 4 and all(isinstance(x, int) for x in d3 + ktd) \
+                    and d3[0] == ktd[0] * ktd[1] and d3[1] == ktd[3] and d3[2] == ktd[2]:
+                return k3, "", [ktd[0], ktd[1], ktd[3], ktd[2]]
+    return None, f"key^T is produced by {p.op_type}, not a transpose of the last two axes of a [B, N, T, hd] key", None
+
+
+class AttentionCore(FusionPattern):
+    """Scaled dot-product attention on [B, N, S, hd] tensors as both exporters write it
+    (Hugging Face eager attention, SDPA decompositions with the scale split over q and k^T
+    and the IsNaN guard, repeated K/V of grouped-query attention, decode steps whose K/V
+    are the concatenation with the past) -> com.microsoft MultiHeadAttention with the
+    key/value in [B, N, T, hd] and the mask as attention bias."""
+
+    rule_name = "attention"
+    commute_rule = False
+
+    def pattern(self, op, q4, kt, v4, s1, s2, sc, mask, zero):
+        form = self.params["scale"]
+        if form == "qk":
+            scores = op.MatMul(op.Mul(q4, s1), op.Mul(kt, s2), _outputs=["qk"])
+        else:
+            scores = op.MatMul(q4, kt, _outputs=["qk"])
+            if form == "mul":
+                scores = op.Mul(scores, sc)
+            elif form == "div":
+                scores = op.Div(scores, sc)
+        if self.params["mask"]:
+            scores = op.Add(scores, mask)
+        p = op.Softmax(scores, _outputs=["probs"])
+        if self.params["guard"]:
+            p = op.Where(op.IsNaN(p), zero, p)
+        for i in range(self.params["casts"]):
+            p = op.Cast(p, _allow_other_attributes=True, _outputs=[f"cast{i}"])
+        return op.MatMul(p, v4)
+
+    def validate(self, context, q4, kt, v4, probs, s1=None, s2=None, sc=None, mask=None, zero=None, **kw):
+        if q4.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
+            return _fail("MultiHeadAttention on CPU takes float32/float16", q4)
+        k4, why, k_shape = _k_of_kt(kt)
+        if k4 is None:
+            return _fail(why, kt)
+        qd, kd, vd = U.dims(q4), (k_shape or U.dims(k4)), U.dims(v4)
+        if not (qd and kd and vd and len(qd) == len(kd) == len(vd) == 4):
+            return _fail(f"q/k/v shapes {qd} {kd} {vd} are not all [B, N, S, hd]", q4)
+        n, hd, hdv = qd[1], qd[3], vd[3]
+        if not all(isinstance(x, int) for x in (n, hd, hdv)):
+            return _fail(f"heads/head size of q {qd} are not static", q4)
+        if kd[1] != n or vd[1] != n:
+            return _fail(f"q has {n} heads but k/v have {kd[1]}/{vd[1]} (repeat_kv not in the graph)", k4)
+        if kd[3] != hd or kd[2] != vd[2]:
+            return _fail(f"key {kd} and value {vd} do not fit the query {qd}", k4)
+        if U.attr_int(probs.producer(), "axis", -1) not in (-1, 3):
+            return _fail(f"softmax over axis {U.attr_int(probs.producer(), 'axis', -1)}, not the key axis",
+                         probs.producer())
+        form = self.params["scale"]
+        if form == "qk":
+            a, b = U.scalar(s1), U.scalar(s2)
+            if a is None or b is None:
+                return _fail("q and k^T scales are not scalar constants", s1)
+            scale = float(a) * float(b)
+        elif form in ("mul", "div"):
+            v = U.scalar(sc)
+            if v is None or v == 0:
+                return _fail("attention scale is not a non-zero scalar constant", sc)
+            scale = float(v) if form == "mul" else 1.0 / float(v)
+        else:
+            scale = 1.0
+        if zero is not None and U.scalar(zero) != 0:
+            return _fail("the NaN guard does not replace NaN by 0", zero)
+        for i in range(self.params["casts"]):
+            c = kw.get(f"cast{i}")
+            if c is None or U.attr_int(c.producer(), "to", 0) != int(q4.dtype):
+                return _fail("a Cast after the softmax changes the dtype", c.producer() if c is not None else None)
+        if mask is not None:
+            md = U.dims(mask)
+            if md is None or len(md) != 4 or md[1] not in (1, n) or md[0] not in (1, qd[0]) or \
+                    md[3] != kd[2] or md[2] not in (1, qd[2]):
+                return _fail(f"mask shape {md} is not [B|1, 1|N, S|1, T] for q {qd} and k {kd}", mask)
+            if mask.dtype != q4.dtype:
+                return _fail("mask dtype differs from the activations", mask)
+        self.state.update(heads=n, head=hd, vhead=hdv, scale=scale)
+        return MatchResult()
+
+    def rewrite(self, op, q4, kt, v4, mask=None, **_):
+        st = self.state
+        k4, _why, k_shape = _k_of_kt(kt)
+        if k_shape is not None:
+            k4 = op.Reshape(k4, op.Constant(value=ir.tensor(np.array(k_shape, dtype=np.int64))))
+        n, hd, hdv = st["heads"], st["head"], st["vhead"]
+        q3 = op.Reshape(op.Transpose(q4, perm=[0, 2, 1, 3]),
+                        op.Constant(value=ir.tensor(np.array([0, 0, n * hd], dtype=np.int64))))
+        bias = None
+        if mask is not None:
+            md, qd = U.dims(mask), U.dims(q4)
+            if md[2] == 1 and qd[2] != 1:
+                tgt = op.Concat(op.Shape(mask, start=0, end=2), op.Shape(q4, start=2, end=3),
+                                op.Shape(mask, start=3, end=4), axis=0)
+                bias = op.Expand(mask, tgt)
+            else:
+                bias = mask
+        out3 = op.MultiHeadAttention(q3, k4, v4, None, None, bias, num_heads=n, scale=st["scale"], _domain=MS)
+        out4 = op.Reshape(out3, op.Constant(value=ir.tensor(np.array([0, 0, n, hdv], dtype=np.int64))))
+        return op.Transpose(out4, perm=[0, 2, 1, 3])

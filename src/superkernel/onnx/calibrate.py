@@ -1,0 +1,270 @@
+"""Calibration: measure each candidate fusion on this machine before keeping it.
+
+For a candidate, two micro-models are built at the model's shapes: the matched subgraph
+as it is (*unfused*) and its replacement (*fused*), with the same inputs (random data)
+and outputs. Both run in ONNX Runtime with ``ORT_ENABLE_ALL`` (so the unfused side gets
+whatever ONNX Runtime would fuse by itself), interleaved, and the medians are compared.
+A fusion is kept only when its fused micro-model is faster.
+
+Measurements are cached per (structure of both micro-models with shapes and dtypes,
+CPU, ONNX Runtime version, threads) in a JSON file under the user cache directory
+(``$SUPERKERNEL_CACHE_DIR`` or ``$XDG_CACHE_HOME/superkernel`` or ``~/.cache/superkernel``),
+so the layers of a model that share shapes are measured once and later runs reuse it.
+
+``Calibrator(measure=...)`` is the seam for tests: ``measure(unfused, fused)`` returns
+the two median times in microseconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+
+from . import _util as U
+
+CACHE_VERSION = 1
+MICRO_WARMUP = 5
+MICRO_ROUNDS = 40
+MAX_MICRO_BYTES = 256 << 20  # do not materialize micro-models above this (the estimate decides)
+
+
+@dataclass
+class Measurement:
+    unfused_us: float
+    fused_us: float
+    cached: bool = False
+
+    @property
+    def saved_us(self) -> float:
+        return self.unfused_us - self.fused_us
+
+    @property
+    def faster(self) -> bool:
+        return self.fused_us < self.unfused_us
+
+    def to_dict(self) -> dict:
+        return {"unfused_us": self.unfused_us, "fused_us": self.fused_us, "saved_us": self.saved_us,
+                "faster": self.faster, "cached": self.cached}
+
+
+def cache_dir() -> str:
+    d = os.environ.get("SUPERKERNEL_CACHE_DIR")
+    if not d:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        d = os.path.join(base, "superkernel")
+    return d
+
+
+def cpu_id() -> str:
+    name = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{name} x{os.cpu_count()}"
+
+
+class Calibrator:
+    """Builds, times and caches micro-benchmarks of candidate fusions."""
+
+    def __init__(self, *, threads: int = 1, cache_path: str | None = None, use_cache: bool = True,
+                 measure: Callable[[bytes, bytes], tuple[float, float]] | None = None,
+                 dims: Mapping[str, int] | None = None, default_dim: int = 1):
+        import onnxruntime as ort
+
+        self.threads = threads
+        self.dims, self.default_dim = dict(dims or {}), default_dim
+        self.use_cache = use_cache and measure is None
+        self.cache_path = cache_path or os.path.join(cache_dir(), "onnx_calibration.json")
+        self._measure = measure or self._time_pair
+        self.env = f"{cpu_id()}|ort {ort.__version__}|threads {threads}|v{CACHE_VERSION}"
+        self._cache: dict[str, dict] | None = None
+        self.measured = 0
+        self.reused = 0
+
+    # ---- cache ------------------------------------------------------------------------
+    def _load(self) -> dict[str, dict]:
+        if self._cache is None:
+            self._cache = {}
+            if self.use_cache:
+                try:
+                    with open(self.cache_path, encoding="utf-8") as f:
+                        data = json.load(f)
+                    if isinstance(data, dict):
+                        self._cache = {k: v for k, v in data.items() if isinstance(v, dict)}
+                except (OSError, ValueError):
+                    pass
+        return self._cache
+
+    def save(self) -> None:
+        if not self.use_cache or self._cache is None:
+            return
+        try:
+            from superkernel.util import atomic_write
+
+            os.makedirs(os.path.dirname(self.cache_path), exist_ok=True)
+            atomic_write(self.cache_path, json.dumps(self._cache, indent=0, sort_keys=True))
+        except Exception:  # noqa: BLE001 - a cache that cannot be written only costs time
+            pass
+
+    # ---- micro-models -----------------------------------------------------------------
+    def micro_models(self, match_nodes, inputs_from_graph, outputs, new_nodes, new_outputs, opsets) -> tuple[
+            bytes, bytes, str] | str:
+        """(unfused bytes, fused bytes, cache key), or a reason string when not measurable."""
+        for n in new_nodes:  # detached replacement nodes: name their values so they serialize
+            for v in n.outputs:
+                if not v.name:
+                    v.name = f"_sk_micro_{id(v)}"
+        try:
+            names: dict[int, str] = {}
+            a = _micro(list(match_nodes), outputs, opsets, self.dims, self.default_dim, names)
+            if isinstance(a, str):
+                return a
+            b = _micro(list(new_nodes), new_outputs, opsets, self.dims, self.default_dim, names, like=a[1],
+                       out_dtypes=[v.dtype for v in outputs])
+            if isinstance(b, str):
+                return b
+        except Exception as e:  # noqa: BLE001
+            return f"micro-model not built ({type(e).__name__}: {e})"
+        key = hashlib.sha256((self.env + "|" + a[2] + "|" + b[2]).encode()).hexdigest()[:32]
+        return a[0], b[0], key
+
+    def calibrate(self, unfused: bytes, fused: bytes, key: str) -> Measurement:
+        cache = self._load()
+        hit = cache.get(key)
+        if hit and "unfused_us" in hit and "fused_us" in hit:
+            self.reused += 1
+            return Measurement(float(hit["unfused_us"]), float(hit["fused_us"]), cached=True)
+        u, f = self._measure(unfused, fused)
+        self.measured += 1
+        cache[key] = {"unfused_us": u, "fused_us": f, "env": self.env, "time": int(time.time())}
+        return Measurement(u, f)
+
+    def _time_pair(self, unfused: bytes, fused: bytes) -> tuple[float, float]:
+        import onnxruntime as ort
+
+        sessions, feeds = [], None
+        for blob in (unfused, fused):
+            so = ort.SessionOptions()
+            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+            so.intra_op_num_threads = self.threads
+            so.log_severity_level = 3
+            sessions.append(ort.InferenceSession(blob, so, providers=["CPUExecutionProvider"]))
+        feeds = {**random_feeds(sessions[1]), **random_feeds(sessions[0])}
+        per = [{i.name: feeds[i.name] for i in s.get_inputs()} for s in sessions]
+        for _ in range(MICRO_WARMUP):
+            for s, f in zip(sessions, per):
+                s.run(None, f)
+        xs: list[list[float]] = [[], []]
+        for _ in range(MICRO_ROUNDS):
+            for i, s in enumerate(sessions):
+                t0 = time.perf_counter()
+                s.run(None, per[i])
+                xs[i].append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(xs[0]), statistics.median(xs[1])
+
+
+_NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,
+       "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(bool)": np.bool_, "tensor(uint8)": np.uint8,
+       "tensor(int8)": np.int8}
+
+
+def random_feeds(sess) -> dict:
+    """Float inputs ~ N(0, 1); integer inputs 0 (valid as indices and positions); bool True."""
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for i in sess.get_inputs():
+        dt = _NP.get(i.type, np.float32)
+        shape = [d if isinstance(d, int) else 1 for d in i.shape]
+        if np.issubdtype(dt, np.floating):
+            feeds[i.name] = rng.standard_normal(shape).astype(dt)
+        elif dt is np.bool_:
+            feeds[i.name] = np.ones(shape, dtype=bool)
+        else:
+            feeds[i.name] = np.zeros(shape, dtype=dt)
+    return feeds
+
+
+def _micro(nodes, outputs, opsets, dims, default_dim, names: dict[int, str], like: list[str] | None = None,
+           out_dtypes=None):
+    """A standalone model of ``nodes``: values produced outside become inputs (constants
+    become initializers), ``outputs`` become outputs. Returns (bytes, input names in
+    order, structural signature) or a reason."""
+    produced = {v for n in nodes for v in n.outputs}
+
+    def name(v: ir.Value) -> str:
+        if id(v) not in names:
+            names[id(v)] = f"v{len(names)}"
+        return names[id(v)]
+
+    graph_inputs, inits, sig = [], [], []
+    seen: set[int] = set()
+    total = 0
+    for n in nodes:
+        for v in n.inputs:
+            if v is None or v in produced or id(v) in seen:
+                continue
+            seen.add(id(v))
+            arr = U.const_array(v)
+            if arr is not None:
+                total += arr.nbytes
+                if total > MAX_MICRO_BYTES:
+                    return "constants too large for a micro-benchmark"
+                inits.append(onnx.numpy_helper.from_array(np.asarray(arr), name(v)))
+                sig.append(f"const {name(v)} {arr.dtype} {list(arr.shape)}"
+                           + (f" {arr.reshape(-1).tolist()}" if arr.size <= 16 else ""))
+                continue
+            shape, _ = U.concrete_shape(v, dims, default_dim)
+            if v.dtype is None or shape is None:
+                return f"input {v.name} has no known dtype/shape"
+            graph_inputs.append((v, shape))
+    if like is not None:  # same inputs in the same order as the unfused micro-model
+        order = {n_: i for i, n_ in enumerate(like)}
+        graph_inputs.sort(key=lambda it: order.get(_orig_name(it[0]), len(order)))
+    in_protos = []
+    for v, shape in graph_inputs:
+        in_protos.append(onnx.helper.make_tensor_value_info(name(v), int(v.dtype), list(shape)))
+        sig.append(f"in {name(v)} {v.dtype} {list(shape)}")
+    node_protos = []
+    for n in nodes:
+        p = ir.serde.serialize_node(n)
+        del p.input[:]
+        p.input.extend(name(v) if v is not None else "" for v in n.inputs)
+        del p.output[:]
+        p.output.extend(name(v) if (v.uses() or v in outputs) else "" for v in n.outputs)
+        p.name = ""
+        p.doc_string = ""
+        del p.metadata_props[:]
+        node_protos.append(p)
+        sig.append(onnx.helper.printable_node(p))
+    out_protos = []
+    for i, v in enumerate(outputs):
+        dt = v.dtype if v.dtype is not None else (out_dtypes[i] if out_dtypes and i < len(out_dtypes) else None)
+        if dt is None:
+            return f"output {v.name} has no known dtype"
+        out_protos.append(onnx.helper.make_tensor_value_info(name(v), int(dt), None))
+    for v in outputs:
+        sig.append(f"out {name(v)}")
+    g = onnx.helper.make_graph(node_protos, "micro", in_protos, out_protos, initializer=inits)
+    m = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in opsets.items()])
+    m.ir_version = 10
+    blob = m.SerializeToString()
+    return blob, [_orig_name(v) for v, _ in graph_inputs], "\n".join(sig)
+
+
+def _orig_name(v: ir.Value) -> str:
+    return f"{id(v)}"
