@@ -152,6 +152,14 @@ class InductorConfig(Section):
     }
 
 
+class CpuConfig(Section):
+    _fields = {
+        "native": Field(True, "CPU reduce-overhead: run each segment's ATen program as one native C++ call (the same "
+                              "operators, bit-exact; built once per graph and cached per user); False: the flat "
+                              "Python program", kind=bool),
+    }
+
+
 class CompilerConfig(Section):
     """Configuration of the superkernel backend. See docs/api.md for every field."""
 
@@ -162,7 +170,8 @@ class CompilerConfig(Section):
             choices=MODES,
         ),
     }
-    _sections = {"debug": DebugConfig, "experimental_config": ExperimentalConfig, "inductor": InductorConfig}
+    _sections = {"debug": DebugConfig, "experimental_config": ExperimentalConfig, "inductor": InductorConfig,
+                 "cpu": CpuConfig}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "CompilerConfig":
@@ -171,5 +180,6 @@ class CompilerConfig(Section):
     def fingerprint(self) -> str:
         """Hash of the fields that change generated code (not paths or debug output)."""
         d = self.to_dict()
-        relevant = {"mode": d["mode"], "inductor": d["inductor"], "run_eagerly": d["debug"]["run_eagerly"]}
+        relevant = {"mode": d["mode"], "inductor": d["inductor"], "run_eagerly": d["debug"]["run_eagerly"],
+                    "cpu": d["cpu"]}
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]

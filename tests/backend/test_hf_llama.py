@@ -67,7 +67,7 @@ def test_reduce_overhead_decode_is_bit_exact(scoped_llama):
     ex = sk.explain(fn)
     assert ex.graph_breaks == 0 and len(ex.graphs) == 1
     assert [s.name for s in ex.segments] == ["decode_layers"]
-    assert ex.segments[0].realization == "cpu-flat" and ex.segments[0].num_ops > 50
+    assert ex.segments[0].realization == "cpu-native" and ex.segments[0].num_ops > 50
 
 
 @pytest.mark.slow

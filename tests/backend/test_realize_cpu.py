@@ -55,7 +55,7 @@ def test_reduce_overhead_is_bit_exact_against_reference(block):
         x2 = torch.randn(3, 5, 32)  # a new shape: a new capture, still exact
         assert torch.equal(ro(x2), ref(x2))
     ex = sk.explain(ro)
-    assert {s.realization for s in ex.segments} == {"cpu-flat"}
+    assert {s.realization for s in ex.segments} == {"cpu-native"}
     assert [s.name for s in ex.segments[:2]] == ["attn", "mlp"]
     assert len(ex.graphs) == 2  # one per shape
     assert {s.realization for s in sk.explain(ref).segments} == {"reference"}

@@ -77,7 +77,7 @@ def test_uncut_scope_keeps_plain_name():
     fn(torch.randn(3))
     ex = sk.explain(backend)
     assert [s.name for s in ex.segments] == ["whole"] and ex.cuts == []
-    assert ex.segments[0].num_ops == 3 and ex.segments[0].realization == "cpu-flat"
+    assert ex.segments[0].num_ops == 3 and ex.segments[0].realization == "cpu-native"
 
 
 def test_strict_abort_raises_naming_scope_op_line_and_reason():

@@ -3,10 +3,13 @@
 =================  =========================================  ======================================
 partition          reduce-overhead                            max-autotune
 =================  =========================================  ======================================
-scope segment      CPU: the flat ATen program of the segment  TorchInductor compiles the segment as
-                   CUDA: one CUDA graph, replayed             one unit (CPU: C++ with cpp_wrapper;
-                                                              CUDA: Triton, then one CUDA graph)
-unscoped run       operator by operator                       TorchInductor, as a normal graph
+scope segment      CPU: one native call running the segment's TorchInductor compiles the segment as
+                   ATen program from C++ (cpu-native; the     one unit (CPU: C++ with cpp_wrapper;
+                   flat Python program with cpu.native off    CUDA: Triton, then one CUDA graph)
+                   or as the fallback)
+                   CUDA: one CUDA graph, replayed
+unscoped run       operator by operator (CPU: called from     TorchInductor, as a normal graph
+                   the graph's native module)
 cut operator       alone, operator by operator                alone, operator by operator
 =================  =========================================  ======================================
 
@@ -36,6 +39,7 @@ class Realizer:
         self.device = device
         self.counters = counters
         self.static_kernels = static_kernels
+        self._native: Any = None  # NativeGroup of this graph's native CPU segments, built as one module
 
     def realize(self, module: PartitionModule, info: SegmentInfo | None) -> Callable[..., Any]:
         from superkernel.runtime.cpu import flat_program
@@ -53,6 +57,8 @@ class Realizer:
         if part.kind == "unscoped":
             if mode == "max-autotune":
                 return self._guarded(module, info, lambda: self._inductor(module), eager)
+            if self.device == "cpu" and self.config.cpu.native:
+                return self._native_unscoped(module, eager())
             return eager()
         if mode == "reduce-overhead":
             if self.device == "cuda":
@@ -62,10 +68,7 @@ class Realizer:
                     program, label = self._multi_stream(module)
                 return self._guarded(module, info, lambda: self._cuda_graph(module, info, program, flat),
                                      lambda: flat, label)
-            self.counters["segments_flat"] += 1
-            if info is not None:
-                info.realization = "cpu-flat"
-            return eager()
+            return self._cpu_reduce_overhead(module, info, eager())
         kind = "inductor-triton" if self.device == "cuda" else ("inductor-cpp" if self.config.inductor.cpp_wrapper else "inductor-cpu")
 
         def build() -> Callable[..., Any]:
@@ -77,6 +80,57 @@ class Realizer:
         return self._guarded(module, info, build, eager, kind + ("+cuda-graph" if self.device == "cuda" else ""))
 
     # -- helpers ---------------------------------------------------------------------
+    def _cpu_reduce_overhead(self, module: PartitionModule, info: SegmentInfo | None,
+                             flat: Callable[..., Any]) -> Callable[..., Any]:
+        """One native call per segment (the same ATen operators from C++); the flat program
+        when native realization is off, cannot express the segment, or fails to build."""
+        if not self.config.cpu.native:
+            self.counters["segments_flat"] += 1
+            if info is not None:
+                info.realization = "cpu-flat"
+            return flat
+        from superkernel.runtime.native_cpu import NativeGroup
+
+        if self._native is None:
+            self._native = NativeGroup()
+
+        def failed(exc: BaseException) -> None:
+            self.counters["segments_native"] -= 1
+            self.counters["segments_flat"] += 1
+            self.fallback(module, info, exc, realization="cpu-flat")
+
+        try:
+            segment = self._native.add(module.partition.name, module.gm, flat, on_failure=failed)
+        except SuperKernelScopeError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - e.g. an operator the emitter cannot express: flat, reported
+            self.counters["segments_flat"] += 1
+            self.fallback(module, info, exc, realization="cpu-flat")
+            return flat
+        self.counters["segments_native"] += 1
+        if info is not None:
+            info.realization = "cpu-native"
+        return segment
+
+    def _native_unscoped(self, module: PartitionModule, flat: Callable[..., Any]) -> Callable[..., Any]:
+        """An unscoped run in CPU reduce-overhead still runs operator by operator, without superkernel
+        treatment; the native module only calls those operators from C++ instead of Python (same
+        kernels, same order). Anything it cannot express, or a failed build, runs the flat program
+        without a warning: no segment was asked for here."""
+        from superkernel.runtime.native_cpu import NativeGroup, NativeUnsupported
+
+        if self._native is None:
+            self._native = NativeGroup()
+        try:
+            return self._native.add(module.partition.name, module.gm, flat)
+        except NativeUnsupported:
+            return flat
+
+    def finish(self) -> None:
+        """Build what is still pending (the graph's native module), now rather than at the first call."""
+        if self._native is not None:
+            self._native.build()
+
     def _guarded(self, module: PartitionModule, info: SegmentInfo | None, build: Callable[[], Callable[..., Any]],
                  eager: Callable[[], Callable[..., Any]], realization: str = "inductor") -> Callable[..., Any]:
         """``build()``; if it fails, the fallback ``eager()`` (with one warning)."""
@@ -91,7 +145,8 @@ class Realizer:
             info.realization = realization
         return fn
 
-    def fallback(self, module: PartitionModule, info: SegmentInfo | None, exc: BaseException) -> None:
+    def fallback(self, module: PartitionModule, info: SegmentInfo | None, exc: BaseException,
+                 realization: str = "eager") -> None:
         part = module.partition
         cause = exception_summary(exc)
         where = f"segment {part.name!r} of scope {part.scope!r}" if part.scope else f"unscoped partition {part.name!r}"
@@ -100,7 +155,7 @@ class Realizer:
         warnings.warn(f"superkernel: {where} falls back to eager: {cause}", SuperKernelFallbackWarning, stacklevel=3)
         self.counters["fallbacks"] += 1
         if info is not None:
-            info.realization = "eager"
+            info.realization = realization
             info.fallback = cause
 
     def _inductor(self, module: PartitionModule) -> Callable[..., Any]:

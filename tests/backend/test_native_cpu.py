@@ -1,0 +1,154 @@
+"""CPU reduce-overhead as one native call per segment: bit-exact against the exactness
+reference on small graphs (in-place input updates, multi-output operators, numbers,
+views, constants), cached by content, and falling back to the flat program alone when
+the build fails. (The llama-tiny decode check lives in test_hf_llama.py.)"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import superkernel as sk
+from superkernel.pipeline.realize import SuperKernelFallbackWarning
+from superkernel.runtime import native_cpu
+
+pytestmark = pytest.mark.skipif(not native_cpu.compiler_available(), reason="no C++ compiler")
+
+
+def compile_pair(fn, **cfg):
+    fast = sk.compile(fn, sk.CompilerConfig.from_dict({"mode": "reduce-overhead", **cfg}))
+    ref = sk.compile(fn, sk.CompilerConfig.from_dict({"mode": "reduce-overhead", "debug": {"run_eagerly": True}}))
+    return fast, ref
+
+
+def step(x, w, cache, pos, h16):
+    """A decode-like step: KV cache written in place, multi-output ops, numbers, views, constants."""
+    with sk.super_kernel("layer"):
+        h = torch.relu(x @ w) * 1.5 + 1e-3                     # numbers for Tensor arguments
+        cache.index_copy_(0, pos, h[:, :4])                     # in-place update of an input
+        top = torch.max(h, dim=-1)                              # two outputs (getitem)
+        a, b = h.split(4, dim=-1)                               # a list output (getitem)
+        mask = torch.where(torch.arange(8) < 5, 0.0, float("-inf"))
+        s = (a.sum(-1) + b.mean(-1) + top.values).unsqueeze(-1) + mask
+        half = (h16 * 0.1 + 1e-3).float()                       # float16 with a wrapped double
+    y = s.softmax(-1)                                           # unscoped
+    with sk.super_kernel("tail"):
+        out = (y.t() @ cache[:2]).view(-1)                      # a view as output
+    return out, top.indices, half, y.transpose(0, 1)
+
+
+def inputs():
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(2, 8, generator=g), torch.randn(8, 8, generator=g)
+    cache = torch.zeros(6, 4)
+    return x, w, cache, torch.tensor([1, 3]), torch.randn(2, 8, generator=g).half()
+
+
+def test_native_segments_are_bit_exact_and_update_inputs_in_place():
+    fast, ref = compile_pair(step)
+    x, w, cache, pos, h16 = inputs()
+    cache_ref = cache.clone()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SuperKernelFallbackWarning)
+        for _ in range(3):
+            got = fast(x, w, cache, pos, h16)
+            want = ref(x, w, cache_ref, pos, h16)
+            assert len(got) == len(want)
+            for a, b in zip(got, want):
+                assert a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride()
+                assert torch.equal(a, b)
+            assert torch.equal(cache, cache_ref) and cache.abs().sum() > 0
+    ex = sk.explain(fast)
+    assert {s.name: s.realization for s in ex.segments} == {"layer": "cpu-native", "tail": "cpu-native"}
+    assert sk.explain(ref).segments[0].realization == "reference"
+
+
+def test_native_off_runs_the_flat_program():
+    fast, ref = compile_pair(step, cpu={"native": False})
+    x, w, cache, pos, h16 = inputs()
+    for a, b in zip(fast(x, w, cache.clone(), pos, h16), ref(x, w, cache.clone(), pos, h16)):
+        assert torch.equal(a, b)
+    assert {s.realization for s in sk.explain(fast).segments} == {"cpu-flat"}
+
+
+def test_source_and_key_are_deterministic_and_content_addressed():
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=lambda g, _: graphs.append(g) or g)
+
+    def f(x):
+        return (x * 2).sin().view(2, 2)
+
+    def g(x):
+        return (x * 3).sin().view(2, 2)
+
+    torch.compile(f, backend=backend)(torch.randn(4))
+    torch.compile(g, backend=backend)(torch.randn(4))
+    a1 = native_cpu.native_source([("seg_a", graphs[0])])
+    a2 = native_cpu.native_source([("seg_a", graphs[0])])
+    b = native_cpu.native_source([("seg_a", graphs[1])])
+    assert a1.source == a2.source and a1.key == a2.key
+    assert a1.key != b.key and len(a1.key) == 32
+    assert "findSchemaOrThrow(\"aten::sin\", \"\")" in a1.source and a1.entries == ("seg_a",)
+    assert a1.module_name == f"sk_native_{a1.key}"
+    # a built module is found again by its key (another process would load the same file)
+    module = native_cpu.load(a1)
+    assert native_cpu.library_path(a1).exists()
+    x = torch.randn(4)
+    (out,) = module.seg_a(x)
+    assert torch.equal(out, graphs[0](x)[0])
+
+
+def test_failed_build_falls_back_to_flat_alone_with_one_warning(monkeypatch):
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+
+    def f(x):
+        with sk.super_kernel("s"):
+            x = x.cos() * 3.0
+        return x + 1
+
+    fast, ref = compile_pair(f)
+    x = torch.randn(5)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = fast(x)
+    assert torch.equal(got, ref(x))
+    ours = [w for w in caught if issubclass(w.category, SuperKernelFallbackWarning)]
+    assert len(ours) == 1 and "segment 's' of scope 's'" in str(ours[0].message)
+    (seg,) = sk.explain(fast).segments
+    assert seg.realization == "cpu-flat" and "NativeBuildError" in seg.fallback
+
+
+def test_tensor_subclass_inputs_run_the_flat_program():
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=lambda g, _: graphs.append(g) or g)
+
+    torch.compile(lambda x: (x * 2).sin(), backend=backend)(torch.randn(4))
+    flat_calls = []
+
+    def flat(*args):
+        flat_calls.append(args)
+        return graphs[0](*args)
+
+    group = native_cpu.NativeGroup()
+    seg = group.add("s", graphs[0], flat)
+    x = torch.randn(4)
+    assert torch.equal(seg(x)[0], graphs[0](x)[0]) and not flat_calls
+    p = torch.nn.Parameter(torch.randn(4), requires_grad=False)  # Parameter is a plain tensor to C++
+    seg(p)
+    assert not flat_calls
+
+    class Sub(torch.Tensor):
+        pass
+
+    seg(x.as_subclass(Sub))
+    assert len(flat_calls) == 1
