@@ -2,7 +2,7 @@
 
     python _child.py BUILD_DIR BATCH OUT.pt [--no-static] [--function] [--graph-break] [--then-batch N]
 
-Prints one line ``RESULT {json}`` with the backend's and the session's counters, the
+Prints one line ``RESULT {json}`` with the backend's and the static kernel compiler's counters, the
 number of C++ compilations TorchInductor started and the number of frames Dynamo traced
 in this process. ``--function`` compiles a function closing over the model (which gets a
 precompiled frame) instead of the model; ``--graph-break`` puts a graph break in it;
@@ -114,16 +114,16 @@ def main() -> int:
             eager = target(x)
     backend = superkernel.pipeline.backend.find_backend(compiled)
     torch.save({"y": y, "eager": eager.detach(), "y2": y2, **saved}, out)
-    session = backend.static_kernels
+    static = backend.static_kernels
     result = {
         "backend": dict(backend.counters),
-        "static": dict(session.counters) if session is not None else {},
+        "static": dict(static.counters) if static is not None else {},
         "cpp_builds": len(builds),
         "dynamo_traces": sum(1 for t in traced if t != "aot"),
         "aot_captures": traced.count("aot"),
-        "packages": [str(p) for p in session.packages_written] if session is not None else [],
+        "packages": [str(p) for p in static.packages_written] if static is not None else [],
         "warnings": [str(w.message) for w in caught if "static kernels" in str(w.message)],
-        "notices": list(session.notices) if session is not None else [],
+        "notices": list(static.notices) if static is not None else [],
     }
     print("RESULT " + json.dumps(result))
     return 0

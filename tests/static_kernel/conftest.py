@@ -58,12 +58,12 @@ def _private_inductor_cache(tmp_path_factory):
 
 
 @pytest.fixture(autouse=True)
-def _reset_static_states():
-    from superkernel.static_kernel.session import reset_states
+def _reset_workspaces():
+    from superkernel.static_kernel.workspace import reset_workspaces
 
-    reset_states()
+    reset_workspaces()
     yield
-    reset_states()
+    reset_workspaces()
 
 
 @pytest.fixture(scope="module")

@@ -165,7 +165,7 @@ class Realizer:
             module.gm, module.example_inputs, device=self.device,
             cpp_wrapper=self.config.inductor.cpp_wrapper, autotune=self.config.inductor.autotune)
         if self.static_kernels is not None:
-            fn = self.static_kernels.compiled_partition(module.gm, module.example_inputs, compile_fn)
+            fn = self.static_kernels.compile(module.gm, module.example_inputs, compile_fn, name=module.partition.name)
         else:
             fn = compile_fn()
         self.counters["partitions_compiled"] += 1

@@ -11,17 +11,15 @@ without AOT precompile) runs the normal ``torch.compile`` path, with one notice.
 from __future__ import annotations
 
 import functools
-import logging
 import warnings
 from typing import Any, Callable
 
 import torch
 
-from superkernel.static_kernel import frames
+from superkernel.static_kernel import frame_keys, frames
+from superkernel.static_kernel.settings import StaticKernelWarning, log
 from superkernel.pipeline.ir import device_kind
 from superkernel.util import exception_summary
-
-log = logging.getLogger("superkernel.static_kernel")
 
 
 class StaticFunction:
@@ -42,111 +40,109 @@ class StaticFunction:
         return self._backend
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        frame_args = frames.frame_args(self._fn, args)
+        frame_args = frame_keys.frame_args(self._fn, args)
         for frame in self._frames:
             accepted, out = frames.call(frame, frame_args, kwargs)
             if accepted:
                 return out
         if self._no_frames:
             return self._compiled(*args, **kwargs)
-        signature = frames.call_signature(args, kwargs)
+        signature = frame_keys.call_signature(args, kwargs)
         if signature not in self._seen:
             self._seen.add(signature)
             resolved = self._resolve(args, kwargs, signature)
             if resolved is not None:
-                frame, state = resolved
+                frame, ws = resolved
                 self._frames.append(frame)
                 accepted, out = frames.call(frame, frame_args, kwargs)
                 if accepted:
                     return out
-                self._notice(state, f"precompiled frame of {frames.function_name(self._fn)} rejected by its guards "
+                self._notice(ws, f"precompiled frame of {frame_keys.function_name(self._fn)} rejected by its guards "
                                     f"({frames.rejection(frame, frame_args, kwargs)}); tracing it")
         return self._compiled(*args, **kwargs)
 
     # -- finding or building a frame ------------------------------------------------------
     def _resolve(self, args: tuple[Any, ...], kwargs: dict[str, Any], signature: str) -> tuple[Any, Any] | None:
-        session = self._backend.static_kernels
-        state = session.state_for_call(self._fn, args)
-        if not state.compiles:  # reduce-overhead / run_eagerly: nothing is built statically
+        static = self._backend.static_kernels
+        ws = static.workspace_for_call(self._fn, args)
+        if not ws.compiles:  # reduce-overhead / run_eagerly: nothing is built statically
             self._no_frames = True
             return None
-        key = frames.frame_key(self._fn, args, kwargs, state.fingerprint)
-        found = state.frame_bytes(key)
+        key = frame_keys.frame_key(self._fn, args, kwargs, ws.fingerprint)
+        found = ws.frame_bytes(key)
         if found is None:
-            others = state.frames_of(frames.function_name(self._fn))
-            if others and not (state.holding or session.extend):  # (a builder adds it: no news)
-                self._notice(state, f"no precompiled frame of {frames.function_name(self._fn)} for this call in the "
+            others = ws.frames_of(frame_keys.function_name(self._fn))
+            if others and not (ws.holding or static.extend):  # (a builder adds it: no news)
+                self._notice(ws, f"no precompiled frame of {frame_keys.function_name(self._fn)} for this call in the "
                                     f"package (it holds {len(others)} for other calls; differing: "
-                                    f"{frames.signature_difference(others[0].get('inputs', ''), signature)})")
+                                    f"{frame_keys.signature_difference(others[0].get('inputs', ''), signature)})")
         else:
             entry, data = found
-            stale = frames.stale_sources(entry.get("sources", {}))
+            stale = frame_keys.stale_sources(entry.get("sources", {}))
             if stale:
-                self._notice(state, f"precompiled frame of {frames.function_name(self._fn)} in the package is out of date "
+                self._notice(ws, f"precompiled frame of {frame_keys.function_name(self._fn)} in the package is out of date "
                              f"(source changed or unreadable: {', '.join(stale[:3])}{' ...' if len(stale) > 3 else ''}); "
                              "tracing it again", warn=True)
             else:
                 try:
                     frame = frames.load(data, self._fn, self._backend)
                 except Exception as exc:  # noqa: BLE001 - a package never crashes the run
-                    state.counters["frame_load_failed"] += 1
-                    self._notice(state, f"could not load the precompiled frame of {frames.function_name(self._fn)} "
+                    ws.counters["frame_load_failed"] += 1
+                    self._notice(ws, f"could not load the precompiled frame of {frame_keys.function_name(self._fn)} "
                                  f"({exception_summary(exc)}); tracing it again", warn=True)
                 else:
-                    state.counters["frames_loaded"] += 1
-                    return frame, state
-        frame = self._build(state, key, args, kwargs, signature)
-        return (frame, state) if frame is not None else None
+                    ws.counters["frames_loaded"] += 1
+                    return frame, ws
+        frame = self._build(ws, key, args, kwargs, signature)
+        return (frame, ws) if frame is not None else None
 
-    def _build(self, state: Any, key: str, args: tuple[Any, ...], kwargs: dict[str, Any], signature: str) -> Any | None:
-        state.deferred += 1  # one package holds the partitions and the frame
+    def _build(self, ws: Any, key: str, args: tuple[Any, ...], kwargs: dict[str, Any], signature: str) -> Any | None:
+        ws.deferred += 1  # one package holds the partitions and the frame
         try:
             aot_fn = frames.precompile(self._fn, self._backend, args, kwargs)
         except frames.FrameUnsupported as exc:  # a graph break, ...: no signature will be one frame
             aot_fn = None
-            state.counters["frames_unsupported"] += 1
+            ws.counters["frames_unsupported"] += 1
             self._no_frames = True
-            self._notice(state, f"{frames.function_name(self._fn)} cannot be precompiled as one frame ({exc}); "
+            self._notice(ws, f"{frame_keys.function_name(self._fn)} cannot be precompiled as one frame ({exc}); "
                          "Dynamo traces it at the first call of each process")
         finally:
-            state.deferred -= 1
+            ws.deferred -= 1
         try:
-            if aot_fn is not None and (state.holding or (self._backend.static_kernels.extend
-                                                         and state.become_builder())):
-                entry = {"function": frames.function_name(self._fn), "inputs": signature,
-                         "level": frames.frame_level(aot_fn), "sources": frames.sources_of(aot_fn)}
+            if aot_fn is not None and (ws.holding or (self._backend.static_kernels.extend
+                                                         and ws.become_builder())):
+                entry = {"function": frame_keys.function_name(self._fn), "inputs": signature,
+                         "level": frames.frame_level(aot_fn), "sources": frame_keys.sources_of(aot_fn)}
                 data = frames.serialize(aot_fn, self._fn)
                 frames.check_loads(data, self._fn)  # a frame that cannot load back is not stored
-                state.add_frame(key, entry, data)
+                ws.add_frame(key, entry, data)
         except frames.FrameUnsupported as exc:
-            state.counters["frames_unsupported"] += 1
-            self._notice(state, f"{frames.function_name(self._fn)}: {exc}; the package holds its partitions only")
+            ws.counters["frames_unsupported"] += 1
+            self._notice(ws, f"{frame_keys.function_name(self._fn)}: {exc}; the package holds its partitions only")
         finally:
-            state.finalize()
+            ws.finalize()
         return aot_fn
 
-    def _notice(self, state: Any, message: str, *, warn: bool = False) -> None:
+    def _notice(self, ws: Any, message: str, *, warn: bool = False) -> None:
         if message in self._notified:
             return
         self._notified.add(message)
         text = f"superkernel static kernels: {message}"
         if warn:
-            from superkernel.static_kernel.session import StaticKernelWarning
-
             warnings.warn(text, StaticKernelWarning, stacklevel=4)
         else:
             log.warning(text)
-        state.notices.append(text)
+        ws.notices.append(text)
 
     def __repr__(self) -> str:
-        return f"StaticFunction({frames.function_name(self._fn)})"
+        return f"StaticFunction({frame_keys.function_name(self._fn)})"
 
 
 def device_kind_of_call(fn: Any, args: tuple[Any, ...]) -> str:
     """The device kind a call runs on: its tensor arguments, else the first tensor of a closed-over module."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     if not tensors:
-        first = next((p for o in frames.external_objects(fn).values() if isinstance(o, torch.nn.Module)
+        first = next((p for o in frame_keys.external_objects(fn).values() if isinstance(o, torch.nn.Module)
                       for p in o.parameters()), None)
         tensors = [first] if first is not None else []
     return device_kind(tensors)

@@ -35,17 +35,13 @@ import datetime as _dt
 import hashlib
 import json
 import os
-import platform
 import re
-import sys
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from superkernel.static_kernel.compat import triton_version
+from superkernel.static_kernel.environment import environment_mismatch
 from superkernel.util import atomic_target, atomic_write
 
 FORMAT = "superkernel.static_kernel.package"
@@ -57,65 +53,8 @@ KERNEL_SUFFIXES = (".so", ".cubin", ".fatbin", ".hsaco", ".spv")
 _KERNEL_NAME = re.compile(r"^[A-Za-z0-9_]{1,8}/[A-Za-z0-9_.-]{1,200}$")
 _ARTIFACT_NAME = re.compile(r"^(artifacts|frames)/[0-9a-f]{16,64}\.bin$")
 
-# CPU features that decide which vector ISA TorchInductor compiles for.
-_ISA_FLAGS = (
-    "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd",
-    "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "sve2",
-)
-MATCH_KEYS = ("torch", "torch_git", "python", "system", "machine", "device_kind", "device_capability")
-
-
 class PackageError(RuntimeError):
     """A package cannot be read or does not match (the message says why)."""
-
-
-# --- environment -----------------------------------------------------------------------
-
-def cpu_capability() -> str:
-    """Vector-ISA-relevant CPU features, e.g. ``x86_64:avx,avx2,avx512f,...`` (no compilation needed)."""
-    flags: set[str] = set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    flags = set(value.split())
-                    break
-    except OSError:
-        return f"{platform.machine()}:{platform.processor() or 'unknown'}"
-    return f"{platform.machine()}:" + ",".join(sorted(flags.intersection(_ISA_FLAGS)))
-
-
-def device_capability(device_kind: str) -> str:
-    if device_kind == "cuda" and torch.cuda.is_available():
-        index = torch.cuda.current_device()
-        major, minor = torch.cuda.get_device_capability(index)
-        return f"sm_{major}{minor}:{torch.cuda.get_device_name(index)}"
-    if device_kind == "cpu":
-        return cpu_capability()
-    return device_kind
-
-
-def environment(device_kind: str) -> dict[str, Any]:
-    return {
-        "torch": torch.__version__,
-        "torch_git": getattr(torch.version, "git_version", None),
-        "triton": triton_version(),
-        "python": platform.python_version(),
-        "system": platform.system(),
-        "machine": platform.machine(),
-        "device_kind": device_kind,
-        "device_capability": device_capability(device_kind),
-    }
-
-
-def environment_mismatch(recorded: dict[str, Any], current: dict[str, Any]) -> str | None:
-    """Why a package built in ``recorded`` cannot be used in ``current`` (None when it can)."""
-    keys = list(MATCH_KEYS) + (["triton"] if current.get("device_kind") == "cuda" else [])
-    for key in keys:
-        if recorded.get(key) != current.get(key):
-            return f"{key} differs (package: {recorded.get(key)!r}, here: {current.get(key)!r})"
-    return None
 
 
 # --- writing ---------------------------------------------------------------------------
@@ -320,12 +259,7 @@ def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def python_tag() -> str:
-    return f"{sys.implementation.name}{sys.version_info.major}.{sys.version_info.minor}"
-
-
 __all__ = [
-    "FORMAT", "FORMAT_VERSION", "OUTPUTS_DIR", "SUFFIX", "Package", "PackageError", "collect_kernels", "cpu_capability",
-    "describe", "device_capability", "environment", "environment_mismatch", "find_packages", "install_kernels",
-    "package_name", "read_manifest", "write_package",
+    "FORMAT", "FORMAT_VERSION", "OUTPUTS_DIR", "SUFFIX", "Package", "PackageError", "collect_kernels", "describe",
+    "find_packages", "install_kernels", "package_name", "read_manifest", "write_package",
 ]

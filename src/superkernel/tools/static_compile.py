@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from superkernel.util import positive_int
-from superkernel.static_kernel.package import OUTPUTS_DIR, PackageError, describe, environment, find_packages, read_manifest
+from superkernel.static_kernel.environment import environment, environment_mismatch
+from superkernel.static_kernel.package import OUTPUTS_DIR, PackageError, describe, find_packages, read_manifest
 
 
 def _batch_sizes(text: str) -> list[int]:
@@ -131,7 +132,7 @@ def build(model: str, build_dir: Path, *, batch_sizes: list[int] | None = None, 
     from superkernel.pipeline.backend import find_backend
     from superkernel.tools.models import load_model
 
-    from superkernel.static_kernel.session import resolve_build_dir
+    from superkernel.static_kernel.settings import resolve_build_dir
 
     start = time.perf_counter()
     build_dir = resolve_build_dir(build_dir)
@@ -220,7 +221,6 @@ def list_packages(build_dir: Path, *, as_json: bool = False) -> int:
             pkg = read_manifest(path)
             row.update(describe(pkg))
             kind = pkg.manifest.get("environment", {}).get("device_kind", "cpu")
-            from superkernel.static_kernel.package import environment_mismatch
 
             reason = environment_mismatch(pkg.manifest.get("environment", {}), environment(kind))
             try:
@@ -262,7 +262,7 @@ def clean(build_dir: Path) -> int:
     if not root.is_dir():
         print(f"nothing to clean: {root} does not exist")
         return 0
-    from superkernel.static_kernel.storage import build_lock
+    from superkernel.static_kernel.lock import build_lock
 
     lock = build_lock(root)
     try:

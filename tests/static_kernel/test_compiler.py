@@ -1,9 +1,8 @@
-"""The session API on a small ATen graph, in this process: keys, mismatches, corruption, CLI."""
+"""The static kernel compiler seam on a small ATen graph, in this process: keys, mismatches, corruption, CLI."""
 
 from __future__ import annotations
 
 import json
-import warnings
 import zipfile
 from pathlib import Path
 
@@ -12,11 +11,10 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from superkernel import CompilerConfig
-from superkernel.static_kernel import (
-    BuildDirError, StaticKernelWarning, find_packages, open_session, partition_key, read_manifest,
-)
+from superkernel.static_kernel import BuildDirError, StaticKernelWarning, find_packages, partition_key, read_manifest
+from superkernel.static_kernel.compiler import open_compiler
 from superkernel.tools import static_compile as static_cli
-from superkernel.static_kernel.session import reset_states
+from superkernel.static_kernel.workspace import reset_workspaces
 
 
 def _fn(x, w, b):
@@ -44,13 +42,13 @@ def _never(*_a):
 
 
 def _run(cfg: CompilerConfig, rows: int = 4, compile_fn=_never):
-    session = open_session(cfg)
+    compiler = open_compiler(cfg)
     gm, inputs = _graph(rows)
-    session.record_graph(gm, "graph_0")
-    fn = session.compiled_partition(gm, inputs, compile_fn)
+    compiler.record_graph(gm, "graph_0")
+    fn = compiler.compile(gm, inputs, compile_fn)
     out = fn(*inputs)
-    session.finalize()
-    return session, out, inputs
+    compiler.finalize()
+    return compiler, out, inputs
 
 
 @pytest.fixture(scope="module")
@@ -61,12 +59,12 @@ def package_dir(tmp_path_factory):
     build_dir = tmp_path_factory.mktemp("pkg")
     os.environ["SUPERKERNEL_STATIC_VERIFY"] = "0"
     try:
-        reset_states()
-        session, out, inputs = _run(_config(build_dir))
-        reset_states()
+        reset_workspaces()
+        compiler, out, inputs = _run(_config(build_dir))
+        reset_workspaces()
     finally:
         os.environ.pop("SUPERKERNEL_STATIC_VERIFY", None)
-    assert session.counters["compiled"] == 1
+    assert compiler.counters["compiled"] == 1
     return build_dir
 
 
@@ -108,8 +106,8 @@ def test_partition_key_is_stable_and_shape_specific():
 
 def test_matching_package_loads_without_compiling(pkg_copy):
     build_dir, pkg = pkg_copy
-    session, out, inputs = _run(_config(build_dir))
-    assert session.counters["loaded"] == 1 and session.counters.get("compiled", 0) == 0
+    compiler, out, inputs = _run(_config(build_dir))
+    assert compiler.counters["loaded"] == 1 and compiler.counters.get("compiled", 0) == 0
     torch.testing.assert_close(out[0], _fn(*inputs)[0])
     assert find_packages(build_dir) == [pkg]
 
@@ -123,21 +121,21 @@ def test_mismatched_package_is_ignored_and_rebuilt(pkg_copy, what, edit, expect)
     build_dir, pkg = pkg_copy
     _rewrite(pkg, edit_manifest=edit)
     with pytest.warns(StaticKernelWarning, match=expect):
-        session, out, inputs = _run(_config(build_dir))
-    assert session.counters["compiled"] == 1 and session.counters.get("loaded", 0) == 0
+        compiler, out, inputs = _run(_config(build_dir))
+    assert compiler.counters["compiled"] == 1 and compiler.counters.get("loaded", 0) == 0
     torch.testing.assert_close(out[0], _fn(*inputs)[0])
     new = [p for p in find_packages(build_dir) if p != pkg]
     assert len(new) == 1 and read_manifest(new[0]).manifest["environment"]["torch"] == torch.__version__
-    reset_states()
-    session, _, _ = _run(_config(build_dir))  # the rebuilt package is the one used next time
-    assert session.counters["loaded"] == 1 and session.counters.get("compiled", 0) == 0
+    reset_workspaces()
+    compiler, _, _ = _run(_config(build_dir))  # the rebuilt package is the one used next time
+    assert compiler.counters["loaded"] == 1 and compiler.counters.get("compiled", 0) == 0
 
 
 def test_other_compiler_config_does_not_use_the_package(pkg_copy):
     build_dir, pkg = pkg_copy
     with pytest.warns(StaticKernelWarning, match="compiler config differs"):
-        session, out, inputs = _run(_config(build_dir, cpp_wrapper=False))
-    assert session.counters["compiled"] == 1
+        compiler, out, inputs = _run(_config(build_dir, cpp_wrapper=False))
+    assert compiler.counters["compiled"] == 1
     torch.testing.assert_close(out[0], _fn(*inputs)[0])
 
 
@@ -145,8 +143,8 @@ def test_corrupted_package_is_detected_replaced_and_removed(pkg_copy):
     build_dir, pkg = pkg_copy
     _rewrite(pkg, edit_file=lambda data: data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
     with pytest.warns(StaticKernelWarning, match="sha256"):
-        session, out, inputs = _run(_config(build_dir))
-    assert session.counters["compiled"] == 1 and session.counters.get("loaded", 0) == 0
+        compiler, out, inputs = _run(_config(build_dir))
+    assert compiler.counters["compiled"] == 1 and compiler.counters.get("loaded", 0) == 0
     torch.testing.assert_close(out[0], _fn(*inputs)[0])
     remaining = find_packages(build_dir)
     assert len(remaining) == 1 and remaining[0] != pkg and not pkg.exists()
@@ -156,18 +154,18 @@ def test_unreadable_package_never_crashes(pkg_copy):
     build_dir, pkg = pkg_copy
     pkg.write_bytes(b"not a zip")
     with pytest.warns(StaticKernelWarning, match="damaged zip"):
-        session, out, inputs = _run(_config(build_dir))
-    assert session.counters["compiled"] == 1
+        compiler, out, inputs = _run(_config(build_dir))
+    assert compiler.counters["compiled"] == 1
 
 
 def test_symbolic_shapes_use_the_normal_path(tmp_path):
     gm, inputs = _graph(4)
-    session = open_session(_config(tmp_path))
+    compiler = open_compiler(_config(tmp_path))
     calls = []
     sym = make_fx(_fn, tracing_mode="symbolic")(*inputs)
     fake_inputs = [n.meta["val"] for n in sym.graph.nodes if n.op == "placeholder"]
-    fn = session.compiled_partition(sym, fake_inputs, lambda: calls.append(1) or (lambda *a: _fn(*a)))
-    assert calls == [1] and session.counters["dynamic"] == 1
+    fn = compiler.compile(sym, fake_inputs, lambda: calls.append(1) or (lambda *a: _fn(*a)))
+    assert calls == [1] and compiler.counters["dynamic"] == 1
     assert not find_packages(tmp_path)
     del fn, gm
 
@@ -180,7 +178,7 @@ def test_build_dir_must_exist_and_be_writable(tmp_path):
     cfg = _config(gone)
     gone.rmdir()
     with pytest.raises(BuildDirError, match="does not exist"):
-        open_session(cfg)  # and again when the backend opens the session
+        open_compiler(cfg)  # and again when the backend opens the compiler
     ro = tmp_path / "ro"
     ro.mkdir()
     ro.chmod(0o500)
@@ -190,7 +188,7 @@ def test_build_dir_must_exist_and_be_writable(tmp_path):
         if os.access(ro, os.W_OK):  # running as root: permissions are not enforced
             pytest.skip("directory permissions are not enforced for this user")
         with pytest.raises(BuildDirError, match="not writable"):
-            open_session(_config(ro))
+            open_compiler(_config(ro))
     finally:
         ro.chmod(0o700)
 
@@ -222,14 +220,14 @@ def test_cli_list_and_clean(pkg_copy, capsys):
 def test_reduce_overhead_records_shapes_without_lock_or_package(tmp_path):
     cfg = _config(tmp_path)
     cfg.mode = "reduce-overhead"
-    session = open_session(cfg)
+    compiler = open_compiler(cfg)
     gm, _ = _graph(4)
-    session.record_graph(gm, "graph_0")
-    (run_dir,) = session.run_dirs
+    compiler.record_graph(gm, "graph_0")
+    (run_dir,) = compiler.run_dirs
     names = sorted(p.name for p in (run_dir / run_dir.name.split("_")[1]).glob("*.json"))
-    assert "mm_float32_ND_4x16_16x8_0.json" in names and session.counters["records"] == len(names)
-    assert session.finalize() is None and not find_packages(tmp_path)
-    from superkernel.static_kernel.storage import build_lock
+    assert "mm_float32_ND_4x16_16x8_0.json" in names and compiler.counters["records"] == len(names)
+    assert compiler.finalize() is None and not find_packages(tmp_path)
+    from superkernel.static_kernel.lock import build_lock
 
     lock = build_lock(tmp_path / "static_kernel_outputs")
     assert not lock.is_locked
@@ -250,21 +248,21 @@ def test_failed_package_write_leaves_nothing_and_next_run_builds(tmp_path, monke
 
     monkeypatch.setattr(package_mod.zipfile.ZipFile, "writestr", failing)
     with pytest.warns(StaticKernelWarning, match="could not write the package"):
-        session, out, inputs = _run(_config(tmp_path))
+        compiler, out, inputs = _run(_config(tmp_path))
     torch.testing.assert_close(out[0], _fn(*inputs)[0])  # the run itself goes on
     assert not find_packages(tmp_path)
     assert not [p for p in (tmp_path / "static_kernel_outputs").rglob("*") if p.name.endswith(".tmp")]
     monkeypatch.setattr(package_mod.zipfile.ZipFile, "writestr", real)
-    reset_states()
-    session, _, _ = _run(_config(tmp_path))  # the lock was released: the next run builds
-    assert session.counters["compiled"] == 1 and len(find_packages(tmp_path)) == 1
+    reset_workspaces()
+    compiler, _, _ = _run(_config(tmp_path))  # the lock was released: the next run builds
+    assert compiler.counters["compiled"] == 1 and len(find_packages(tmp_path)) == 1
 
 
 def test_build_lock_is_released_when_its_holder_dies(tmp_path):
     import subprocess
     import sys
 
-    from superkernel.static_kernel.storage import LOCK_NAME, build_lock
+    from superkernel.static_kernel.lock import LOCK_NAME, build_lock
 
     root = tmp_path / "static_kernel_outputs"
     root.mkdir()
@@ -292,13 +290,13 @@ def test_weights_read_as_attributes_are_not_baked_into_the_package(tmp_path, mon
 
     outs = []
     for seed in (0, 1):  # build with one set of weights, load with another
-        reset_states()
+        reset_workspaces()
         gm, lin = traced(seed)
-        session = open_session(_config(tmp_path))
-        session.record_graph(gm, "graph_0")
-        fn = session.compiled_partition(gm, [x], _never)
-        outs.append((session.counters.copy(), fn(x)[0], torch.relu(lin(x)).detach()))
-        session.finalize()
+        compiler = open_compiler(_config(tmp_path))
+        compiler.record_graph(gm, "graph_0")
+        fn = compiler.compile(gm, [x], _never)
+        outs.append((compiler.counters.copy(), fn(x)[0], torch.relu(lin(x)).detach()))
+        compiler.finalize()
     (built, y0, ref0), (loaded, y1, ref1) = outs
     assert built["compiled"] == 1 and loaded["loaded"] == 1 and loaded.get("compiled", 0) == 0
     torch.testing.assert_close(y0, ref0)

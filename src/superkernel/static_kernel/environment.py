@@ -1,0 +1,67 @@
+"""The environment a package is built for: torch, Python, platform, device kind and capability.
+
+A package is used only where all of it matches (:func:`environment_mismatch` says why not).
+"""
+
+from __future__ import annotations
+
+import platform
+from typing import Any
+
+import torch
+
+from superkernel.static_kernel.compat import triton_version
+
+# CPU features that decide which vector ISA TorchInductor compiles for.
+_ISA_FLAGS = (
+    "sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd",
+    "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "sve2",
+)
+MATCH_KEYS = ("torch", "torch_git", "python", "system", "machine", "device_kind", "device_capability")
+
+
+def cpu_capability() -> str:
+    """Vector-ISA-relevant CPU features, e.g. ``x86_64:avx,avx2,avx512f,...`` (no compilation needed)."""
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    flags = set(value.split())
+                    break
+    except OSError:
+        return f"{platform.machine()}:{platform.processor() or 'unknown'}"
+    return f"{platform.machine()}:" + ",".join(sorted(flags.intersection(_ISA_FLAGS)))
+
+
+def device_capability(device_kind: str) -> str:
+    if device_kind == "cuda" and torch.cuda.is_available():
+        index = torch.cuda.current_device()
+        major, minor = torch.cuda.get_device_capability(index)
+        return f"sm_{major}{minor}:{torch.cuda.get_device_name(index)}"
+    if device_kind == "cpu":
+        return cpu_capability()
+    return device_kind
+
+
+def environment(device_kind: str) -> dict[str, Any]:
+    return {
+        "torch": torch.__version__,
+        "torch_git": getattr(torch.version, "git_version", None),
+        "triton": triton_version(),
+        "python": platform.python_version(),
+        "system": platform.system(),
+        "machine": platform.machine(),
+        "device_kind": device_kind,
+        "device_capability": device_capability(device_kind),
+    }
+
+
+def environment_mismatch(recorded: dict[str, Any], current: dict[str, Any]) -> str | None:
+    """Why a package built in ``recorded`` cannot be used in ``current`` (None when it can)."""
+    keys = list(MATCH_KEYS) + (["triton"] if current.get("device_kind") == "cuda" else [])
+    for key in keys:
+        if recorded.get(key) != current.get(key):
+            return f"{key} differs (package: {recorded.get(key)!r}, here: {current.get(key)!r})"
+    return None

@@ -1,0 +1,75 @@
+"""Where static kernels go and what they are built with: build dir, Inductor options, fingerprint.
+
+Everything here is decided from the compiler config before anything is compiled or loaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+ENV_VERIFY = "SUPERKERNEL_STATIC_VERIFY"  # "0": skip the fresh-process load check when a package is written
+ENV_LOCK_TIMEOUT = "SUPERKERNEL_STATIC_LOCK_TIMEOUT"  # seconds to wait for another builder (default 3600)
+ENV_PREWARM = "SUPERKERNEL_STATIC_PREWARM"  # "0": no early package check / ISA probe thread
+
+log = logging.getLogger("superkernel.static_kernel")
+
+
+class StaticKernelWarning(UserWarning):
+    """A package was ignored (and why), or a static kernel could not be built or loaded."""
+
+
+class BuildDirError(ValueError):
+    """The static kernel build directory does not exist or is not writable."""
+
+
+def default_build_dir() -> Path:
+    """Next to the running script (TorchAir's default), else the working directory."""
+    script = sys.argv[0] if sys.argv and sys.argv[0] else ""
+    if script and script not in ("-c", "-m") and os.path.isfile(script):
+        return Path(script).resolve().parent
+    return Path.cwd()
+
+
+def resolve_build_dir(build_dir: str | os.PathLike[str] | None) -> Path:
+    path = Path(build_dir).expanduser() if build_dir else default_build_dir()
+    if not path.is_dir():
+        raise BuildDirError(
+            f"static kernel build_dir {str(path)!r} does not exist; create it first "
+            "(config.experimental_config.static_kernel.build_dir / --build-dir)")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise BuildDirError(f"static kernel build_dir {str(path)!r} is not writable by this user")
+    return path.resolve()
+
+
+def inductor_patches(compiler_config: Any, device_kind: str) -> dict[str, Any]:
+    """The TorchInductor options a static build uses: those of runtime/inductor.compile_partition, plus one.
+
+    ``cpp_cache_precompile_headers`` is off: the precompiled-header flag enters the kernel's
+    cache name, and a precompiled header would itself have to be compiled at load time.
+    """
+    from superkernel.runtime.inductor import inductor_patches as partition_patches
+
+    inductor = getattr(compiler_config, "inductor", None)
+    patches = partition_patches(device_kind, cpp_wrapper=bool(getattr(inductor, "cpp_wrapper", True)),
+                                autotune=bool(getattr(inductor, "autotune", False)))
+    patches["cpp_cache_precompile_headers"] = False
+    return patches
+
+
+def config_fingerprint(compiler_config: Any, device_kind: str) -> str:
+    """The compiler config's fingerprint plus a hash of the Inductor options a static build uses."""
+    base = compiler_config.fingerprint() if hasattr(compiler_config, "fingerprint") else "none"
+    patches = json.dumps(inductor_patches(compiler_config, device_kind), sort_keys=True)
+    return f"{base}-{hashlib.sha256(patches.encode()).hexdigest()[:8]}"
+
+
+def compiles(compiler_config: Any) -> bool:
+    """Whether partitions are compiled at all (max-autotune, not run_eagerly): else only shapes are recorded."""
+    return compiler_config is None or (getattr(compiler_config, "mode", "max-autotune") == "max-autotune"
+                                       and not getattr(getattr(compiler_config, "debug", None), "run_eagerly", False))

@@ -1,0 +1,86 @@
+"""The packages of one build directory: which one this process may use, and retiring old ones.
+
+A package is usable when it is for this device kind, its environment and compiler config
+match this process, and every file passes its check. Packages that are not are ignored
+with one :class:`StaticKernelWarning` each, saying why.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from superkernel.static_kernel.package import Package, PackageError, find_packages, read_manifest
+from superkernel.static_kernel.settings import StaticKernelWarning
+
+
+class PackageStore:
+    """Finds the package a process of one build directory uses (for one device kind and config)."""
+
+    def __init__(self, build_dir: Path, device_kind: str, env: dict[str, Any], fingerprint: str,
+                 counters: Counter[str]) -> None:
+        self.build_dir = build_dir
+        self.device_kind = device_kind
+        self.env = env
+        self.fingerprint = fingerprint
+        self.counters = counters
+        self.rejected: dict[Path, str] = {}
+        self.superseded: set[Path] = set()  # replaced by the next package this process writes
+
+    def paths(self) -> list[Path]:
+        return find_packages(self.build_dir)
+
+    def usable(self, current: Package | None = None, *, need_graph: str | None = None,
+               need_key: str | None = None) -> Package | None:
+        """The newest package that matches here and passes its checks (``current``: one already read)."""
+        for path in self.paths():
+            if path in self.rejected:
+                continue
+            if current is not None and path == current.path:
+                pkg = current
+            else:
+                try:
+                    pkg = read_manifest(path)
+                except PackageError as exc:
+                    self.reject(path, str(exc))
+                    continue
+                if pkg.manifest.get("environment", {}).get("device_kind") != self.device_kind:
+                    continue  # a package for another device kind (CPU vs CUDA): not ours, not wrong
+                reason = pkg.mismatch(self.env, self.fingerprint)
+                if reason is not None:
+                    self.reject(path, reason)
+                    continue
+            if need_graph is not None and need_graph not in pkg.graphs:
+                continue
+            if need_key is not None and need_key not in pkg.artifacts:
+                continue
+            if not pkg.verified:
+                try:
+                    pkg.verify()
+                except PackageError as exc:
+                    self.reject(path, str(exc), corrupt=True)
+                    continue
+            return pkg
+        return None
+
+    def reject(self, path: Path, reason: str, *, corrupt: bool = False) -> None:
+        if path in self.rejected:
+            return
+        self.rejected[path] = reason
+        self.counters["packages_ignored"] += 1
+        if corrupt:
+            self.superseded.add(path)
+        warnings.warn(f"superkernel static kernels: ignoring package {path}: {reason}; "
+                      "a fresh build replaces it", StaticKernelWarning, stacklevel=5)
+
+    def retire(self, replaced: set[Path], keep: Path) -> None:
+        """After ``keep`` was written: remove the packages it replaces."""
+        for old in sorted(self.superseded | replaced):
+            if old != keep:
+                try:
+                    old.unlink()
+                except OSError:
+                    pass
+        self.superseded.clear()
