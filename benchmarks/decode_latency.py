@@ -1,41 +1,53 @@
-"""Decode-step latency of the superkernel backend against its baselines, in one run.
+"""Decode-step latency of the superkernel backend against its baselines, in one interleaved run.
 
-    .venv/bin/python benchmarks/decode_latency.py [--model llama-tiny] [--steps 64] [--warmup 8]
+    .venv/bin/python benchmarks/decode_latency.py [--model llama-tiny] [--steps 64] [--warmup 8] [--rounds 5]
 
 Plans, all fed the same tokens from the same prompt and cache state (decode harness):
-eager (uncompiled), torch.compile (default TorchInductor), on CUDA also
-torch.compile(mode="reduce-overhead"), and superkernel in both modes with one scope
-per decoder layer and one scope around the layer stack. Each plan is timed in rounds
-alternating with eager, so "vs eager" (the median of per-round ratios) is immune to
-machine drift. Prints median/p90 step time, ratios against eager and plain
-torch.compile, the reduce-overhead exactness check
-against the reference, and the achieved fraction of the memory roofline
-(bytes of weights + KV cache read per step / measured copy bandwidth).
-Writes benchmarks/results/decode_latency_<model>_<device>.{json,md}.
+
+* eager (uncompiled);
+* torch.compile with the default TorchInductor backend, with ``mode="lite"`` (torch's own
+  bit-exact mode: every operator falls back to ATen; only where this torch has the mode),
+  with ``freezing`` (weights folded and prepacked; CPU), and on CUDA ``mode="reduce-overhead"``;
+* superkernel in both modes with one scope per decoder layer and one scope around the
+  layer stack.
+
+Every plan is compiled first (compile time = its first step: tracing, compiling, one step),
+each on its own copy of the step function's code object so Dynamo keeps every plan's graph
+at once. Then the plans are timed in rounds; every round runs each plan once, in a
+rotating order, so machine drift spreads over all of them. Reported per plan: median over
+rounds of the per-run median step time (and p90), and the median over rounds of the
+per-round ratios against eager, plain torch.compile, ``lite`` and freezing. Every
+reduce-overhead plan is checked bit for bit (``torch.equal`` over all steps' logits)
+against its exactness reference (the same scopes, ``debug.run_eagerly``). Also printed:
+the achieved fraction of the memory roofline (bytes of weights + KV cache read per step /
+measured copy bandwidth). Writes benchmarks/results/decode_latency_<model>_<device>.{json,md}.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
 import time
+import types
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
 import superkernel as sk
 from superkernel.tools.advisor.environment import choose_threads
 from superkernel.tools.advisor.environment import hardware as describe_hardware
-from superkernel.tools.advisor.compiling import compile_inductor, compile_superkernel
 from superkernel.tools.advisor.strategies import plan_for
 from superkernel.tools.advisor.structure import analyze_structure
-from superkernel.tools.decode import prepare, run_decode, synchronize
-from superkernel.util import atomic_write
+from superkernel.tools.decode import DecodeSession, prepare, run_decode, synchronize
 from superkernel.tools.models import load_model
+from superkernel.util import atomic_write
 
 RESULTS = Path(__file__).resolve().parent / "results"
+BASELINES = ("eager", "torch.compile", "torch.compile lite", "torch.compile freezing")
 
 
 def copy_bandwidth(device: torch.device, megabytes: int = 256, repeats: int = 5) -> float:
@@ -52,10 +64,57 @@ def copy_bandwidth(device: torch.device, megabytes: int = 256, repeats: int = 5)
     return 2 * src.numel() * 4 / best
 
 
-def bytes_per_step(model: torch.nn.Module, session) -> int:
+def bytes_per_step(model: torch.nn.Module, session: DecodeSession) -> int:
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    kv = sum(t.numel() * t.element_size() for layer in session.cache.layers for t in (layer.keys, layer.values))
+    kv = sum(t.numel() * t.element_size() for layer in session.cache.layers
+             for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(t, torch.Tensor))
     return weights + kv
+
+
+def own_code(fn: Callable[..., Any], tag: str) -> Callable[..., Any]:
+    """``fn`` with a code object of its own: Dynamo caches compiled graphs per code object,
+    so every plan compiled from its own copy keeps its graph while the others run."""
+    code = fn.__code__.replace(co_name=f"{fn.__code__.co_name}_{tag}")
+    copy = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    return copy
+
+
+class Plan:
+    def __init__(self, label: str, make: Callable[[Callable[..., Any]], Callable[..., Any]],
+                 scopes: dict[str, list[str]] | None = None, mode: str | None = None) -> None:
+        self.label, self.make, self.scopes, self.mode = label, make, scopes, mode
+        self.step: Callable[..., Any] | None = None
+        self.backend: Any = None
+        self.first = None
+        self.runs: list[Any] = []
+        self.error: str | None = None
+        self.bit_exact: bool | None = None
+        self.realizations: list[str] = []
+
+
+def superkernel_plan(label: str, mode: str, scopes: dict[str, list[str]], run_eagerly: bool = False) -> Plan:
+    def make(fn: Callable[..., Any]) -> Callable[..., Any]:
+        cfg = sk.CompilerConfig.from_dict({"mode": mode, "debug": {"run_eagerly": run_eagerly}})
+        plan.backend = sk.get_backend(cfg)
+        return torch.compile(fn, backend=plan.backend, dynamic=False)
+
+    plan = Plan(label, make, scopes, mode)
+    return plan
+
+
+def inductor_plan(label: str, **kwargs: Any) -> Plan:
+    return Plan(label, lambda fn: torch.compile(fn, dynamic=False, **kwargs))
+
+
+def step_for(session: DecodeSession, model: torch.nn.Module) -> Callable[..., Any]:
+    """The session's decode step running ``model`` (a scoped copy) on the session's cache."""
+    original = session.model
+    session.model = model
+    try:
+        return session.step_fn()
+    finally:
+        session.model = original
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,94 +124,132 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=8)
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--repeats", type=int, default=5,
-                        help="rounds per plan, each an eager run then a plan run; medians over rounds are reported")
+    parser.add_argument("--rounds", "--repeats", dest="rounds", type=int, default=7,
+                        help="timing rounds; each runs every plan once (rotating order); medians over rounds are reported")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: 1 on CPU for tiny models, which keeps timings steady on a shared box)")
+    parser.add_argument("--strategies", default="decoder_layer,all_layers")
     args = parser.parse_args(argv)
 
     device = torch.device(args.device)
     loaded = load_model(args.model, device=device)
     model = loaded.model
-    choose_threads(args.threads, device, loaded.num_parameters)
+    threads = choose_threads(args.threads, device, loaded.num_parameters)
     session = prepare(model, prompt_len=args.prompt_len, steps=args.steps, warmup=args.warmup, device=device)
     structure = analyze_structure(model)
 
-    plans: list[tuple[str, str | None, str | None]] = [("torch.compile", None, None)]
-    if device.type == "cuda":
-        plans.append(("torch.compile reduce-overhead", None, None))
-    for strategy in ("decoder_layer", "all_layers"):
+    plans = [Plan("eager", lambda fn: fn), inductor_plan("torch.compile")]
+    if "lite" in torch._inductor.list_mode_options():
+        plans.append(inductor_plan("torch.compile lite", mode="lite"))
+    if device.type == "cpu":
+        plans.append(inductor_plan("torch.compile freezing", options={"freezing": True}))
+    else:
+        plans.append(inductor_plan("torch.compile reduce-overhead", mode="reduce-overhead"))
+    references: dict[str, Plan] = {}
+    # Scopes wrap module forwards, which Dynamo guards on; so each strategy gets its own scoped
+    # copy of the model (same weights), left untouched while every plan's graph stays live.
+    scoped: dict[str, torch.nn.Module] = {}
+    for strategy in [s for s in args.strategies.split(",") if s]:
+        scopes = plan_for(strategy, structure).scopes
+        scoped[strategy] = copy.deepcopy(model)
+        sk.apply_scopes(scoped[strategy], scopes)
         for mode in ("reduce-overhead", "max-autotune"):
-            plans.append((f"superkernel {strategy} {mode}", strategy, mode))
+            plans.append(superkernel_plan(f"superkernel {strategy} {mode}", mode, scopes))
+        references[strategy] = superkernel_plan(f"reference {strategy}", "reduce-overhead", scopes, run_eagerly=True)
 
-    # Each plan is timed in rounds that alternate with eager (eager, plan, eager, plan, ...),
-    # so machine drift cancels out of the plan-vs-eager ratio (median over rounds).
-    eager_step = session.step_fn()
-    eager_first = run_decode(session, eager_step, label="eager")
-    eager_medians, eager_p90s = [], []
-    rows, logits = [], {"eager": eager_first.logits}
-    for label, strategy, mode in plans:
-        sk.remove_scopes(model)
-        if strategy is not None:
-            sk.apply_scopes(model, plan_for(strategy, structure).scopes)
-        if strategy is None:
-            step = compile_inductor(session, "reduce-overhead" if "reduce-overhead" in label else None)
-        else:
-            step = compile_superkernel(session, mode)[0]
-        first = run_decode(session, step, label=label)  # compiles on its first step
-        medians, p90s, ratios = [], [], []
-        for _ in range(args.repeats):
-            eager = run_decode(session, eager_step, label="eager")
-            run = run_decode(session, step, label=label)
-            eager_medians.append(eager.median_ms)
-            eager_p90s.append(eager.p90_ms)
-            medians.append(run.median_ms)
-            p90s.append(run.p90_ms)
-            ratios.append(eager.median_ms / run.median_ms)
-        row = {"plan": label, "median_ms": statistics.median(medians), "p90_ms": statistics.median(p90s),
-               "speedup_vs_eager": statistics.median(ratios), "compile_s": first.compile_seconds}
-        if mode == "reduce-overhead":
-            ref_step, _ = compile_superkernel(session, mode, run_eagerly=True)
-            ref = run_decode(session, ref_step, label="reference")
-            row["bit_exact_vs_reference"] = bool(torch.equal(first.logits, ref.logits))
-        logits[label] = first.logits
-        rows.append(row)
-        print(f"{label:<44} median {row['median_ms']:.3f} ms  p90 {row['p90_ms']:.3f} ms  "
-              f"{row['speedup_vs_eager']:.3f}x vs eager (interleaved)", flush=True)
-    sk.remove_scopes(model)
-    rows.insert(0, {"plan": "eager", "median_ms": statistics.median(eager_medians), "p90_ms": statistics.median(eager_p90s),
-                    "speedup_vs_eager": 1.0, "compile_s": 0.0})
+    # Compile every plan (its first run); each on its own code object.
+    for i, plan in enumerate([*plans, *references.values()]):
+        strategy = plan.label.split()[1] if plan.scopes else None
+        base = step_for(session, scoped[strategy]) if strategy else session.step_fn()
+        try:
+            plan.step = plan.make(own_code(base, f"plan{i}"))
+            plan.first = run_decode(session, plan.step, label=plan.label)
+        except Exception as exc:  # noqa: BLE001 - a baseline that fails to compile is reported, not fatal
+            plan.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:200]
+            print(f"{plan.label}: failed: {plan.error}", flush=True)
+            continue
+        if plan.backend is not None:
+            plan.realizations = sorted({s.realization for s in sk.explain(plan.backend).segments})
+        print(f"compiled {plan.label:<44} first step {plan.first.compile_seconds:7.2f} s", flush=True)
+    for plan in plans:
+        strategy = plan.label.split()[1] if plan.label.startswith("superkernel") else None
+        ref = references.get(strategy) if plan.mode == "reduce-overhead" else None
+        if ref is not None and plan.first is not None and ref.first is not None:
+            plan.bit_exact = bool(torch.equal(plan.first.logits, ref.first.logits))
 
-    inductor_ms = rows[1]["median_ms"]
+    # Timing rounds: every plan once per round, the order rotating from round to round.
+    live = [p for p in plans if p.step is not None]
+    for r in range(args.rounds):
+        order = live[r % len(live):] + live[:r % len(live)]
+        for plan in order:
+            plan.runs.append(run_decode(session, plan.step, label=plan.label))
+        print(f"round {r + 1}/{args.rounds}: " + "  ".join(f"{p.label.replace('superkernel ', 'sk ')} {p.runs[-1].median_ms:.3f}"
+                                                      for p in live), flush=True)
+
+    by_label = {p.label: p for p in live}
+    eager = by_label["eager"]
+
+    def ratio_to(baseline: str, plan: Plan) -> float | None:
+        other = by_label.get(baseline)
+        if other is None:
+            return None
+        return statistics.median(p.median_ms / o.median_ms for p, o in zip(plan.runs, other.runs))
+
     bandwidth = copy_bandwidth(device)
     roofline_ms = bytes_per_step(model, session) / bandwidth * 1e3
-    for row in rows:
-        row["speedup_vs_torch_compile"] = inductor_ms / row["median_ms"]
-        row["roofline_fraction"] = roofline_ms / row["median_ms"]
-        row["max_abs_diff_vs_eager"] = float((logits[row["plan"]] - logits["eager"]).abs().max())
+    rows = []
+    for plan in plans:
+        row: dict[str, Any] = {"plan": plan.label}
+        if plan.step is None:
+            row["error"] = plan.error
+            rows.append(row)
+            continue
+        median = statistics.median(run.median_ms for run in plan.runs)
+        row.update({
+            "median_ms": median, "p90_ms": statistics.median(run.p90_ms for run in plan.runs),
+            "compile_s": plan.first.compile_seconds if plan is not eager else 0.0,
+            "roofline_fraction": roofline_ms / median,
+            "max_abs_diff_vs_eager": float((plan.first.logits - eager.first.logits).abs().max()),
+        })
+        for baseline in BASELINES:
+            value = ratio_to(baseline, plan)
+            if value is not None:
+                row[f"time_vs_{baseline.replace('torch.compile', 'torch_compile').replace(' ', '_')}"] = value
+        if plan.bit_exact is not None:
+            row["bit_exact_vs_reference"] = plan.bit_exact
+        if plan.realizations:
+            row["realizations"] = plan.realizations
+        rows.append(row)
 
     hardware = describe_hardware(device)
     result = {"model": args.model, "device": str(device), "hardware": hardware, "torch": torch.__version__,
-              "python": sys.version.split()[0], "steps": args.steps, "warmup": args.warmup, "repeats": args.repeats,
-              "copy_bandwidth_GBps": bandwidth / 1e9, "roofline_ms": roofline_ms, "rows": rows}
+              "python": sys.version.split()[0], "threads": threads, "steps": args.steps, "warmup": args.warmup,
+              "rounds": args.rounds, "copy_bandwidth_GBps": bandwidth / 1e9, "roofline_ms": roofline_ms, "rows": rows}
+    present = [b for b in BASELINES if b in by_label]
+    keys = [f"time_vs_{b.replace('torch.compile', 'torch_compile').replace(' ', '_')}" for b in present]
     lines = [f"# Decode-step latency: {args.model} on {hardware}", "",
-             f"torch {torch.__version__}; {args.steps} timed steps after {args.warmup} warm-up; {args.repeats} rounds per plan, "
-             "each an eager run then a plan run (\"vs eager\" is the median of the per-round ratios); "
-             f"roofline {roofline_ms:.3f} ms at {bandwidth / 1e9:.1f} GB/s measured copy bandwidth.", "",
-             "| plan | median ms | p90 ms | vs eager | vs torch.compile | roofline fraction | max abs diff vs eager | bit-exact vs reference | compile s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"torch {torch.__version__}; {args.steps} timed steps after {args.warmup} warm-up; {args.rounds} interleaved "
+             "rounds (every plan once per round, rotating order). Times are medians over rounds of each run's median step; "
+             "\"time vs X\" is the median over rounds of (plan time / X time) in the same round: below 1.00 is faster. "
+             f"Roofline {roofline_ms:.3f} ms at {bandwidth / 1e9:.1f} GB/s measured copy bandwidth.", "",
+             "| plan | median ms | p90 ms | " + " | ".join(f"time vs {b}" for b in present) +
+             " | bit-exact vs reference | max abs diff vs eager | compile s | realization |",
+             "|---|---|---|" + "---|" * len(present) + "---|---|---|---|"]
     for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['plan']} | failed: {r['error']} |" + " |" * (len(present) + 6))
+            continue
         exact = {True: "yes", False: "NO"}.get(r.get("bit_exact_vs_reference"), "-")
-        lines.append(f"| {r['plan']} | {r['median_ms']:.3f} | {r['p90_ms']:.3f} | {r['speedup_vs_eager']:.2f}x | "
-                     f"{r['speedup_vs_torch_compile']:.2f}x | {r['roofline_fraction']:.1%} | {r['max_abs_diff_vs_eager']:.2e} | "
-                     f"{exact} | {r['compile_s']:.1f} |")
+        ratios = " | ".join(f"{r[k]:.2f}x" if k in r else "-" for k in keys)
+        lines.append(f"| {r['plan']} | {r['median_ms']:.3f} | {r['p90_ms']:.3f} | {ratios} | {exact} | "
+                     f"{r['max_abs_diff_vs_eager']:.2e} | {r['compile_s']:.1f} | {', '.join(r.get('realizations', [])) or '-'} |")
+    if any(r.get("roofline_fraction", 0) > 1 for r in rows):
+        lines += ["", "A roofline fraction above 100 % (JSON) means the weights and cache stay in the CPU caches, "
+                  "which are faster than the DRAM copy bandwidth the roofline uses."]
     RESULTS.mkdir(exist_ok=True)
     stem = f"decode_latency_{args.model}_{device.type}"
     atomic_write(RESULTS / f"{stem}.json", json.dumps(result, indent=2) + "\n")
     atomic_write(RESULTS / f"{stem}.md", "\n".join(lines) + "\n")
-    if any(r["roofline_fraction"] > 1 for r in rows):
-        lines += ["", "Roofline fractions above 100 % mean the weights and cache stay in the CPU caches, which are "
-                  "faster than the DRAM copy bandwidth the roofline uses."]
     print("\n".join(lines))
     failed = [r["plan"] for r in rows if r.get("bit_exact_vs_reference") is False]
     if failed:

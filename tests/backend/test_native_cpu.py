@@ -65,6 +65,20 @@ def test_native_segments_are_bit_exact_and_update_inputs_in_place():
     assert sk.explain(ref).segments[0].realization == "reference"
 
 
+def test_boxed_calls_are_bit_exact_too(monkeypatch):
+    """Every operator through OperatorHandle::callBoxed (the path used when a typed call does not compile)."""
+    import functools
+
+    monkeypatch.setattr(native_cpu, "native_source", functools.partial(native_cpu.native_source, typed=False))
+    fast, ref = compile_pair(step)
+    x, w, cache, pos, h16 = inputs()
+    cache_ref = cache.clone()
+    for a, b in zip(fast(x, w, cache, pos, h16), ref(x, w, cache_ref, pos, h16)):
+        assert torch.equal(a, b)
+    assert torch.equal(cache, cache_ref)
+    assert {s.realization for s in sk.explain(fast).segments} == {"cpu-native"}
+
+
 def test_native_off_runs_the_flat_program():
     fast, ref = compile_pair(step, cpu={"native": False})
     x, w, cache, pos, h16 = inputs()
@@ -94,14 +108,18 @@ def test_source_and_key_are_deterministic_and_content_addressed():
     b = native_cpu.native_source([("seg_a", graphs[1])])
     assert a1.source == a2.source and a1.key == a2.key
     assert a1.key != b.key and len(a1.key) == 32
-    assert "findSchemaOrThrow(\"aten::sin\", \"\")" in a1.source and a1.entries == ("seg_a",)
+    assert "at::_ops::sin::call(" in a1.source and a1.entries == ("seg_a",)
     assert a1.module_name == f"sk_native_{a1.key}"
+    boxed = native_cpu.native_source([("seg_a", graphs[0])], typed=False)
+    assert "findSchemaOrThrow(\"aten::sin\", \"\")" in boxed.source and "at::_ops::" not in boxed.source
+    assert boxed.key != a1.key
     # a built module is found again by its key (another process would load the same file)
-    module = native_cpu.load(a1)
-    assert native_cpu.library_path(a1).exists()
     x = torch.randn(4)
-    (out,) = module.seg_a(x)
-    assert torch.equal(out, graphs[0](x)[0])
+    for src in (a1, boxed):
+        module = native_cpu.load(src)
+        assert native_cpu.library_path(src).exists()
+        (out,) = module.seg_a(x)
+        assert torch.equal(out, graphs[0](x)[0])
 
 
 def test_failed_build_falls_back_to_flat_alone_with_one_warning(monkeypatch):

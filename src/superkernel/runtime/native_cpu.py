@@ -55,7 +55,7 @@ import torch
 import torch.fx as fx
 
 #: Bumped whenever the code generator changes what it emits for the same graph.
-GENERATOR_VERSION = "1"
+GENERATOR_VERSION = "2"
 
 _STD = "-std=c++20"
 _OPT = "-O1"
@@ -127,7 +127,10 @@ class NativeSource:
 class _Module:
     """Tables shared by all functions of one translation unit."""
 
-    def __init__(self) -> None:
+    def __init__(self, typed: bool = True) -> None:
+        self.typed = typed
+        self.headers: set[str] = set()         # ATen/ops/<op>_ops.h of the typed calls
+        self.int_arrays: dict[tuple[int, ...], str] = {}
         self.ops: dict[str, int] = {}          # "aten::mm|" -> index in sk_ops
         self.op_specs: list[tuple[str, str]] = []
         self.consts: dict[str, int] = {}       # C++ initializer -> index in sk_k
@@ -140,6 +143,12 @@ class _Module:
             self.ops[key] = len(self.op_specs)
             self.op_specs.append((schema.name, schema.overload_name))
         return self.ops[key]
+
+    def int_array(self, values: tuple[int, ...]) -> str:
+        """A namespace-level ``int64_t`` array (for IntArrayRef arguments); its name."""
+        if values not in self.int_arrays:
+            self.int_arrays[values] = f"sk_ia{len(self.int_arrays)}"
+        return self.int_arrays[values]
 
     def const(self, init: str) -> str:
         if init not in self.consts:
@@ -156,7 +165,144 @@ def _is_int_value(val: Any) -> bool:
     return isinstance(val, (int, torch.SymInt)) and not isinstance(val, bool)
 
 
-class _Function:
+class _NotTyped(Exception):
+    """An argument or return the typed call cannot express: the boxed call is used."""
+
+
+def _ops_header(schema_name: str) -> str | None:
+    """``ATen/ops/<name>_ops.h`` declaring ``at::_ops::<op>`` when this torch has it."""
+    ns, _, name = schema_name.partition("::")
+    if ns != "aten" or not name:
+        return None
+    base = name[:-1] if name.endswith("_") and not name.endswith("__") else name
+    rel = f"ATen/ops/{base}_ops.h"
+    return rel if os.path.exists(os.path.join(_torch_include(), rel)) else None
+
+
+_DEVICE_TYPES = {"cpu": "CPU", "cuda": "CUDA", "meta": "Meta"}
+
+
+class _TypedMixin:
+    """Typed calls ``at::_ops::<op>::call(...)``: the unboxed entry point of the same operator
+    (the dispatcher picks the same kernels; no IValue boxing of arguments and results)."""
+
+    def typed_call(self, node: fx.Node, schema: Any, bound: list[tuple[Any, Any]]) -> bool:
+        header = _ops_header(schema.name)
+        if header is None:
+            return False
+        rets = schema.returns
+        if not all(_type_kind(r.real_type) == "TensorType" for r in rets) and not (
+                len(rets) == 1 and _type_kind(rets[0].real_type) == "ListType"
+                and _type_kind(rets[0].real_type.getElementType()) == "TensorType"):
+            return False
+        try:
+            exprs = [self.typed_arg(value, a, f"{node.name}.{a.name}") for a, value in bound]
+        except _NotTyped:
+            return False
+        name = schema.name.split("::", 1)[1] + (f"_{schema.overload_name}" if schema.overload_name else "")
+        self.m.headers.add(header)
+        call = f"at::_ops::{name}::call({', '.join(exprs)})"
+        lines = self.lines
+        lines.append(f"  // {node.name} = {schema.name}.{schema.overload_name or 'default'} (typed)")
+        if not rets:
+            lines.append(f"  {call};")
+        elif len(rets) == 1 and _type_kind(rets[0].real_type) == "TensorType":
+            t = f"t_{node.name}"
+            self.owned.add(t)
+            lines.append(f"  at::Tensor {t} = {call};")
+            self.tensors[node] = t
+        else:
+            r = f"r_{node.name}"
+            kind = "vector" if len(rets) == 1 else "tuple"
+            lines.append(f"  auto {r} = {call};")
+            self.typed_multi[node] = (r, kind)
+        return True
+
+    def typed_tensor(self, node: fx.Node) -> str:
+        if node in self.tensors:
+            return self.tensors[node]
+        if node in self.values:
+            return f"{self.values[node]}.toTensor()"
+        raise _NotTyped
+
+    def typed_arg(self, value: Any, a: Any, what: str) -> str:
+        return self._typed(value, a.real_type, what, a.alias_info is not None and a.alias_info.is_write)
+
+    def _typed(self, value: Any, typ: Any, what: str, mutable: bool = False) -> str:
+        kind = _type_kind(typ)
+        if kind == "OptionalType":
+            if value is None:
+                return "::std::nullopt"
+            inner = self._typed(value, typ.getElementType(), what)
+            if _type_kind(typ.getElementType()) == "TensorType":
+                return f"::std::optional<at::Tensor>({inner})"
+            return inner
+        if isinstance(value, fx.Node):
+            val = value.meta.get("val")
+            if kind == "TensorType" and isinstance(val, torch.Tensor):
+                return self.typed_tensor(value)
+            raise _NotTyped
+        if kind == "TensorType":
+            if mutable or not isinstance(value, (bool, int, float)):
+                raise _NotTyped
+            return f"{self.m.const(f'sk_wrapped({self.scalar(value, what)})')}.toTensor()"
+        if kind in ("IntType", "SymIntType"):
+            if isinstance(value, int) and not isinstance(value, bool):
+                return _int_literal(value)
+            raise _NotTyped
+        if kind == "FloatType":
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return _double_literal(value)
+            raise _NotTyped
+        if kind == "BoolType":
+            if isinstance(value, bool):
+                return "true" if value else "false"
+            raise _NotTyped
+        if kind == "NumberType":
+            try:
+                return f"at::Scalar({self.scalar(value, what)})"
+            except NativeUnsupported:
+                raise _NotTyped from None
+        if kind == "ScalarTypeType":
+            if value in _DTYPES:
+                return f"at::ScalarType::{_DTYPES[value]}"
+            raise _NotTyped
+        if kind == "LayoutType":
+            if value in _LAYOUTS:
+                return f"c10::Layout::{_LAYOUTS[value]}"
+            raise _NotTyped
+        if kind == "MemoryFormatType":
+            if value in _MEMORY_FORMATS:
+                return f"c10::MemoryFormat::{_MEMORY_FORMATS[value]}"
+            raise _NotTyped
+        if kind == "DeviceObjType":
+            if isinstance(value, torch.device) and value.type in _DEVICE_TYPES:
+                index = -1 if value.index is None else int(value.index)
+                return f"c10::Device(c10::DeviceType::{_DEVICE_TYPES[value.type]}, {index})"
+            raise _NotTyped
+        if kind == "ListType":
+            elem = typ.getElementType()
+            ek = _type_kind(elem)
+            if not isinstance(value, (list, tuple)):
+                raise _NotTyped
+            if ek in ("IntType", "SymIntType"):
+                if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                    raise _NotTyped
+                ref = "at::IntArrayRef()" if not value else \
+                    f"at::IntArrayRef({self.m.int_array(tuple(int(v) for v in value))}, {len(value)})"
+                for v in value:
+                    _int_literal(v)  # range check
+                return f"c10::fromIntArrayRefSlow({ref})" if ek == "SymIntType" else ref
+            if ek == "TensorType":
+                if not all(isinstance(v, fx.Node) and isinstance(v.meta.get("val"), torch.Tensor) for v in value):
+                    raise _NotTyped
+                items = ", ".join(self.typed_tensor(v) for v in value)
+                return f"at::ArrayRef<at::Tensor>(std::array<at::Tensor, {len(value)}>{{{items}}})"
+            raise _NotTyped
+        raise _NotTyped
+
+
+class _Function(_TypedMixin):
     def __init__(self, module: _Module, name: str, gm: fx.GraphModule) -> None:
         self.m = module
         self.name = name
@@ -166,9 +312,13 @@ class _Function:
         self.multi: dict[fx.Node, list[str]] = {}  # node with several returns -> their variables
         self.listy: set[fx.Node] = set()           # node whose one return is a list
         self.owned: set[str] = set()               # variables that may be released after the last use
+        self.tensors: dict[fx.Node, str] = {}      # node held as an at::Tensor variable (typed calls, inputs)
+        self.typed_multi: dict[fx.Node, tuple[str, str]] = {}  # node -> (variable, "tuple" | "vector")
 
     # values ------------------------------------------------------------------------------
     def node_value(self, node: fx.Node) -> str:
+        if node in self.tensors:
+            return f"c10::IValue({self.tensors[node]})"
         if node not in self.values:
             raise NativeUnsupported(f"{node.name} is used without a value (multi-output op used whole)")
         return self.values[node]
@@ -314,7 +464,9 @@ class _Function:
             val = ph.meta.get("val")
             if isinstance(val, torch.Tensor):
                 checks.append(f"  if (!sk_is_plain_tensor(args[{i}])) Py_RETURN_NOTIMPLEMENTED;\n"
-                              f"  sk_in[{i}] = c10::IValue(reinterpret_cast<THPVariable*>(args[{i}])->cdata);")
+                              f"  at::Tensor a{i} = reinterpret_cast<THPVariable*>(args[{i}])->cdata;")
+                self.tensors[ph] = f"a{i}"
+                continue
             elif _is_int_value(val):
                 checks.append(f"  if (!PyLong_CheckExact(args[{i}])) Py_RETURN_NOTIMPLEMENTED;\n"
                               f"  sk_in[{i}] = c10::IValue((int64_t)PyLong_AsLongLong(args[{i}]));\n"
@@ -351,6 +503,11 @@ class _Function:
                 var = self.values.get(dep)
                 if var in self.owned:
                     body.append(f"  {var} = c10::IValue();")
+                tvar = self.tensors.get(dep)
+                if tvar in self.owned:
+                    body.append(f"  {tvar}.reset();")
+                if dep in self.typed_multi:
+                    body.append(f"  {self.typed_multi[dep][0]} = {{}};")
                 for v in self.multi.get(dep, ()):
                     body.append(f"  {v} = c10::IValue();")
         n_in, n_out = len(placeholders), len(outputs)
@@ -389,6 +546,14 @@ class _Function:
         src, idx = node.args
         if not isinstance(src, fx.Node) or not isinstance(idx, int):
             raise NativeUnsupported(f"getitem {node.name} with non-constant index")
+        if src in self.typed_multi:
+            var, kind = self.typed_multi[src]
+            t = f"t_{node.name}"
+            self.owned.add(t)
+            item = f"std::get<{idx}>({var})" if kind == "tuple" else f"{var}.at({idx})"
+            self.lines.append(f"  at::Tensor {t} = {item};")
+            self.tensors[node] = t
+            return
         if src in self.multi:
             outs = self.multi[src]
             if not 0 <= idx < len(outs):
@@ -410,7 +575,7 @@ class _Function:
         args, kwargs = list(node.args), dict(node.kwargs)
         if len(args) > len(schema.arguments):
             raise NativeUnsupported(f"{node.name}: {len(args)} positional arguments for {schema.name}")
-        pushes = []
+        bound = []
         for i, a in enumerate(schema.arguments):
             if i < len(args) and not a.kwarg_only:
                 value = args[i]
@@ -420,9 +585,12 @@ class _Function:
                 value = a.default_value
             else:
                 raise NativeUnsupported(f"{node.name}: argument {a.name!r} of {schema.name} is missing")
-            pushes.append(self.arg(value, a.real_type, f"{node.name}.{a.name}"))
+            bound.append((a, value))
         if kwargs:
             raise NativeUnsupported(f"{node.name}: unknown keyword argument(s) {', '.join(kwargs)}")
+        if self.m.typed and self.typed_call(node, schema, bound):
+            return
+        pushes = [self.arg(value, a.real_type, f"{node.name}.{a.name}") for a, value in bound]
         index = self.m.op(overload)
         lines = self.lines
         lines.append(f"  // {node.name} = {schema.name}.{schema.overload_name or 'default'}")
@@ -450,6 +618,8 @@ class _Function:
 _PRELUDE = r"""
 // Generated by superkernel.runtime.native_cpu (generator %(version)s). Do not edit.
 #include "sk_native_pch.h"
+// %%HEADERS%%
+#include <array>
 
 // The Python object behind a torch.Tensor (torch/csrc/autograd/python_variable.h; checked
 // against the installed header when this file is generated).
@@ -564,13 +734,16 @@ extern "C" __attribute__((visibility("default"))) PyObject* SK_CAT(PyInit_, SK_M
 """
 
 
-def native_source(programs: Sequence[tuple[str, fx.GraphModule]]) -> NativeSource:
+def native_source(programs: Sequence[tuple[str, fx.GraphModule]], *, typed: bool = True) -> NativeSource:
     """C++ for ``programs`` (``(entry name, partition GraphModule)`` pairs), one module.
 
+    ``typed``: operators with a typed ATen entry point (``at::_ops::<op>::call``) and arguments
+    it can express are called through it (no boxing); the rest, and all of them with
+    ``typed=False``, through ``OperatorHandle::callBoxed``. Both reach the same kernels.
     Raises :class:`NativeUnsupported` naming the first construct it cannot express.
     """
     _check_python_variable_layout()
-    module = _Module()
+    module = _Module(typed=typed)
     functions = []
     names = []
     for name, gm in programs:
@@ -583,7 +756,11 @@ def native_source(programs: Sequence[tuple[str, fx.GraphModule]]) -> NativeSourc
     consts = "\n".join(f"  sk_k.push_back({init});" for init in module.const_inits)
     methods = "\n".join(f"  {{{_string_literal(n)}, (PyCFunction)(void (*)(void)){n}, METH_FASTCALL, nullptr}},"
                         for n in names)
-    source = (_PRELUDE % {"version": GENERATOR_VERSION}) + "\n" + "\n".join(functions) + \
+    headers = "".join(f"#include <{h}>\n" for h in sorted(module.headers))
+    arrays = "".join(f"const int64_t {name}[] = {{{', '.join(_int_literal(v) for v in values)}}};\n"
+                     for values, name in module.int_arrays.items())
+    source = (_PRELUDE % {"version": GENERATOR_VERSION}).replace("// %HEADERS%\n", headers) + \
+        "\nnamespace {\n" + arrays + "}  // namespace\n\n" + "\n".join(functions) + \
         (_INIT % {"ops": ops, "consts": consts, "methods": methods})
     return NativeSource(source=source, key=native_key(source), entries=tuple(names))
 
@@ -843,8 +1020,16 @@ class NativeGroup:
                 return
             self._built = True
             try:
-                self.source = native_source([(s.entry, s.gm) for s in self.segments])
-                module = load(self.source)
+                programs = [(s.entry, s.gm) for s in self.segments]
+                self.source = native_source(programs)
+                try:
+                    module = load(self.source)
+                except NativeBuildError:
+                    if "(typed)" not in self.source.source:
+                        raise
+                    # a typed call this torch's headers do not take: every operator boxed instead
+                    self.source = native_source(programs, typed=False)
+                    module = load(self.source)
                 for s in self.segments:
                     s._fn = getattr(module, s.entry)
             except Exception as exc:  # noqa: BLE001 - any build failure: the flat programs run, reported
