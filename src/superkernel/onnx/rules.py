@@ -850,6 +850,9 @@ def _k_of_kt(kt: ir.Value) -> tuple[ir.Value | None, str, list[int] | None]:
         return None, "key^T is a graph input or constant", None
     if p.op_type == "Transpose" and U.attr_ints(p, "perm") == [0, 1, 3, 2]:
         return p.inputs[0], "", None
+    if p.op_type == "Transpose" and U.attr_ints(p, "perm") == [0, 2, 3, 1]:
+        # both transposes of k merged by the exporter: kt = k[B, S, N, hd].permute(0, 2, 3, 1)
+        return p.inputs[0], "", "bsnh"
     if p.op_type == "Reshape":
         t = p.inputs[0].producer()
         if t is not None and t.op_type == "Transpose" and U.attr_ints(t, "perm") == [0, 2, 1]:
@@ -896,7 +899,12 @@ class AttentionCore(FusionPattern):
         k4, why, k_shape = _k_of_kt(kt)
         if k4 is None:
             return _fail(why, kt)
-        qd, kd, vd = U.dims(q4), (k_shape or U.dims(k4)), U.dims(v4)
+        kd = U.dims(k4)
+        if k_shape == "bsnh":
+            kd = [kd[0], kd[2], kd[1], kd[3]] if kd and len(kd) == 4 else None
+        elif k_shape is not None:
+            kd = k_shape
+        qd, vd = U.dims(q4), U.dims(v4)
         if not (qd and kd and vd and len(qd) == len(kd) == len(vd) == 4):
             return _fail(f"q/k/v shapes {qd} {kd} {vd} are not all [B, N, S, hd]", q4)
         n, hd, hdv = qd[1], qd[3], vd[3]
@@ -941,7 +949,9 @@ class AttentionCore(FusionPattern):
     def rewrite(self, op, q4, kt, v4, mask=None, **_):
         st = self.state
         k4, _why, k_shape = _k_of_kt(kt)
-        if k_shape is not None:
+        if k_shape == "bsnh":
+            k4 = op.Transpose(k4, perm=[0, 2, 1, 3])
+        elif k_shape is not None:
             k4 = op.Reshape(k4, op.Constant(value=ir.tensor(np.array(k_shape, dtype=np.int64))))
         n, hd, hdv = st["heads"], st["head"], st["vhead"]
         q3 = op.Reshape(op.Transpose(q4, perm=[0, 2, 1, 3]),

@@ -1,0 +1,399 @@
+"""Issue 9: shape inference before matching (legacy exports), the legacy RMSNorm and rotary
+forms, attention as exported today, calibrated decisions and the end-to-end check, and
+unusual inputs (no shapes, symbolic dims, opsets 11-23)."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import pytest
+import torch
+from onnx import TensorProto, helper
+from torch import nn
+from torch.nn import functional as F
+
+from superkernel.onnx import calibrate, catalog, e2e, engine, shapes, zoo
+from superkernel.onnx.cli import main
+
+from .conftest import DIMS
+
+
+def legacy_export(module, args, path, input_names, opset=17):
+    """torch.onnx.export(dynamo=False): no value_info, ReduceMean with an axes attribute."""
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.eval(), args, str(path), input_names=input_names, opset_version=opset,
+                          dynamo=False)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def legacy_llama(tmp_path_factory):
+    torch.manual_seed(0)
+    p = tmp_path_factory.mktemp("legacy") / "llama_legacy.onnx"
+    m = zoo.LlamaDecoderLayer(DIMS)
+    return legacy_export(m, zoo.example_inputs("llama", DIMS), p, zoo.INPUT_NAMES["llama"])
+
+
+def _values_without_type(path):
+    g = onnx.load(path, load_external_data=False).graph
+    return len(g.value_info)
+
+
+# ------------------------------------------------------------------ shape inference
+
+
+def test_legacy_export_has_no_value_info_but_fuses_after_inference(legacy_llama, fuse):
+    assert _values_without_type(legacy_llama) == 0  # what the TorchScript exporter writes
+    f = fuse(legacy_llama, "all", 3)
+    si = f.result.shape_inference
+    assert si is not None and si.onnx_inferred > 0
+    assert f.applied("rmsnorm"), f.result.near_misses  # legacy form: ReduceMean axes attr, Div(1, Sqrt)
+    assert f.nodes("SimplifiedLayerNormalization")
+    assert f.applied("rotary") and f.nodes("RotaryEmbedding")
+    assert f.verify().ok
+
+
+def test_without_inference_the_legacy_export_gets_nothing(legacy_llama):
+    model = ir.load(legacy_llama)
+    res = engine.fuse(model, catalog.select_rules("rotary,silu", 3), infer_shapes=False)
+    assert not res.applied  # intermediate values have no dtype/shape: every rule stops
+    assert any("not a float type" in m.reason or "shape None" in m.reason for m in res.near_misses)
+
+
+def test_inferred_shapes_are_not_written(legacy_llama, fuse):
+    f = fuse(legacy_llama, "silu", 1)
+    assert f.applied("silu")
+    # the output keeps the user's graph: no inferred value_info on intermediate values
+    g = onnx.load(f.out_path).graph
+    produced = {o for n in g.node for o in n.output}
+    assert not [vi.name for vi in g.value_info if vi.name in produced]
+
+
+def test_annotate_is_restorable_and_never_raises():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Neg", ["r"], ["y"])], "g",
+                          [x], [y])
+    model = ir.from_proto(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    ann = shapes.annotate(model)
+    r = next(n for n in model.graph if n.op_type == "Relu").outputs[0]
+    assert r.dtype == ir.DataType.FLOAT and list(r.shape.dims)[1] == 4
+    assert ann.restore(model) == 1 and r.shape is None
+
+
+# ------------------------------------------------------------------ legacy RMSNorm and rotary
+
+
+class RMSNormHF(nn.Module):
+    """Hugging Face LlamaRMSNorm: float32 upcast, rsqrt, .to(input_dtype), weight * x."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.1 * torch.randn(64))
+
+    def forward(self, x):
+        dt = x.dtype
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return self.weight * h.to(dt)
+
+
+@pytest.mark.parametrize("opset", [14, 17])
+def test_rmsnorm_legacy_form(tmp_path, fuse, opset):
+    p = legacy_export(RMSNormHF(), (torch.randn(2, 8, 64),), tmp_path / "rms.onnx", ["x"], opset=opset)
+    ops = [n.op_type for n in onnx.load(p).graph.node]
+    assert "ReduceMean" in ops and "Sqrt" in ops
+    f = fuse(p, "rmsnorm", 1)
+    assert f.applied("rmsnorm"), f.result.near_misses
+    assert f.verify().ok
+
+
+class RotaryScaled(nn.Module):
+    """Rotary as Hugging Face writes it with attention_scaling: cos() * s then .to(dtype)."""
+
+    def __init__(self, scale=1.0):
+        super().__init__()
+        self.scale = scale
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16)))
+
+    def forward(self, q, position_ids):
+        freqs = (self.inv_freq[None, :, None] @ position_ids[:, None, :].float()).transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = (emb.cos() * self.scale).to(q.dtype), (emb.sin() * self.scale).to(q.dtype)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        return q * cos + zoo.rotate_half(q) * sin
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.5])
+def test_rotary_with_mul_and_cast_after_cos(export_module, fuse, scale):
+    args = (torch.randn(2, 4, 8, 16), torch.arange(8)[None].expand(2, -1).contiguous())
+    p = export_module(f"rot_scaled_{scale}", RotaryScaled(scale), args, input_names=["q", "position_ids"])
+    f = fuse(p, "rotary", 3, dims={})
+    assert f.applied("rotary"), f.result.near_misses
+    assert f.verify().ok
+
+
+def test_rotary_near_miss_names_what_was_found(export_module, fuse):
+    class RotaryWrong(RotaryScaled):
+        def forward(self, q, position_ids):
+            freqs = (self.inv_freq[None, :, None] @ position_ids[:, None, :].float()).transpose(1, 2)
+            emb = torch.cat((freqs, freqs), dim=-1)
+            cos, sin = torch.tanh(emb).unsqueeze(1), emb.sin().unsqueeze(1)  # not a cosine
+            return q * cos + zoo.rotate_half(q) * sin
+
+    args = (torch.randn(2, 4, 8, 16), torch.arange(8)[None].expand(2, -1).contiguous())
+    f = fuse(export_module("rot_wrong", RotaryWrong(), args, input_names=["q", "position_ids"]), "rotary", 3)
+    assert not f.applied("rotary")
+    assert any("not produced by Cos" in m.reason for m in f.near("rotary")), f.result.near_misses
+
+
+# ------------------------------------------------------------------ attention as exported today
+
+
+class HFEagerAttention(nn.Module):
+    """HF eager attention: view(B, S, -1, hd), matmul * scaling, + mask from an input, softmax
+    in float32, optional repeat_kv (grouped-query) and a past K/V concatenation."""
+
+    def __init__(self, heads=4, kv_heads=4, sdpa=False):
+        super().__init__()
+        self.h, self.kvh, self.hd, self.sdpa = heads, kv_heads, 16, sdpa
+        self.q = nn.Linear(64, heads * 16)
+        self.k = nn.Linear(64, kv_heads * 16)
+        self.v = nn.Linear(64, kv_heads * 16)
+
+    def forward(self, x, mask, past_k=None, past_v=None):
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, -1, self.hd).transpose(1, 2)
+        k = self.k(x).view(b, s, -1, self.hd).transpose(1, 2)
+        v = self.v(x).view(b, s, -1, self.hd).transpose(1, 2)
+        if past_k is not None:
+            k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+        rep = self.h // self.kvh
+        if rep > 1:
+            t = k.shape[2]
+            k = k[:, :, None].expand(b, self.kvh, rep, t, self.hd).reshape(b, self.h, t, self.hd)
+            v = v[:, :, None].expand(b, self.kvh, rep, t, self.hd).reshape(b, self.h, t, self.hd)
+        bias = (1.0 - mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+        if self.sdpa:
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        else:
+            w = torch.matmul(q, k.transpose(2, 3)) * self.hd ** -0.5 + bias
+            o = torch.matmul(torch.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype), v)
+        return o.transpose(1, 2).reshape(b, s, -1)
+
+
+def _attn_args(past=0, kvh=4, s=8):
+    x = torch.randn(1, s, 64)
+    mask = torch.ones(1, past + s, dtype=torch.int64)
+    if not past:
+        return (x, mask)
+    return (x, mask, torch.randn(1, kvh, past, 16), torch.randn(1, kvh, past, 16))
+
+
+@pytest.mark.parametrize("case,kw,args", [
+    ("eager", dict(), _attn_args()),
+    ("sdpa", dict(sdpa=True), _attn_args()),
+    ("gqa_repeat_kv", dict(kv_heads=2), _attn_args(kvh=2)),
+    ("decode_past_kv", dict(kv_heads=2), _attn_args(past=5, kvh=2, s=1)),
+])
+@pytest.mark.parametrize("exporter", ["dynamo", "legacy"])
+def test_attention_as_exported_today(export_module, fuse, tmp_path, case, kw, args, exporter):
+    torch.manual_seed(0)
+    module = HFEagerAttention(**kw)
+    names = ["x", "attention_mask", "past_key", "past_value"][:len(args)]
+    if exporter == "dynamo":
+        p = export_module(f"attn_{case}", module, args, input_names=names)
+    else:
+        p = legacy_export(module, args, tmp_path / f"attn_{case}.onnx", names)
+    f = fuse(p, "attention,mha,gqa", 3, dims={})
+    found = [c for c in f.result.candidates if c.rule in ("attention", "mha", "gqa")]
+    assert found or f.near("attention"), f"{case}/{exporter}: neither a candidate nor a near miss"
+    for c in found:
+        assert c.status == "applied" or c.reason, c.to_dict()  # a skipped candidate says why
+    if any(c.status == "applied" for c in found):
+        assert f.nodes("MultiHeadAttention") or f.nodes("GroupQueryAttention"), f.ops()
+    assert f.verify().ok
+
+
+@pytest.mark.parametrize("case,kw,args", [
+    ("eager", dict(), _attn_args(s=64)),
+    ("decode_past_kv", dict(kv_heads=2), _attn_args(past=63, kvh=2, s=1)),
+])
+def test_attention_fused_and_verified_when_the_estimate_is_positive(export_module, fuse, case, kw, args):
+    torch.manual_seed(0)
+    names = ["x", "attention_mask", "past_key", "past_value"][:len(args)]
+    p = export_module(f"attn_big_{case}", HFEagerAttention(**kw), args, input_names=names)
+    f = fuse(p, "attention", 3, dims={})
+    assert f.applied("attention"), [c.to_dict() for c in f.result.candidates] + f.result.near_misses
+    assert f.nodes("MultiHeadAttention")
+    assert f.verify().ok
+
+
+def test_attention_whose_key_is_not_a_transpose_is_a_near_miss(export_module, fuse):
+    class NoTranspose(nn.Module):
+        def forward(self, q, kt, v):
+            return torch.softmax(q @ kt * 0.25, dim=-1) @ v  # k^T given directly
+
+    args = (torch.randn(1, 4, 8, 16), torch.randn(1, 4, 16, 8), torch.randn(1, 4, 8, 16))
+    f = fuse(export_module("attn_kt_input", NoTranspose(), args), "attention", 3)
+    assert not f.applied("attention")
+    assert any("key^T" in m.reason for m in f.near("attention")), f.result.near_misses
+
+
+# ------------------------------------------------------------------ calibration and end-to-end
+
+
+def _fuse_with(path, rules, measure):
+    model = ir.load(path)
+    cal = calibrate.Calibrator(measure=measure)
+    res = engine.fuse(model, catalog.select_rules(rules, 3), calibrator=cal)
+    return res, cal
+
+
+def test_calibration_keeps_a_fusion_measured_faster(exported):
+    res, cal = _fuse_with(exported("llama"), "silu", lambda unfused, fused: (20.0, 10.0))
+    assert res.applied and all(c.measured and c.measured.saved_us == 10.0 for c in res.applied)
+    assert all(c.reason == "measured faster" for c in res.applied)
+    assert cal.measured >= 1
+
+
+def test_calibration_drops_a_fusion_predicted_positive_but_measured_slower(exported):
+    res, _ = _fuse_with(exported("llama"), "silu", lambda unfused, fused: (10.0, 30.0))
+    assert not res.applied and res.skipped
+    c = res.skipped[0]
+    assert c.benefit.positive  # the estimate alone would have applied it
+    assert c.reason.startswith("not faster when measured") and "predicted" in c.reason
+
+
+def test_calibration_within_noise_is_not_kept(exported):
+    res, _ = _fuse_with(exported("llama"), "silu", lambda unfused, fused: (10.0, 9.95))
+    assert not res.applied
+
+
+def test_real_micro_benchmark_is_cached(exported, tmp_path):
+    cache = tmp_path / "cal.json"
+    model = ir.load(exported("llama"))
+    cal = calibrate.Calibrator(cache_path=str(cache))
+    res = engine.fuse(model, catalog.select_rules("silu", 1), calibrator=cal)
+    assert all(c.measured is not None for c in res.candidates)
+    assert cal.measured >= 1 and cache.exists()
+    entries = json.loads(cache.read_text())
+    assert all("unfused_us" in v and "fused_us" in v for v in entries.values())
+    cal2 = calibrate.Calibrator(cache_path=str(cache))
+    engine.fuse(ir.load(exported("llama")), catalog.select_rules("silu", 1), calibrator=cal2)
+    assert cal2.measured == 0 and cal2.reused >= 1
+
+
+def test_end_to_end_guard_drops_the_kind_that_slows_the_model(exported, tmp_path):
+    class Staged:
+        def __init__(self, excluded):
+            self.excluded, self.model_path = set(excluded), f"fused-without-{sorted(excluded)}"
+
+        def discard(self):
+            pass
+
+    class Fusion:
+        def __init__(self, rules):
+            self.applied = [type("C", (), {"rule": r})() for r in rules]
+
+    all_rules = {"rotary", "silu", "skip_rmsnorm"}
+    made = []
+
+    def refuse(excluded):
+        made.append(set(excluded))
+        return Fusion(all_rules - set(excluded)), Staged(excluded)
+
+    def timer(original, fused, feeds):  # skip_rmsnorm makes the whole model slower
+        return 1.0, (0.9 if "skip_rmsnorm" in fused else 1.2)
+
+    f, staged, rec = e2e.guard(exported("llama"), Fusion(all_rules), Staged(set()), refuse, dims={}, timer=timer)
+    assert rec["dropped_rules"] == ["skip_rmsnorm"]
+    assert {c.rule for c in f.applied} == {"rotary", "silu"}
+    assert rec["ratio"] < 1.0 and rec["steps"][0]["ratio"] > 1.0
+
+
+def test_cli_reports_predicted_and_measured_and_end_to_end(exported, tmp_path, capsys):
+    out, rep = tmp_path / "o.onnx", tmp_path / "r.md"
+    code = main(["--input", exported("llama"), "--output", str(out), "--fusion-rules", "rotary,silu",
+                 "--report", str(rep), "--calibration-cache", str(tmp_path / "c.json"), "--quiet"])
+    assert code == 0
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["calibration"]["measured"] >= 1
+    assert data["end_to_end"] is None or data["end_to_end"]["ratio"] <= 1 + e2e.TOLERANCE or \
+        not data["applied"]
+    for c in data["applied"] + data["skipped"]:
+        assert c["benefit"] is not None
+    md = rep.read_text()
+    assert "measured fused us" in md and "predicted net us" in md
+
+
+# ------------------------------------------------------------------ unusual inputs
+
+
+def _ln_model(opset, symbolic=False):
+    """A decomposed LayerNorm at ``opset`` (axes attribute below 18, input from 18)."""
+    d = ["b", "s", 16] if symbolic else [2, 3, 16]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, d)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, d)
+    inits = [helper.make_tensor("eps", TensorProto.FLOAT, [], [1e-5]),
+             helper.make_tensor("two", TensorProto.FLOAT, [], [2.0]),
+             helper.make_tensor("w", TensorProto.FLOAT, [16], np.linspace(0.5, 1.5, 16).tolist())]
+    if opset >= 18:
+        inits.append(helper.make_tensor("ax", TensorProto.INT64, [1], [-1]))
+        rm = lambda i, o: helper.make_node("ReduceMean", [i, "ax"], [o], keepdims=1)  # noqa: E731
+    else:
+        rm = lambda i, o: helper.make_node("ReduceMean", [i], [o], axes=[-1], keepdims=1)  # noqa: E731
+    nodes = [rm("x", "m"), helper.make_node("Sub", ["x", "m"], ["d"]), helper.make_node("Pow", ["d", "two"], ["p"]),
+             rm("p", "v"), helper.make_node("Add", ["v", "eps"], ["ve"]), helper.make_node("Sqrt", ["ve"], ["sd"]),
+             helper.make_node("Div", ["d", "sd"], ["n"]), helper.make_node("Mul", ["n", "w"], ["y"])]
+    g = helper.make_graph(nodes, "ln", [x], [y], initializer=inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = 8
+    return m
+
+
+@pytest.mark.parametrize("opset", [11, 12, 13, 14, 16, 17, 18, 21, 23])
+def test_opsets_give_a_clear_outcome(tmp_path, capsys, opset):
+    p = tmp_path / f"ln{opset}.onnx"
+    onnx.save(_ln_model(opset), p)
+    out = tmp_path / "o.onnx"
+    code = main(["--input", str(p), "--output", str(out), "--fusion-rules", "layernorm", "--no-calibrate",
+                 "--opt-level", "1"])
+    o, err = capsys.readouterr()
+    if opset < 13:
+        assert code == 2 and "unsupported opset" in err and not out.exists()
+        return
+    assert code == 0, err
+    ops = [n.op_type for n in onnx.load(out).graph.node]
+    if opset >= 17:
+        assert ops == ["LayerNormalization"], ops  # axes attribute (17) and input (18+) forms
+    else:
+        assert "LayerNormalization" not in ops  # needs opset 17: left alone, near miss printed
+        assert "verification: passed" in o
+
+
+def test_symbolic_dims_without_value_info(tmp_path, capsys):
+    p = tmp_path / "ln_sym.onnx"
+    onnx.save(_ln_model(17, symbolic=True), p)
+    code = main(["--input", str(p), "--output", str(tmp_path / "o.onnx"), "--opt-level", "1", "--no-calibrate",
+                 "--dim", "b=2"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "verification: passed" in out
+
+
+def test_external_data_model_is_inferred_without_loading_weights(exported, tmp_path, capsys):
+    src = exported("llama_ext")
+    assert os.path.exists(src + ".data")
+    model = ir.load(src)
+    ann = shapes.annotate(model)
+    assert not ann.notes or all("failed" not in n for n in ann.notes)
+    code = main(["--input", src, "--output", str(tmp_path / "o.onnx"), "--no-calibrate", "--quiet"])
+    assert code == 0
+    assert (tmp_path / "o.onnx.data").exists()
