@@ -53,12 +53,27 @@ def apply_scopes(model: torch.nn.Module, scopes: Mapping[str, str | list[str]], 
     A glob that matches nothing raises ``ScopeGlobError`` listing close module names;
     nothing is changed in that case.
     """
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"apply_scopes needs a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(scopes, Mapping):
+        raise TypeError(f"apply_scopes needs a mapping of scope label -> module glob(s), e.g. "
+                        f"{{'attn': 'model.layers.*.self_attn'}}; got {type(scopes).__name__} {scopes!r:.80}")
+    if not isinstance(options, str):
+        raise TypeError(f"scope options must be a string like 'stream-fusion=1', got {options!r}")
     parse_options(options)
     plan: list[tuple[str, str, torch.nn.Module]] = []
     for label, globs in scopes.items():
         if not isinstance(label, str) or not label:
             raise ValueError(f"scope labels must be non-empty strings, got {label!r}")
-        for pattern in [globs] if isinstance(globs, str) else list(globs):
+        if isinstance(globs, str):
+            patterns = [globs]
+        elif isinstance(globs, (list, tuple)) and all(isinstance(g, str) for g in globs):
+            patterns = list(globs)
+        else:
+            raise ValueError(f"scope {label!r} must map to a module glob or a list of globs, got {globs!r:.80}")
+        if not patterns or not all(patterns):
+            raise ValueError(f"scope {label!r} has no module glob (got {globs!r}); give e.g. 'model.layers.*.self_attn'")
+        for pattern in patterns:
             matches = match_modules(model, pattern)
             if not matches:
                 close = _close_names(model, pattern)
@@ -91,6 +106,28 @@ def _wrap(module: torch.nn.Module, label: str, options: str) -> None:
     setattr(module, _LABEL_ATTR, label)
     setattr(module, _OPTIONS_ATTR, options)
     module.forward = scoped_forward
+    code = getattr(getattr(original, "__func__", original), "__code__", None)
+    if code is not None:
+        _APPLIED.setdefault(code.co_filename, {})[label] = options
+
+
+#: source file of a wrapped forward -> {label: options}: lets the backend name the scope a
+#: Dynamo graph break happened in (its log names files and lines, not scopes).
+_APPLIED: dict[str, dict[str, str]] = {}
+
+
+def applied_scopes_in(text: str) -> list[tuple[str, str]]:
+    """``(label, options)`` of apply_scopes scopes whose module source file ``text`` mentions
+    after a frame of the scope wrapper (a Dynamo graph-break record)."""
+    wrapper = __file__
+    if wrapper not in text and "scoped_forward" not in text:
+        return []
+    tail = text[text.rfind("scoped_forward"):] if "scoped_forward" in text else text
+    found = []
+    for filename, labels in _APPLIED.items():
+        if filename in tail:
+            found += list(labels.items())
+    return found
 
 
 def _unwrap(module: torch.nn.Module) -> None:

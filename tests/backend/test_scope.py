@@ -137,3 +137,143 @@ def test_options_parse():
     opts = sk.parse_options("stream-fusion=1:strict-scope-check=abort")
     assert opts.stream_fusion and opts.abort_on_cut
     assert sk.parse_options("") == sk.parse_options(None) == sk.scope.ScopeOptions()
+
+
+# --- scopes survive Dynamo under the default configuration -------------------------------
+#
+# No torch._dynamo.config patch here: superkernel's backends trace with
+# capture_scalar_outputs / capture_dynamic_output_shape_ops on, so a data-dependent op
+# or host sync inside a scope becomes a cut instead of a graph break that loses the scope.
+
+def _data_dependent(kind):
+    def f(x):
+        with sk.super_kernel("blk"):
+            y = x.sin() * 2
+            if kind == "nonzero":
+                z = y.sum() + torch.nonzero(y > 0).shape[0]
+            elif kind == "mask":
+                z = y[y > 0].sum()
+            else:  # item
+                z = y.sum() * (y > 0).sum().item()
+            return y.cos() + z
+    return f
+
+
+CUT_OP = {"nonzero": "aten::nonzero", "mask": "aten::index", "item": "aten::_local_scalar_dense"}
+
+
+def _ro_config():
+    return sk.CompilerConfig.from_dict({"mode": "reduce-overhead"})
+
+
+@pytest.mark.parametrize("kind", ["nonzero", "mask", "item"])
+@pytest.mark.parametrize("entry", ["superkernel.compile", "backend=superkernel-instance"])
+def test_data_dependent_op_in_scope_is_a_cut_by_default(kind, entry):
+    torch._dynamo.reset()
+    assert not torch._dynamo.config.capture_scalar_outputs  # the default is untouched outside the compile
+    f = _data_dependent(kind)
+    if entry == "superkernel.compile":
+        fn = sk.compile(f, _ro_config())
+        backend = sk.pipeline.backend.find_backend(fn)
+    else:
+        backend = sk.get_backend(_ro_config())
+        fn = torch.compile(f, backend=backend, dynamic=False)
+    x = torch.randn(16)
+    assert torch.equal(fn(x), f(x))
+    ex = sk.explain(backend)
+    assert len(ex.graphs) == 1, str(ex)
+    assert any(c.op.startswith(CUT_OP[kind]) and c.scope == "blk" for c in ex.cuts), str(ex)
+    assert all(s.name.startswith("blk_split_") for s in ex.segments) and len(ex.segments) >= 2
+    assert not torch._dynamo.config.capture_scalar_outputs  # restored after the call
+
+
+def test_backend_string_superkernel_captures_the_scope_by_default():
+    torch._dynamo.reset()
+    backend = sk.pipeline.backend.default_backend()
+    backend.reset()
+    f = _data_dependent("nonzero")
+    fn = torch.compile(f, backend="superkernel", dynamic=False)
+    x = torch.randn(16)
+    assert torch.equal(fn(x), f(x))
+    ex = sk.explain(backend)
+    assert len(ex.graphs) == 1 and any(c.op.startswith("aten::nonzero") for c in ex.cuts), str(ex)
+
+
+def _printing(options):
+    def f(x):
+        with sk.super_kernel("blk", options):
+            y = x.sin()
+            print("side effect", end="")  # a graph break Dynamo cannot capture
+            return y.cos()
+    return f
+
+
+def test_other_graph_break_in_scope_is_reported_with_scope_reason_and_line():
+    torch._dynamo.reset()
+    backend = sk.get_backend(_ro_config())
+    f = _printing("")
+    fn = torch.compile(f, backend=backend, dynamic=False)
+    x = torch.randn(4)
+    with pytest.warns(sk.pipeline.backend.SuperKernelScopeBreakWarning, match=r"scope 'blk'.*test_scope\.py:\d+.*print"):
+        assert torch.equal(fn(x), f(x))
+    (cut,) = backend.scope_breaks
+    assert cut.scope == "blk" and cut.source.endswith(f"test_scope.py:{_line_of('a graph break Dynamo cannot')}")
+
+
+def test_other_graph_break_in_scope_aborts_under_strict():
+    def f(x):
+        with sk.super_kernel("strict_blk", "strict-scope-check=abort"):
+            y = x.sin()
+            print("side effect", end="")
+            return y.cos()
+
+    torch._dynamo.reset()
+    backend = sk.get_backend(_ro_config())
+    fn = torch.compile(f, backend=backend, dynamic=False)
+    with pytest.raises(sk.SuperKernelScopeError, match=r"scope 'strict_blk'.*test_scope\.py:\d+.*print"):
+        fn(torch.randn(4))
+
+
+def test_graph_break_in_an_applied_scope_names_it_and_aborts():
+    class Printing(torch.nn.Module):
+        def forward(self, x):
+            y = x.sin()
+            print("side effect", end="")
+            return y.cos()
+
+    class Outer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Printing()
+
+        def forward(self, x):
+            return self.inner(x) + 1
+
+    model = Outer()
+    sk.apply_scopes(model, {"applied": "inner"}, options="strict-scope-check=abort")
+    try:
+        torch._dynamo.reset()
+        fn = torch.compile(model, backend=sk.get_backend(_ro_config()), dynamic=False)
+        with pytest.raises(sk.SuperKernelScopeError, match=r"scope 'applied'"):
+            fn(torch.randn(4))
+    finally:
+        sk.remove_scopes(model)
+
+
+def _line_of(marker):
+    with open(__file__) as fh:
+        return next(i for i, line in enumerate(fh, 1) if marker in line and "_line_of" not in line)
+
+
+@pytest.mark.parametrize("scopes, message", [
+    ({"x": []}, "scope 'x' has no module glob"),
+    ({"x": [""]}, "scope 'x' has no module glob"),
+    ({"x": 5}, "must map to a module glob or a list of globs"),
+    ("attn", "needs a mapping of scope label -> module glob"),
+    (["attn"], "needs a mapping of scope label -> module glob"),
+])
+def test_apply_scopes_rejects_malformed_scopes_clearly(scopes, message):
+    model = TwoLayer()
+    with pytest.raises((ValueError, TypeError), match=message):
+        sk.apply_scopes(model, scopes)
+    assert scoped_modules(model) == {}

@@ -53,6 +53,9 @@ def test_static_compile_is_registered_when_available(monkeypatch):
     fake = types.ModuleType("superkernel.tools.static_compile")
     fake.register = register
     monkeypatch.setitem(sys.modules, "superkernel.tools.static_compile", fake)
+    import superkernel.tools as tools_pkg
+
+    monkeypatch.setattr(tools_pkg, "static_compile", fake, raising=False)  # `from superkernel.tools import ...` reads it
     import superkernel.static_kernel as pkg
 
     monkeypatch.setattr(pkg, "cli", fake, raising=False)
@@ -121,8 +124,9 @@ def test_model_without_static_cache_support_exits_one(monkeypatch, tmp_path):
     monkeypatch.setattr(workflow, "prepare", no_static_cache)
     result = run_cli("optimize", "--output", str(tmp_path), "--quiet")
     assert result.code == 1
-    assert error_lines(result.err) == ["superkernel: error: llama-tiny cannot decode with a preallocated StaticCache: "
-                                       "NotImplementedError: this cache layout is not supported"]
+    assert error_lines(result.err) == ["superkernel: error: llama-tiny (LlamaForCausalLM) cannot decode with a "
+                                       "preallocated transformers StaticCache: NotImplementedError: this cache layout "
+                                       "is not supported"]
 
 
 def test_non_positive_tolerance_is_rejected(tmp_path):

@@ -158,9 +158,12 @@ def render(*, analysis: Analysis, model_name: str, model_source: str, notes: lis
         lines += ["", "## Cuts, graph breaks and fallbacks", "", *cuts_section(results)]
         if plan_yaml:
             lines += ["", "`superkernel.yaml`:", "", "```yaml", plan_yaml.rstrip(), "```"]
+    elif decision is not None and decision.kind == "eager":
+        lines.append(f"**Keep eager** (no superkernel.yaml was written): {decision.reason}.")
+        lines += [f"- `{r.name}`: {_not_recommended(r, inductor)}" for r in plans]
     elif recommended is None:
-        why = decision.reason if decision is not None else "no plan passed precision"
-        lines.append(f"**Nothing is recommended** and no superkernel.yaml was written: {why}.")
+        lines.append("**No plan passed precision** (or compiled once): nothing is recommended and no "
+                     "superkernel.yaml was written.")
         lines += [f"- `{r.name}`: {_not_recommended(r, inductor)}" for r in plans]
     else:
         lines += _why(recommended, plans, eager, inductor)
@@ -168,7 +171,7 @@ def render(*, analysis: Analysis, model_name: str, model_source: str, notes: lis
                   "## How to apply", "", *apply_section(recommended, settings["options"], model_name)]
         if plan_yaml:
             lines += ["", "`superkernel.yaml`:", "", "```yaml", plan_yaml.rstrip(), "```"]
-    if recommended is None and not (decision is not None and decision.kind == "torch.compile"):
+    if recommended is None and not (decision is not None and decision.kind == "torch.compile"):  # eager / none
         lines += ["", "## Cuts, graph breaks and fallbacks", "", *cuts_section(results)]
     lines += ["", "## Notes", "",
               "- Absolute times hold for the hardware above only; ratios are the result. On a busy machine the "

@@ -120,7 +120,7 @@ NOISE_FLOOR = 0.03
 class Recommendation:
     """What ``optimize`` recommends: a superkernel plan, plain torch.compile, or nothing."""
 
-    kind: str                         # "plan", "torch.compile" or "none"
+    kind: str                         # "plan", "torch.compile", "eager" (keep it) or "none" (nothing passed)
     plan: RunResult | None = None     # the plan (kind "plan"); the best passing plan otherwise, if any
     baseline: RunResult | None = None  # the torch.compile baseline (kind "torch.compile")
     reason: str = ""
@@ -130,7 +130,7 @@ class Recommendation:
     def name(self) -> str | None:
         if self.kind == "plan" and self.plan is not None:
             return self.plan.name
-        return "torch.compile" if self.kind == "torch.compile" else None
+        return {"torch.compile": "torch.compile", "eager": "eager"}.get(self.kind)
 
 
 def noise_threshold(drift: float | None = None) -> float:
@@ -140,46 +140,39 @@ def noise_threshold(drift: float | None = None) -> float:
 def decide(results: list[RunResult], drift: float | None = None) -> Recommendation:
     """Honest recommendation: a superkernel plan only when it beats plain torch.compile beyond noise.
 
-    - the best plan = the fastest that passed precision and compiled once (:func:`recommend`);
-    - it is recommended when it is faster than torch.compile by more than the noise
-      (``max(NOISE_FLOOR, |eager drift|)``) and not slower than eager;
-    - otherwise plain torch.compile is recommended when it ran without recompiles and is not
-      slower than eager; failing that, nothing is.
+    - no plan passed precision and compiled once: nothing (kind "none"; the report says why);
+    - the best plan (the fastest that passed and compiled once, :func:`recommend`) when it is
+      faster than torch.compile by more than the noise (``max(NOISE_FLOOR, |eager drift|)``)
+      and not slower than eager beyond it;
+    - else plain torch.compile when it ran without recompiles and is not slower than eager;
+    - else the best plan if it is not slower than eager (torch.compile failed or recompiled);
+    - else keep eager (kind "eager").
     """
     noise = noise_threshold(drift)
     best = recommend(results)
     eager = next((r for r in results if r.name == "eager" and r.median_ms), None)
     inductor = next((r for r in results if r.name == "torch.compile" and not r.error and r.median_ms), None)
     inductor_ok = inductor is not None and not inductor.recompiles
-    if best is not None:
-        slower_than_eager = eager is not None and best.median_ms > eager.median_ms * (1 + noise)
-        if inductor_ok:
-            gain = inductor.median_ms / best.median_ms - 1
-            if gain > noise and not slower_than_eager:
-                return Recommendation("plan", best, inductor, reason=(
-                    f"{best.name} beats plain torch.compile by {gain:.1%} (noise threshold {noise:.1%})"), noise=noise)
-        elif not slower_than_eager:
-            why = (f"plain torch.compile {'recompiled' if inductor is not None else 'could not run'}"
-                   f"{': ' + inductor.recompile_reason if inductor is not None and inductor.recompiles else ''}")
-            return Recommendation("plan", best, inductor, reason=f"{best.name} passed; {why}", noise=noise)
-    if inductor_ok and not (eager is not None and inductor.median_ms > eager.median_ms * (1 + noise)):
-        if best is None:
-            why = "no superkernel plan passed precision and compiled once"
-        else:
-            ratio = inductor.median_ms / best.median_ms
-            why = (f"the best superkernel plan ({best.name}) runs at {ratio:.2f}x plain torch.compile; a plan must "
-                   f"be faster by more than the noise threshold ({noise:.1%})" if ratio - 1 <= noise else
-                   f"the best superkernel plan ({best.name}) is slower than eager")
-        return Recommendation("torch.compile", best, inductor, reason=why, noise=noise)
-    parts = []
+
+    def not_slower_than_eager(r: RunResult) -> bool:
+        return eager is None or r.median_ms <= eager.median_ms * (1 + noise)
+
     if best is None:
-        parts.append("no superkernel plan passed precision and compiled once")
-    else:
-        parts.append(f"the best plan ({best.name}) is slower than eager")
-    if inductor is None:
-        parts.append("plain torch.compile could not run")
-    elif inductor.recompiles:
-        parts.append(f"plain torch.compile recompiles ({inductor.recompile_reason})")
-    else:
-        parts.append("plain torch.compile is slower than eager")
-    return Recommendation("none", best, inductor, reason="; ".join(parts), noise=noise)
+        return Recommendation("none", None, inductor, noise=noise,
+                              reason="no plan passed precision and compiled once (no recompiles in the timed steps)")
+    ratio = inductor.median_ms / best.median_ms if inductor_ok else None
+    if ratio is not None and ratio - 1 > noise and not_slower_than_eager(best):
+        return Recommendation("plan", best, inductor, noise=noise, reason=(
+            f"{ratio:.2f}x plain torch.compile, beyond the noise threshold of {noise:.1%}"))
+    if inductor_ok and not_slower_than_eager(inductor):
+        why = (f"the best superkernel plan ({best.name}) runs at {ratio:.2f}x plain torch.compile; a plan must be "
+               f"faster by more than the noise threshold ({noise:.1%})" if not_slower_than_eager(best) else
+               f"the best superkernel plan ({best.name}) is slower than eager")
+        return Recommendation("torch.compile", best, inductor, reason=why, noise=noise)
+    if not inductor_ok and not_slower_than_eager(best):
+        why = ("plain torch.compile could not run" if inductor is None else
+               f"plain torch.compile recompiles in steady state ({inductor.recompile_reason})")
+        return Recommendation("plan", best, inductor, noise=noise, reason=f"passed precision; {why}")
+    return Recommendation("eager", best, inductor, noise=noise, reason=(
+        f"keep eager: the best superkernel plan ({best.name}) and plain torch.compile are both slower than eager "
+        f"beyond the noise threshold ({noise:.1%}) on this machine"))

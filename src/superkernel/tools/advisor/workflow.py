@@ -103,8 +103,12 @@ def load_and_prepare(opts: OptimizeOptions, reporter: Reporter) -> tuple[LoadedM
         try:
             session = prepare(loaded.model, prompt_len=opts.prompt_len, steps=opts.steps, warmup=opts.warmup,
                               seed=opts.seed, device=device, batch=opts.batch_size)
-        except ValueError:
-            raise  # bad lengths: a usage error
+        except ValueError as exc:
+            if str(exc).startswith(_USAGE_ERRORS):
+                raise  # bad lengths: a usage error
+            raise UnsupportedModelError(f"{loaded.name} ({loaded.architecture}) cannot decode with a preallocated "
+                                        f"transformers StaticCache: {type(exc).__name__}: "
+                                        f"{' '.join(str(exc).split())[:300]}") from exc
         except Exception as exc:
             raise UnsupportedModelError(f"{loaded.name} ({loaded.architecture}) cannot decode with a preallocated "
                                         f"transformers StaticCache: {type(exc).__name__}: "
@@ -112,7 +116,10 @@ def load_and_prepare(opts: OptimizeOptions, reporter: Reporter) -> tuple[LoadedM
     return loaded, session
 
 
-class UnsupportedModelError(ValueError):
+_USAGE_ERRORS = ("prompt length and steps", "warmup must be", "prompt_len + warmup", "batch must be")
+
+
+class UnsupportedModelError(WorkflowError):
     """A model the decode harness cannot run (no decoder layers, a cache kind it cannot preallocate)."""
 
 
@@ -135,6 +142,11 @@ def check_supported(loaded: LoadedModel) -> None:
                                     f"StaticCache for it ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
                                     ) from None
     kinds = {type(layer).__name__ for layer in cache.layers}
+    attention = [layer for layer in cache.layers if hasattr(layer, "keys") or hasattr(layer, "max_cache_len")]
+    if not attention:
+        raise UnsupportedModelError(f"{loaded.name} ({loaded.architecture}): every layer is linear attention / "
+                                    f"recurrent ({', '.join(sorted(kinds))}); the decode harness needs at least one "
+                                    "attention layer in transformers' StaticCache to track the position")
     if not cache.layers:
         raise UnsupportedModelError(f"{loaded.name} ({loaded.architecture}) has no cache layers: there is no decode "
                                     "step to optimize")
@@ -229,6 +241,8 @@ def outcome_message(results: list[RunResult], decision: Recommendation) -> str:
         best = decision.plan
         return (f"recommended: {best.name} — {best.median_ms:.3f} ms/step, {best.speedup_vs_eager or 0:.2f}x vs eager, "
                 f"{best.speedup_vs_compile or 0:.2f}x vs torch.compile ({decision.reason})")
+    if decision.kind == "eager":
+        return f"recommended: keep eager — {decision.reason}"
     if decision.kind == "torch.compile":
         inductor = decision.baseline
         eager_x = f", {inductor.speedup_vs_eager:.2f}x vs eager" if inductor.speedup_vs_eager else ""
@@ -236,11 +250,9 @@ def outcome_message(results: list[RunResult], decision: Recommendation) -> str:
         summary = plans_summary(results)
         return text + (f"; plans not recommended: {summary}" if summary else "")
     if plan_results and all(r.error for r in plan_results):
-        lead = f"model cannot be captured: every plan failed to compile or run (first: {plan_results[0].error})"
-    else:
-        lead = "nothing to recommend"
+        return f"model cannot be captured: every plan failed to compile or run (first: {plan_results[0].error})"
     summary = plans_summary(results)
-    return f"{lead}: {decision.reason}" + (f"; {summary}" if summary and lead == "nothing to recommend" else "")
+    return decision.reason + (f": {summary}" if summary else "")
 
 
 def eager_drift(session: DecodeSession, eager: RunResult, reporter: Reporter) -> float | None:
