@@ -119,6 +119,7 @@ def main() -> int:
         "backend": dict(backend.counters),
         "static": dict(static.counters) if static is not None else {},
         "cpp_builds": len(builds),
+        "cpp_build_targets": builds[:20],
         "dynamo_traces": sum(1 for t in traced if t != "aot"),
         "aot_captures": traced.count("aot"),
         "packages": [str(p) for p in static.packages_written] if static is not None else [],

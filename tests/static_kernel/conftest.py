@@ -45,6 +45,18 @@ def parse_child(code: int, stdout: str, stderr: str) -> dict:
     raise AssertionError(f"child failed (exit {code}):\n{stdout[-2000:]}\n{stderr[-4000:]}")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_trust_key(tmp_path_factory):
+    """Packages are signed with a per-user key under $XDG_CACHE_HOME: tests (and their children) use a private one."""
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("xdg_cache"))
+    yield
+    if old is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = old
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _private_inductor_cache(tmp_path_factory):
     """In-process tests install kernels into TorchInductor's cache dir: use a private one."""

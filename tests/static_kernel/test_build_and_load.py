@@ -58,7 +58,7 @@ def test_manifest_is_complete(built):
         assert art["file"] == f"artifacts/{key}.bin" and art["inputs"]
         assert art["graph"] in m["graphs"]
     with zipfile.ZipFile(pkg.path) as zf:
-        names = set(zf.namelist()) - {"manifest.json"}
+        names = set(zf.namelist()) - {"manifest.json", "signature"}
         assert names == set(m["files"])
         for name, meta in m["files"].items():
             data = zf.read(name)

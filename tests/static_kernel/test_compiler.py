@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import pickle
 import zipfile
 from pathlib import Path
 
@@ -12,6 +14,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from superkernel import CompilerConfig
 from superkernel.static_kernel import BuildDirError, StaticKernelWarning, find_packages, partition_key, read_manifest
+from superkernel.static_kernel import compat, trust
 from superkernel.static_kernel.compiler import open_compiler
 from superkernel.tools import static_compile as static_cli
 from superkernel.static_kernel.workspace import reset_workspaces
@@ -79,16 +82,22 @@ def pkg_copy(package_dir, tmp_path, monkeypatch):
     return target, pkg
 
 
-def _rewrite(pkg: Path, edit_manifest=None, edit_file=None) -> None:
+def _rewrite(pkg: Path, edit_manifest=None, edit_file=None, *, sign: bool = True) -> None:
+    """Edit a package in place; a changed manifest is re-signed with this user's key unless ``sign`` is False
+    (the hashes are always recomputed: only the signature tells who built it)."""
     with zipfile.ZipFile(pkg) as zf:
         members = {n: zf.read(n) for n in zf.namelist()}
-    manifest = json.loads(members["manifest.json"])
-    if edit_manifest:
-        edit_manifest(manifest)
-    members["manifest.json"] = json.dumps(manifest).encode()
     if edit_file:
         name = next(n for n in members if n.startswith("artifacts/"))
         members[name] = edit_file(members[name])
+    if edit_manifest or not sign:
+        manifest = json.loads(members["manifest.json"])
+        manifest["files"] = {n: {"sha256": hashlib.sha256(d).hexdigest(), "size": len(d)}
+                             for n, d in members.items() if n not in ("manifest.json", "signature")}
+        if edit_manifest:
+            edit_manifest(manifest)
+        members["manifest.json"] = json.dumps(manifest).encode()
+        members["signature"] = trust.sign(members["manifest.json"]).encode() if sign else b"0" * 64
     with zipfile.ZipFile(pkg, "w") as zf:
         for n, data in members.items():
             zf.writestr(n, data)
@@ -110,6 +119,10 @@ def test_matching_package_loads_without_compiling(pkg_copy):
     assert compiler.counters["loaded"] == 1 and compiler.counters.get("compiled", 0) == 0
     torch.testing.assert_close(out[0], _fn(*inputs)[0])
     assert find_packages(build_dir) == [pkg]
+    kernels = {Path(n).name for n in read_manifest(pkg).kernels}
+    assert kernels and compiler.counters["kernels_installed"] == len(kernels)
+    shared = {p.name for p in Path(compat.inductor_cache_dir()).rglob("*")}
+    assert not kernels & shared, "a package's kernels never go to the shared Inductor cache"
 
 
 @pytest.mark.parametrize("what,edit,expect", [
@@ -139,7 +152,7 @@ def test_other_compiler_config_does_not_use_the_package(pkg_copy):
     torch.testing.assert_close(out[0], _fn(*inputs)[0])
 
 
-def test_corrupted_package_is_detected_replaced_and_removed(pkg_copy):
+def test_corrupted_package_is_detected_replaced_and_kept_aside(pkg_copy):
     build_dir, pkg = pkg_copy
     _rewrite(pkg, edit_file=lambda data: data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
     with pytest.warns(StaticKernelWarning, match="sha256"):
@@ -148,6 +161,71 @@ def test_corrupted_package_is_detected_replaced_and_removed(pkg_copy):
     torch.testing.assert_close(out[0], _fn(*inputs)[0])
     remaining = find_packages(build_dir)
     assert len(remaining) == 1 and remaining[0] != pkg and not pkg.exists()
+    (aside,) = pkg.parent.glob(pkg.name + ".refused-*")  # the evidence is kept
+    assert compiler.counters["packages_refused"] == 1 and aside.stat().st_size > 0
+
+
+def test_untrusted_package_is_refused_kept_and_can_be_trusted(pkg_copy, capsys):
+    """Hashes rewritten together with the files prove nothing: without this user's signature nothing loads."""
+    build_dir, pkg = pkg_copy
+    _rewrite(pkg, sign=False)
+    before = pkg.read_bytes()
+    with pytest.warns(StaticKernelWarning, match=r"not trusted: .*superkernel static-compile --trust "):
+        compiler, out, inputs = _run(_config(build_dir))
+    assert compiler.counters["compiled"] == 1 and compiler.counters.get("loaded", 0) == 0
+    assert pkg.read_bytes() == before  # refused, not touched
+    for p in find_packages(build_dir):
+        if p != pkg:
+            p.unlink()
+    assert static_cli.main(["--list", str(build_dir)]) == 0
+    assert "NOT trusted" in capsys.readouterr().out
+    assert static_cli.main(["--trust", str(pkg)]) == 0
+    shown = capsys.readouterr().out
+    assert "1 compiled partitions" in shown and "trusted now" in shown
+    reset_workspaces()
+    compiler, _, _ = _run(_config(build_dir))
+    assert compiler.counters["loaded"] == 1 and compiler.counters.get("compiled", 0) == 0
+    assert static_cli.main(["--trust", str(pkg)]) == 0 and "already trusted" in capsys.readouterr().out
+
+
+class _Payload:
+    """Unpickling this creates a marker file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+def test_planted_payload_in_an_untrusted_package_never_runs(pkg_copy, tmp_path):
+    build_dir, pkg = pkg_copy
+    marker = tmp_path / "MARKER"
+    _rewrite(pkg, edit_file=lambda data: pickle.dumps(_Payload(str(marker))), sign=False)  # hashes recomputed
+    with pytest.warns(StaticKernelWarning, match="not trusted"):
+        compiler, out, inputs = _run(_config(build_dir))
+    assert not marker.exists() and compiler.counters.get("loaded", 0) == 0 and compiler.counters["compiled"] == 1
+    torch.testing.assert_close(out[0], _fn(*inputs)[0])
+
+
+def test_trust_key_is_private(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    trust.sign(b"manifest")
+    key = trust.key_path()
+    assert key.stat().st_mode & 0o777 == 0o600
+    assert trust.verify(b"manifest", trust.sign(b"manifest")) is None
+    assert "changed" in trust.verify(b"manifest2", trust.sign(b"manifest"))
+    key.chmod(0o644)
+    with pytest.raises(trust.TrustError, match="wider than 0600"):
+        trust.sign(b"manifest")
+    assert "unusable" in trust.verify(b"manifest", "00")
+    key.unlink()
+    other = tmp_path / "elsewhere"
+    other.write_bytes(b"k" * 32)
+    other.chmod(0o600)
+    key.symlink_to(other)
+    with pytest.raises(trust.TrustError, match="not a regular file"):
+        trust.sign(b"manifest")
 
 
 def test_unreadable_package_never_crashes(pkg_copy):
@@ -156,6 +234,23 @@ def test_unreadable_package_never_crashes(pkg_copy):
     with pytest.warns(StaticKernelWarning, match="damaged zip"):
         compiler, out, inputs = _run(_config(build_dir))
     assert compiler.counters["compiled"] == 1
+    assert not pkg.exists() and list(pkg.parent.glob(pkg.name + ".refused-*"))
+
+
+@pytest.mark.parametrize("edit, expect", [
+    (lambda m: m.update(artifacts={"k": 5}), "malformed manifest: artifacts key 'k'"),
+    (lambda m: m.update(environment=3), "malformed manifest: environment"),
+    (lambda m: next(iter(m["files"].values())).update(size=10 ** 12), "has no valid size"),
+])
+def test_malformed_manifest_is_one_line_even_when_signed(pkg_copy, edit, expect, capsys):
+    build_dir, pkg = pkg_copy
+    _rewrite(pkg, edit_manifest=edit)
+    with pytest.warns(StaticKernelWarning, match=expect):
+        compiler, _, _ = _run(_config(build_dir))
+    assert compiler.counters["compiled"] == 1
+    assert static_cli.main(["--list", str(build_dir)]) == 0  # the refused one was renamed aside
+    assert static_cli.main(["--trust", str(next(pkg.parent.glob(pkg.name + ".refused-*")))]) == 2
+    assert expect.split(":")[0] in capsys.readouterr().err
 
 
 def test_symbolic_shapes_use_the_normal_path(tmp_path):
@@ -204,17 +299,33 @@ def test_cli_list_and_clean(pkg_copy, capsys):
     assert args.func is static_cli.run and args.func(args) == 0
     out = capsys.readouterr().out
     assert pkg.name in out and "matches this machine" in out and "1 compiled partitions" in out
+    assert "trusted: signed with this user's key" in out
     _rewrite(pkg, edit_manifest=lambda m: m["environment"].update(python="2.7.0"))
     args = parser.parse_args(["static-compile", "--list", str(build_dir), "--json"])
     assert args.func(args) == 0
     rows = json.loads(capsys.readouterr().out)
     assert rows[0]["matches_this_machine"] is False and "python differs" in rows[0]["why_not"]
+    assert rows[0]["trusted"] is True
     args = parser.parse_args(["static-compile", "--clean", str(build_dir)])
     assert args.func(args) == 0
     assert not find_packages(build_dir) and "removed 1 package" in capsys.readouterr().out
     args = parser.parse_args(["static-compile", "--model", "llama-tiny", "--build-dir", str(build_dir / "nope")])
     assert args.func(args) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_cli_rejects_bad_input_before_loading_the_model(tmp_path, monkeypatch, capsys):
+    import superkernel.tools.models as models
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("scopes: [unclosed\n")
+    assert static_cli.main(["--model", "llama-tiny", "--build-dir", str(tmp_path), "--config", str(bad)]) == 2
+    assert "not valid YAML" in capsys.readouterr().err
+    for threads in ("0", "-2"):
+        with pytest.raises(SystemExit) as exc:
+            static_cli.main(["--model", "llama-tiny", "--build-dir", str(tmp_path), "--threads", threads])
+        assert exc.value.code == 2 and "--threads must be >= 1" in capsys.readouterr().err
 
 
 def test_reduce_overhead_records_shapes_without_lock_or_package(tmp_path):

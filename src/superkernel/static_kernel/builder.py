@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +20,12 @@ from typing import Any, Callable
 
 import torch
 import torch.fx as fx
-import warnings
 
 from superkernel.static_kernel import compat
 from superkernel.static_kernel.constants import materialize
-from superkernel.static_kernel.package import Package, collect_kernels, install_kernels, now_iso, package_name, write_package
+from superkernel.static_kernel.loader import install_kernels
+from superkernel.static_kernel.manifest import valid_member_name
+from superkernel.static_kernel.package import Package, now_iso, package_name, read_manifest, write_package
 from superkernel.static_kernel.settings import ENV_VERIFY, StaticKernelWarning
 from superkernel.static_kernel.signature import input_signature
 from superkernel.util import exception_summary
@@ -135,8 +137,6 @@ class Builder:
         }
         path = write_package(self._run_dir() / package_name(), manifest, files)
         self.counters["packages_written"] += 1
-        from superkernel.static_kernel.package import read_manifest
-
         pkg = read_manifest(path)
         pkg.files = files
         pkg.verified = True
@@ -178,3 +178,19 @@ class Builder:
                           StaticKernelWarning, stacklevel=5)
             return
         self.counters["load_checked"] += len(paths)
+
+
+def collect_kernels(cache_dir: Path) -> dict[str, bytes]:
+    """Kernel libraries in an Inductor cache dir, as ``kernels/<xx>/<name>`` -> bytes (valid names only)."""
+    out: dict[str, bytes] = {}
+    root = Path(cache_dir)
+    if not root.is_dir():
+        return out
+    for sub in sorted(root.iterdir()):
+        if not sub.is_dir() or sub.is_symlink():
+            continue
+        for f in sorted(sub.iterdir()):
+            name = f"kernels/{sub.name}/{f.name}"
+            if f.is_file() and not f.is_symlink() and valid_member_name(name):
+                out[name] = f.read_bytes()
+    return out

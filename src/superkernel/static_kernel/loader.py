@@ -1,15 +1,22 @@
 """Loading compiled partitions from a package: kernel libraries first, then the artifact.
 
 TorchInductor's artifact (``CompiledArtifact.save``) holds the FX graph and AOTAutograd
-cache entries but, on CPU, not the compiled C++ libraries; the package carries those, and
-they are installed where Inductor's loader looks before it would compile. Also here:
-TorchInductor's CPU-ISA probe, started early on another thread.
+cache entries but, on CPU, not the compiled C++ libraries; the package carries those. They
+are written into a private TorchInductor cache directory per package and process (a new
+0700 temporary directory, removed at exit) — never into the shared Inductor cache, so
+nothing from a package reaches a later process or another compile — and artifacts load
+with that directory as Inductor's cache, where Inductor's loader finds the libraries
+before it would compile. Only a verified package signed by this user is installed or
+loaded (:meth:`~.package.Package.require_loadable`). TorchInductor's CPU-ISA probe (once
+per process) runs against that private cache too: the package carries its libraries.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import platform
+import shutil
 import tempfile
 import threading
 import warnings
@@ -18,9 +25,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from superkernel.static_kernel import compat
-from superkernel.static_kernel.package import Package, install_kernels
+from superkernel.static_kernel.manifest import PackageError, valid_member_name
+from superkernel.static_kernel.package import Package
 from superkernel.static_kernel.settings import StaticKernelWarning
-from superkernel.util import exception_summary
+from superkernel.util import atomic_target, exception_summary
 
 
 class ArtifactLoader:
@@ -30,35 +38,36 @@ class ArtifactLoader:
         self.counters = counters
         self.device_kind = device_kind
         self.installed_from: Path | None = None
-        self._probe: threading.Thread | None = None
+        self.cache_dir: Path | None = None  # the private Inductor cache of the installed package
 
     def install(self, pkg: Package) -> None:
-        """Copy ``pkg``'s kernel libraries where TorchInductor's loader finds them (once per package)."""
+        """Write ``pkg``'s kernel libraries into a new private cache dir (once per package); on CPU,
+        run TorchInductor's ISA probe there (the package holds its probe libraries: nothing compiles)."""
         if self.installed_from != pkg.path:
-            self.counters["kernels_installed"] += install_kernels(pkg, compat.inductor_cache_dir())
+            pkg.require_loadable()
+            self.cache_dir = private_cache_dir()
+            self.counters["kernels_installed"] += install_kernels(pkg, self.cache_dir)
             self.installed_from = pkg.path
+            if self.device_kind == "cpu":
+                with compat.inductor_cache_dir_at(str(self.cache_dir)):
+                    probe_vec_isa()
 
     def forget_install(self) -> None:
         self.installed_from = None
 
-    def start_probe(self) -> None:
-        """Run TorchInductor's CPU-ISA probe on another thread (CPU only, once)."""
-        if self.device_kind == "cpu" and self._probe is None:
-            self._probe = threading.Thread(target=probe_vec_isa, name="superkernel-isa-probe", daemon=True)
-            self._probe.start()
-
     def load(self, key: str, data: bytes, pkg: Package | None) -> Callable[..., Any] | None:
         """The compiled partition of artifact ``data`` (from ``pkg``); None (with a warning) if it does not load."""
-        if self._probe is not None:
-            self._probe.join(timeout=120)  # started early: don't probe twice
         try:
             if pkg is not None:
                 self.install(pkg)
+            if self.cache_dir is None:
+                self.cache_dir = private_cache_dir()
             with tempfile.TemporaryDirectory(prefix="sk_artifact_") as tmp:
                 path = os.path.join(tmp, f"{key}.bin")
                 with open(path, "wb") as f:
                     f.write(data)
-                fn = compat.load_artifact(path)
+                with compat.inductor_cache_dir_at(str(self.cache_dir)):
+                    fn = compat.load_artifact(path)
         except Exception as exc:  # noqa: BLE001 - a package never crashes the run
             self.counters["load_failed"] += 1
             where = pkg.path.name if pkg is not None else "package"
@@ -69,13 +78,59 @@ class ArtifactLoader:
         return fn
 
 
+def install_kernels(package: Package, cache_dir: str | Path) -> int:
+    """Write the package's kernel libraries into ``cache_dir`` (a private Inductor cache) under their own names.
+
+    Only for a verified, trusted package. Returns how many files were written (files already
+    present are left alone: the name is a content hash of source and compile command).
+    """
+    package.require_loadable()
+    root = Path(cache_dir)
+    written = 0
+    for name in package.kernels:
+        if not valid_member_name(name):  # (checked when read; never trust a name twice removed)
+            raise PackageError(f"unsafe kernel path {name!r}")
+        dest = root / name[len("kernels/"):]
+        if dest.exists() or dest.is_symlink():
+            continue
+        dest.parent.mkdir(mode=0o700, exist_ok=True)
+        with atomic_target(dest) as tmp:
+            tmp.write_bytes(package.files[name])
+        dest.chmod(0o700)
+        written += 1
+    return written
+
+
+_PRIVATE_DIRS: list[Path] = []
+
+
+def private_cache_dir() -> Path:
+    """A new TorchInductor cache directory only this user can read or write (removed at exit)."""
+    path = Path(tempfile.mkdtemp(prefix="superkernel-kernels-"))
+    _PRIVATE_DIRS.append(path)
+    return path
+
+
+@atexit.register
+def _remove_private_dirs() -> None:
+    for path in _PRIVATE_DIRS:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+_PROBED = False
+
+
 def probe_vec_isa() -> None:
-    """TorchInductor's CPU vector-ISA probe, the candidate ISAs side by side.
+    """TorchInductor's CPU vector-ISA probe (once per process), the candidate ISAs side by side.
 
     Each candidate costs a few short subprocesses (build, then dlopen, a test library);
     Inductor runs them one after another. Probing the candidates in parallel threads fills
     its cache of results first, so its own ``pick_vec_isa`` then only reads it.
     """
+    global _PROBED
+    if _PROBED:
+        return
+    _PROBED = True
     try:
         from torch._inductor import cpu_vec_isa
 

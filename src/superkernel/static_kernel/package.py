@@ -1,32 +1,27 @@
-"""Static kernel packages: ``static_kernel_<datetime>.skpkg``.
+"""Static kernel packages: ``static_kernel_<datetime>.skpkg``, and reading one safely.
 
-A package is one zip file (stored, not compressed members are not required; deflated)::
+A package is one zip file (members deflated)::
 
     manifest.json                  what it holds and where it may be used (below)
+    signature                      HMAC-SHA256 of manifest.json with the builder's key (:mod:`.trust`)
     artifacts/<key>.bin            one TorchInductor CompiledArtifact per partition and shape
                                    (``CompiledArtifact.save(format="binary")``)
     frames/<key>.bin               one precompiled Dynamo frame per compiled function and input
-                                   signature (``superkernel.static_kernel.frames``: torch's
-                                   ``AOTCompiledFunction.serialize``, holding Dynamo's graph)
+                                   signature (:mod:`.frames`: torch's ``AOTCompiledFunction``)
     kernels/<xx>/<name>.so         the compiled C++ kernels those artifacts load, under their
                                    TorchInductor code-cache names (content hashes of source and
                                    compile command), plus Inductor's CPU-ISA probe libraries
 
 The manifest records torch/triton/python versions, platform, device kind and capability,
 the compiler-config fingerprint, the captured graphs (structure hash, names, input shapes),
-every artifact (partition key, graph, input signature) and the sha256 and size of every
-other file. A package is used only when all of that matches this process; otherwise it is
-ignored with a warning that says why.
+every artifact and frame, and the sha256 and size of every other member.
 
-Trust: loading verifies every hash first. Loading then runs nothing from the package but
-the compiled code torch itself loads: kernel libraries are copied into TorchInductor's
-cache directory, where Inductor's own loader dlopens them; artifacts are read by
-``torch._inductor.CompiledArtifact.load`` (TorchInductor's cache entries) and frames by
-``torch._dynamo.aot_compile.AOTCompiledFunction.deserialize`` (Dynamo's transformed bytecode
-of the compiled function, its guards, and Dynamo's graph through ``torch.fx``'s GraphPickler).
-Those are torch's own formats, pickle-based; superkernel never unpickles anything itself.
-There are no scripts or installers in a package. Treat a package like any compiled library:
-load only packages you built or trust.
+Reading is defensive: the zip's central directory is checked first (only the member names
+above, no directories, symlinks, duplicates or encrypted members, sizes within limits and
+equal to the manifest's) and nothing is decompressed beyond its declared size. The manifest
+is validated field by field. Whatever is wrong is a :class:`PackageError` with one line
+saying what. Whether a package is *trusted* (signed by this user) is decided here too;
+only a verified, trusted package hands out member bytes.
 """
 
 from __future__ import annotations
@@ -34,34 +29,30 @@ from __future__ import annotations
 import datetime as _dt
 import hashlib
 import json
-import os
-import re
+import stat
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from superkernel.static_kernel import trust
 from superkernel.static_kernel.environment import environment_mismatch
-from superkernel.util import atomic_target, atomic_write
+from superkernel.static_kernel.manifest import (
+    FORMAT, FORMAT_VERSION, MAX_MANIFEST_BYTES, MAX_MEMBER_BYTES, MAX_MEMBERS, MAX_TOTAL_BYTES, PackageError,
+    valid_member_name, validate_manifest,
+)
+from superkernel.util import atomic_target
 
-FORMAT = "superkernel.static_kernel.package"
-FORMAT_VERSION = 1
 SUFFIX = ".skpkg"
 OUTPUTS_DIR = "static_kernel_outputs"
 MANIFEST = "manifest.json"
-KERNEL_SUFFIXES = (".so", ".cubin", ".fatbin", ".hsaco", ".spv")
-_KERNEL_NAME = re.compile(r"^[A-Za-z0-9_]{1,8}/[A-Za-z0-9_.-]{1,200}$")
-_ARTIFACT_NAME = re.compile(r"^(artifacts|frames)/[0-9a-f]{16,64}\.bin$")
-
-class PackageError(RuntimeError):
-    """A package cannot be read or does not match (the message says why)."""
-
-
-# --- writing ---------------------------------------------------------------------------
+SIGNATURE = "signature"
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
+
+# --- writing ---------------------------------------------------------------------------
 
 def package_name(now: _dt.datetime | None = None) -> str:
     now = now or _dt.datetime.now()
@@ -69,123 +60,214 @@ def package_name(now: _dt.datetime | None = None) -> str:
 
 
 def write_package(path: Path, manifest: dict[str, Any], files: dict[str, bytes]) -> Path:
-    """Write the zip atomically (temporary sibling + rename); adds sizes and hashes to the manifest."""
+    """Write and sign the zip atomically (temporary sibling + rename); adds sizes and hashes to the manifest."""
     manifest = dict(manifest)
     manifest["format"] = FORMAT
     manifest["format_version"] = FORMAT_VERSION
     manifest["files"] = {name: {"sha256": sha256(data), "size": len(data)} for name, data in sorted(files.items())}
+    bad = [n for n in files if not valid_member_name(n)]
+    if bad:
+        raise PackageError(f"refusing to package member name {bad[0]!r}")
+    data = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    return _write_zip(path, data, trust.sign(data), files)
+
+
+def _write_zip(path: Path, manifest: bytes, signature: str, files: dict[str, bytes]) -> Path:
     with atomic_target(path, durable=True) as tmp:
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=1) as zf:
-            zf.writestr(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+            zf.writestr(MANIFEST, manifest)
+            zf.writestr(SIGNATURE, signature)
             for name, data in sorted(files.items()):
                 zf.writestr(name, data)
     return path
+
+
+def resign(pkg: "Package") -> None:
+    """Sign ``pkg`` (read and verified) with this user's key: a person decided to trust it."""
+    if not pkg.verified:
+        raise PackageError("only a verified package can be trusted")
+    _write_zip(pkg.path, pkg.manifest_bytes, trust.sign(pkg.manifest_bytes), pkg.files)
 
 
 # --- reading ---------------------------------------------------------------------------
 
 @dataclass
 class Package:
-    """A package whose manifest was read; ``files`` filled by :meth:`verify`."""
+    """A package whose central directory and manifest were checked; ``files`` filled by :meth:`verify`.
+
+    ``untrusted``: why it is not trusted here (None: signed by this user).
+    """
 
     path: Path
     manifest: dict[str, Any]
+    manifest_bytes: bytes = b""
+    untrusted: str | None = None
     files: dict[str, bytes] = field(default_factory=dict)
     verified: bool = False
 
     @property
+    def trusted(self) -> bool:
+        return self.untrusted is None
+
+    @property
     def artifacts(self) -> dict[str, Any]:
-        return self.manifest.get("artifacts", {})
+        return self.manifest["artifacts"]
 
     @property
     def graphs(self) -> dict[str, Any]:
-        return self.manifest.get("graphs", {})
+        return self.manifest["graphs"]
 
     @property
     def frames(self) -> dict[str, Any]:
-        """Precompiled frames (``superkernel.static_kernel.frames``) by frame key."""
-        return self.manifest.get("frames", {})
+        """Precompiled frames (:mod:`.frames`) by frame key."""
+        return self.manifest["frames"]
 
     @property
     def kernels(self) -> list[str]:
-        return [n for n in self.manifest.get("files", {}) if n.startswith("kernels/")]
+        return [n for n in self.manifest["files"] if n.startswith("kernels/")]
 
     def mismatch(self, env: dict[str, Any], config_fingerprint: str) -> str | None:
         """Why this package cannot be used here (None when its environment and config match)."""
-        reason = environment_mismatch(self.manifest.get("environment", {}), env)
+        reason = environment_mismatch(self.manifest["environment"], env)
         if reason:
             return reason
-        if self.manifest.get("config_fingerprint") != config_fingerprint:
-            return (f"compiler config differs (package fingerprint {self.manifest.get('config_fingerprint')!r}, "
+        if self.manifest["config_fingerprint"] != config_fingerprint:
+            return (f"compiler config differs (package fingerprint {self.manifest['config_fingerprint']!r}, "
                     f"here {config_fingerprint!r})")
         return None
 
     def verify(self) -> None:
-        """Read every file and check its size and sha256; raises PackageError naming the first bad file."""
-        listed = self.manifest.get("files")
-        if not isinstance(listed, dict):
-            raise PackageError("manifest lists no files")
+        """Read every member (never past its declared size) and check its sha256; PackageError names the first bad one."""
         files: dict[str, bytes] = {}
         try:
             with zipfile.ZipFile(self.path) as zf:
-                names = set(zf.namelist())
-                for name, meta in listed.items():
-                    if not (_ARTIFACT_NAME.match(name) or
-                            (name.startswith("kernels/") and _KERNEL_NAME.match(name[len("kernels/"):]))):
-                        raise PackageError(f"unexpected file name {name!r} in manifest")
-                    if name not in names:
-                        raise PackageError(f"file {name} listed in the manifest is missing")
-                    data = zf.read(name)
-                    if len(data) != meta.get("size") or sha256(data) != meta.get("sha256"):
+                infos = _members(zf)
+                for name, meta in self.manifest["files"].items():
+                    data = _read(zf, infos[name], meta["size"])
+                    if len(data) != meta["size"] or sha256(data) != meta["sha256"]:
                         raise PackageError(f"file {name} fails its sha256 check (corrupted or modified)")
                     files[name] = data
-                extra = names - set(listed) - {MANIFEST}
-                if extra:
-                    raise PackageError(f"files not in the manifest: {', '.join(sorted(extra)[:3])}")
-        except zipfile.BadZipFile as exc:
-            raise PackageError(f"damaged zip: {exc}") from exc
-        except (OSError, zipfile.LargeZipFile, RuntimeError) as exc:
-            if isinstance(exc, PackageError):
-                raise
-            raise PackageError(f"cannot read: {type(exc).__name__}: {exc}") from exc
-        for kind, entries in (("artifact", self.artifacts), ("frame", self.frames)):
-            for key, entry in entries.items():
-                if entry.get("file") not in files:
-                    raise PackageError(f"{kind} {key[:12]} has no file")
+        except PackageError:
+            raise
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, RuntimeError, ValueError, EOFError,
+                NotImplementedError, KeyError, zlib_error()) as exc:
+            raise PackageError(f"damaged zip: {_one_line(exc)}") from exc
         self.files = files
         self.verified = True
 
+    def require_loadable(self) -> None:
+        """Raise unless this package may supply code: verified and trusted."""
+        if not self.verified:
+            raise PackageError(f"package {self.path.name} was not verified")
+        if not self.trusted:
+            raise PackageError(f"package {self.path.name} is not trusted: {self.untrusted}")
+
+    def member(self, name: str) -> bytes:
+        self.require_loadable()
+        return self.files[name]
+
     def artifact_bytes(self, key: str) -> bytes:
-        return self.files[self.artifacts[key]["file"]]
+        return self.member(self.artifacts[key]["file"])
 
     def frame_bytes(self, key: str) -> bytes:
-        return self.files[self.frames[key]["file"]]
+        return self.member(self.frames[key]["file"])
+
+
+def zlib_error() -> type[BaseException]:
+    import zlib
+
+    return zlib.error
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text[:200]
+
+
+def _members(zf: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
+    """The central directory, checked: known member kinds only, sizes within limits, nothing odd."""
+    infos = zf.infolist()
+    if len(infos) > MAX_MEMBERS:
+        raise PackageError(f"too many members ({len(infos)} > {MAX_MEMBERS})")
+    out: dict[str, zipfile.ZipInfo] = {}
+    total = 0
+    for info in infos:
+        name = info.filename
+        if name in out:
+            raise PackageError(f"member {name[:80]!r} appears twice")
+        if name not in (MANIFEST, SIGNATURE) and not valid_member_name(name):
+            raise PackageError(f"unexpected member name {name[:80]!r}")
+        mode = info.external_attr >> 16
+        if info.is_dir() or stat.S_ISLNK(mode) or (mode and not stat.S_ISREG(mode) and stat.S_IFMT(mode)):
+            raise PackageError(f"member {name[:80]!r} is not a regular file")
+        if info.flag_bits & 0x1:
+            raise PackageError(f"member {name[:80]!r} is encrypted")
+        limit = MAX_MANIFEST_BYTES if name == MANIFEST else 256 if name == SIGNATURE else MAX_MEMBER_BYTES
+        if info.file_size > limit:
+            raise PackageError(f"member {name[:80]!r} is {info.file_size} bytes (limit {limit})")
+        total += info.file_size
+        if total > MAX_TOTAL_BYTES:
+            raise PackageError(f"members add up to more than {MAX_TOTAL_BYTES} bytes")
+        out[name] = info
+    return out
+
+
+def _read(zf: zipfile.ZipFile, info: zipfile.ZipInfo, size: int) -> bytes:
+    """A member's bytes, never decompressing more than ``size`` + 1 bytes."""
+    if info.file_size != size:
+        raise PackageError(f"member {info.filename} is {info.file_size} bytes in the zip, {size} in the manifest")
+    with zf.open(info) as f:
+        return f.read(size + 1)
 
 
 def read_manifest(path: Path) -> Package:
-    """Open a package and parse its manifest (cheap: no other member is read)."""
+    """Open a package: check its central directory, read, validate and authenticate its manifest.
+
+    Cheap: no other member is decompressed. Raises :class:`PackageError` (one line) on anything malformed;
+    an unsigned or foreign package is returned with ``untrusted`` set.
+    """
     try:
         with zipfile.ZipFile(path) as zf:
-            manifest = json.loads(zf.read(MANIFEST).decode("utf-8"))
-    except KeyError as exc:
-        raise PackageError("no manifest.json") from exc
-    except zipfile.BadZipFile as exc:
-        raise PackageError(f"damaged zip: {exc}") from exc
-    except (OSError, ValueError, RuntimeError) as exc:
-        raise PackageError(f"cannot read manifest: {type(exc).__name__}: {exc}") from exc
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise PackageError("not a superkernel static kernel package")
-    if manifest.get("format_version") != FORMAT_VERSION:
-        raise PackageError(f"package format {manifest.get('format_version')} (this superkernel reads {FORMAT_VERSION})")
-    return Package(Path(path), manifest)
+            infos = _members(zf)
+            if MANIFEST not in infos:
+                raise PackageError("no manifest.json")
+            raw = _read(zf, infos[MANIFEST], infos[MANIFEST].file_size)
+            signature = _read(zf, infos[SIGNATURE], infos[SIGNATURE].file_size) if SIGNATURE in infos else b""
+            members = set(infos) - {MANIFEST, SIGNATURE}
+    except PackageError:
+        raise
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, RuntimeError, ValueError, EOFError,
+            NotImplementedError, KeyError, zlib_error()) as exc:
+        raise PackageError(f"damaged zip: {_one_line(exc)}") from exc
+    try:
+        manifest = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        raise PackageError(f"cannot read manifest: {_one_line(exc)}") from exc
+    validate_manifest(manifest)
+    listed = set(manifest["files"])
+    missing = sorted(listed - members)
+    if missing:
+        raise PackageError(f"file {missing[0]} listed in the manifest is missing")
+    extra = sorted(members - listed)
+    if extra:
+        raise PackageError(f"files not in the manifest: {', '.join(extra[:3])}")
+    for name in listed:
+        if infos[name].file_size != manifest["files"][name]["size"]:
+            raise PackageError(f"member {name} is {infos[name].file_size} bytes in the zip, "
+                               f"{manifest['files'][name]['size']} in the manifest")
+    try:
+        sig_text = signature.decode("ascii").strip()
+    except UnicodeDecodeError:
+        sig_text = ""
+    return Package(Path(path), manifest, raw, trust.verify(raw, sig_text))
 
 
 def find_packages(build_dir: Path) -> list[Path]:
-    """All packages under ``<build_dir>/static_kernel_outputs/*/``, newest first."""
+    """All packages under ``<build_dir>/static_kernel_outputs/*/``, newest first (regular files only)."""
     root = Path(build_dir) / OUTPUTS_DIR
     if not root.is_dir():
         return []
-    found = [p for p in root.glob(f"*/static_kernel_*{SUFFIX}") if p.is_file()]
+    found = [p for p in root.glob(f"*/static_kernel_*{SUFFIX}") if p.is_file() and not p.is_symlink()]
 
     def order(p: Path) -> tuple[str, float]:
         try:
@@ -197,61 +279,33 @@ def find_packages(build_dir: Path) -> list[Path]:
     return sorted(found, key=order, reverse=True)
 
 
-# --- installing kernels ------------------------------------------------------------------
-
-def install_kernels(package: Package, cache_dir: str) -> int:
-    """Copy the package's kernel libraries into TorchInductor's cache dir under their own names.
-
-    Returns how many files were written (files already present are left alone: the name
-    is a content hash of source and compile command, so Inductor would use either).
-    """
-    if not package.verified:
-        raise PackageError("install_kernels needs a verified package")
-    written = 0
-    root = Path(cache_dir)
-    for name in package.kernels:
-        rel = name[len("kernels/"):]
-        if not _KERNEL_NAME.match(rel) or ".." in rel.split("/"):
-            raise PackageError(f"unsafe kernel path {name!r}")
-        dest = root / rel
-        if dest.exists():
-            continue
-        atomic_write(dest, package.files[name])  # a cache copy: the package is the original
-        os.chmod(dest, 0o755)
-        written += 1
-    return written
-
-
-def collect_kernels(cache_dir: Path) -> dict[str, bytes]:
-    """Kernel libraries in an Inductor cache dir, as ``kernels/<xx>/<name>`` -> bytes."""
-    out: dict[str, bytes] = {}
-    root = Path(cache_dir)
-    if not root.is_dir():
-        return out
-    for sub in sorted(root.iterdir()):
-        if not sub.is_dir() or sub.name in ("locks", "fxgraph", "aotautograd", "triton", "precompiled_headers"):
-            continue
-        for f in sorted(sub.iterdir()):
-            rel = f"{sub.name}/{f.name}"
-            if f.is_file() and f.name.endswith(KERNEL_SUFFIXES) and _KERNEL_NAME.match(rel):
-                out[f"kernels/{rel}"] = f.read_bytes()
-    return out
+def refuse(path: Path) -> Path | None:
+    """Keep a refused package for inspection: rename it aside (``NAME.refused-<time>``); the new name."""
+    stamp = _dt.datetime.now().strftime("%Y%m%d%H%M%S%f")
+    target = path.with_name(f"{path.name}.refused-{stamp}")
+    try:
+        path.rename(target)
+    except OSError:
+        return None
+    return target
 
 
 def describe(package: Package) -> dict[str, Any]:
     m = package.manifest
-    files = m.get("files", {})
+    files = m["files"]
     return {
         "path": str(package.path),
         "created": m.get("created"),
-        "artifacts": len(m.get("artifacts", {})),
-        "frames": len(m.get("frames", {})),
+        "artifacts": len(m["artifacts"]),
+        "frames": len(m["frames"]),
         "kernels": sum(1 for n in files if n.startswith("kernels/")),
-        "bytes": sum(int(v.get("size", 0)) for v in files.values()),
+        "bytes": sum(int(v["size"]) for v in files.values()),
         "graphs": {h: {"names": g.get("names", []), "variants": len(g.get("variants", []))}
-                   for h, g in m.get("graphs", {}).items()},
-        "environment": m.get("environment", {}),
-        "config_fingerprint": m.get("config_fingerprint"),
+                   for h, g in m["graphs"].items()},
+        "environment": m["environment"],
+        "config_fingerprint": m["config_fingerprint"],
+        "trusted": package.trusted,
+        "untrusted": package.untrusted,
     }
 
 
@@ -260,6 +314,7 @@ def now_iso() -> str:
 
 
 __all__ = [
-    "FORMAT", "FORMAT_VERSION", "OUTPUTS_DIR", "SUFFIX", "Package", "PackageError", "collect_kernels", "describe",
-    "find_packages", "install_kernels", "package_name", "read_manifest", "write_package",
+    "FORMAT", "FORMAT_VERSION", "OUTPUTS_DIR", "SUFFIX", "Package", "PackageError", "describe",
+    "find_packages", "package_name", "read_manifest", "refuse", "resign", "validate_manifest",
+    "write_package",
 ]

@@ -1,8 +1,11 @@
 """The packages of one build directory: which one this process may use, and retiring old ones.
 
-A package is usable when it is for this device kind, its environment and compiler config
-match this process, and every file passes its check. Packages that are not are ignored
-with one :class:`StaticKernelWarning` each, saying why.
+A package is usable when it is well formed, for this device kind, signed by this user
+(:mod:`.trust`), its environment and compiler config match this process, and every file
+passes its check. Packages that are not are ignored with one :class:`StaticKernelWarning`
+each, saying why. Nothing is ever deleted that this process did not replace itself: a
+malformed or corrupted package is renamed aside (``NAME.refused-<time>``) when a new
+package replaces it; an untrusted one is left where it is.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from superkernel.static_kernel.package import Package, PackageError, find_packages, read_manifest
+from superkernel.static_kernel.package import Package, PackageError, find_packages, read_manifest, refuse
 from superkernel.static_kernel.settings import StaticKernelWarning
 
 
@@ -27,7 +30,8 @@ class PackageStore:
         self.fingerprint = fingerprint
         self.counters = counters
         self.rejected: dict[Path, str] = {}
-        self.superseded: set[Path] = set()  # replaced by the next package this process writes
+        self.superseded: set[Path] = set()  # replaced by the next package this process writes (removed)
+        self.refused: set[Path] = set()  # malformed or corrupted: renamed aside when a new package replaces them
 
     def paths(self) -> list[Path]:
         return find_packages(self.build_dir)
@@ -44,10 +48,14 @@ class PackageStore:
                 try:
                     pkg = read_manifest(path)
                 except PackageError as exc:
-                    self.reject(path, str(exc))
+                    self.reject(path, str(exc), corrupt=True)
                     continue
-                if pkg.manifest.get("environment", {}).get("device_kind") != self.device_kind:
+                if pkg.manifest["environment"].get("device_kind") != self.device_kind:
                     continue  # a package for another device kind (CPU vs CUDA): not ours, not wrong
+                if not pkg.trusted:
+                    self.reject(path, f"not trusted: {pkg.untrusted}; if you trust it, run: "
+                                      f"superkernel static-compile --trust {path}", rebuild=False)
+                    continue
                 reason = pkg.mismatch(self.env, self.fingerprint)
                 if reason is not None:
                     self.reject(path, reason)
@@ -65,22 +73,27 @@ class PackageStore:
             return pkg
         return None
 
-    def reject(self, path: Path, reason: str, *, corrupt: bool = False) -> None:
+    def reject(self, path: Path, reason: str, *, corrupt: bool = False, rebuild: bool = True) -> None:
         if path in self.rejected:
             return
         self.rejected[path] = reason
         self.counters["packages_ignored"] += 1
         if corrupt:
-            self.superseded.add(path)
-        warnings.warn(f"superkernel static kernels: ignoring package {path}: {reason}; "
-                      "a fresh build replaces it", StaticKernelWarning, stacklevel=5)
+            self.refused.add(path)
+        then = "; a fresh build replaces it" if rebuild else ""
+        warnings.warn(f"superkernel static kernels: ignoring package {path}: {reason}{then}", StaticKernelWarning,
+                      stacklevel=5)
 
     def retire(self, replaced: set[Path], keep: Path) -> None:
-        """After ``keep`` was written: remove the packages it replaces."""
+        """After ``keep`` was written: remove the packages it replaces, rename refused ones aside."""
         for old in sorted(self.superseded | replaced):
-            if old != keep:
+            if old != keep and old not in self.refused:
                 try:
                     old.unlink()
                 except OSError:
                     pass
+        for old in sorted(self.refused):
+            if old != keep and old.exists() and refuse(old) is not None:
+                self.counters["packages_refused"] += 1
         self.superseded.clear()
+        self.refused.clear()

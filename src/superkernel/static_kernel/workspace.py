@@ -83,11 +83,7 @@ class Workspace:
 
     # -- load or build: decided once ----------------------------------------------------------
     def prewarm(self) -> None:
-        """Adopt a usable package early (no lock taken) and start TorchInductor's CPU-ISA probe.
-
-        Called when the backend is created, before Dynamo traces: the probe then runs on
-        another core while the graph is being captured.
-        """
+        """Adopt a usable package early (no lock taken) and install its kernels (when the backend is created)."""
         with self.mutex:
             if self.checked or not self.compiles:
                 return
@@ -100,7 +96,6 @@ class Workspace:
                 self.loader.install(pkg)
             except Exception:  # noqa: BLE001 - the load path reports problems
                 return
-            self.loader.start_probe()
 
     def check(self) -> None:
         """Decide once: load a usable package, or become the builder (waiting for one first)."""

@@ -3,7 +3,8 @@
 ::
 
     superkernel static-compile --model llama-tiny --build-dir DIR [--config superkernel.yaml] [--batch-sizes 1,2,4]
-    superkernel static-compile --list DIR      # packages, what they hold, whether they match this machine
+    superkernel static-compile --list DIR      # packages, what they hold, whether they match and are trusted
+    superkernel static-compile --trust PACKAGE # show a package, then sign it with this user's key
     superkernel static-compile --clean DIR     # remove packages, records and build leftovers
 
 The build loads the model (``superkernel.tools.models.load_model``), applies the plan's scopes
@@ -16,6 +17,11 @@ enabled and the same build dir loads the package instead of compiling.
 The graphs must be the ones the deployment will run: same model, same plan, same
 decode-step function (``superkernel.tools.decode``'s), same KV-cache length
 (``--prompt-len`` + 36 by default, as ``superkernel.tools.decode.prepare``) and batch sizes.
+
+Packages are code: a process loads only packages signed with this user's key (every build
+signs its package). ``--trust`` is how a person vouches for one built elsewhere (another
+user, another machine, a copy that was signed with another key): it checks the package's
+integrity, prints what it holds and who built it, and signs it (docs/static_kernel.md).
 """
 
 from __future__ import annotations
@@ -29,9 +35,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from superkernel.util import positive_int
 from superkernel.static_kernel.environment import environment, environment_mismatch
-from superkernel.static_kernel.package import OUTPUTS_DIR, PackageError, describe, find_packages, read_manifest
+from superkernel.static_kernel.package import OUTPUTS_DIR, PackageError, describe, find_packages, read_manifest, resign
+from superkernel.static_kernel.trust import TrustError, key_path
+from superkernel.util import positive_int
 
 
 def _batch_sizes(text: str) -> list[int]:
@@ -47,9 +54,13 @@ def _batch_sizes(text: str) -> list[int]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     what = p.add_mutually_exclusive_group()
     what.add_argument("--list", type=Path, metavar="DIR", dest="list_dir",
-                      help="show the packages in DIR, what they hold and whether they match this machine")
+                      help="show the packages in DIR, what they hold, whether they match this machine and whether "
+                           "they are trusted")
     what.add_argument("--clean", type=Path, metavar="DIR", dest="clean_dir",
                       help="remove the packages, shape records and build leftovers in DIR")
+    what.add_argument("--trust", type=Path, metavar="PACKAGE", dest="trust_pkg",
+                      help="check PACKAGE's integrity, show what it holds and who built it, and sign it with this "
+                           "user's key so that it loads (run this only for packages you decided to trust)")
     p.add_argument("--model", default=None, metavar="NAME|PATH",
                    help="zoo model (e.g. llama-tiny) or a local Hugging Face checkpoint directory")
     p.add_argument("--config", type=Path, default=None, metavar="FILE.yaml",
@@ -88,17 +99,23 @@ def run(args: argparse.Namespace) -> int:
             return list_packages(args.list_dir, as_json=args.json)
         if getattr(args, "clean_dir", None) is not None:
             return clean(args.clean_dir)
+        if getattr(args, "trust_pkg", None) is not None:
+            return trust_package(args.trust_pkg)
         if not args.model or args.build_dir is None:
             print("superkernel static-compile: error: --model and --build-dir are required to build "
-                  "(or use --list DIR / --clean DIR)", file=sys.stderr)
+                  "(or use --list DIR / --trust PACKAGE / --clean DIR)", file=sys.stderr)
             return 2
+        if args.config is not None:  # a bad plan is rejected before the model is loaded
+            from superkernel.tools.advisor.plan_file import read_plan
+
+            read_plan(args.config)
         if args.threads is not None:
             import torch
 
             torch.set_num_threads(args.threads)
         result = build(args.model, args.build_dir, batch_sizes=args.batch_sizes, plan=args.config, mode=args.mode,
                        prompt_len=args.prompt_len, max_cache_len=args.max_cache_len, seed=args.seed)
-    except (ValueError, OSError, PackageError) as exc:
+    except (ValueError, OSError, PackageError, TrustError) as exc:
         print(f"superkernel static-compile: error: {exc}", file=sys.stderr)
         return 2
     if args.json:
@@ -136,12 +153,14 @@ def build(model: str, build_dir: Path, *, batch_sizes: list[int] | None = None, 
 
     start = time.perf_counter()
     build_dir = resolve_build_dir(build_dir)
-    loaded = load_model(model, seed=seed, device=device)
-    cfg = copy.deepcopy(compiler_config) if compiler_config is not None else superkernel.CompilerConfig()
-    if plan is not None:
+    spec = None
+    if plan is not None:  # read (and rejected when bad) before the model is loaded
         from superkernel.tools.advisor.plan_file import read_plan
 
         spec = read_plan(plan)
+    loaded = load_model(model, seed=seed, device=device)
+    cfg = copy.deepcopy(compiler_config) if compiler_config is not None else superkernel.CompilerConfig()
+    if spec is not None:
         cfg.mode = spec.mode
         superkernel.remove_scopes(loaded.model)
         superkernel.apply_scopes(loaded.model, spec.scopes, options=spec.options)
@@ -232,7 +251,8 @@ def list_packages(build_dir: Path, *, as_json: bool = False) -> int:
             row["matches_this_machine"] = reason is None and integrity == "ok"
             row["why_not"] = reason or (None if integrity == "ok" else integrity)
         except PackageError as exc:
-            row.update({"matches_this_machine": False, "why_not": str(exc)})
+            row.update({"matches_this_machine": False, "why_not": str(exc), "trusted": False,
+                        "untrusted": f"unreadable: {exc}"})
         rows.append(row)
     if as_json:
         print(json.dumps(rows, indent=1, default=str))
@@ -253,6 +273,46 @@ def list_packages(build_dir: Path, *, as_json: bool = False) -> int:
                   f"[{env.get('device_capability')}]  config {row.get('config_fingerprint')}")
             print(f"  graphs: {graphs or '-'}")
         print(f"  {ok} (compiler config is checked when a backend loads it)")
+        if row["trusted"]:
+            print("  trusted: signed with this user's key")
+        elif "artifacts" in row:
+            print(f"  NOT trusted ({row['untrusted']}); it is not loaded. If you trust it: "
+                  f"superkernel static-compile --trust {row['path']}")
+        else:
+            print("  NOT trusted (unreadable); it is not loaded")
+    return 0
+
+
+def trust_package(path: Path) -> int:
+    """Show what a package is, check its integrity, and sign it with this user's key."""
+    path = Path(path)
+    if not path.is_file() or path.is_symlink():
+        print(f"superkernel static-compile: error: {str(path)!r} is not a package file", file=sys.stderr)
+        return 2
+    pkg = read_manifest(path)  # PackageError: malformed (one line, exit 2)
+    pkg.verify()
+    info = describe(pkg)
+    m, env = pkg.manifest, info["environment"]
+    by = m.get("created_by") if isinstance(m.get("created_by"), dict) else {}
+    print(f"{path}")
+    print(f"  created {info['created']} by superkernel {by.get('superkernel', '?')} (pid {by.get('pid', '?')})")
+    print(f"  {info['artifacts']} compiled partitions, {info['frames']} precompiled frames, {info['kernels']} kernel "
+          f"libraries, {info['bytes'] / 1e6:.2f} MB; manifest sha256 "
+          f"{__import__('hashlib').sha256(pkg.manifest_bytes).hexdigest()[:16]}")
+    print(f"  built for torch {env.get('torch')}  python {env.get('python')}  {env.get('system')} "
+          f"{env.get('machine')}  {env.get('device_kind')} [{env.get('device_capability')}]")
+    reason = environment_mismatch(env, environment(str(env.get("device_kind") or "cpu")))
+    if reason:
+        print(f"  note: it does not match this machine ({reason}); it will be ignored until it does")
+    if pkg.trusted:
+        print("  already trusted (signed with this user's key)")
+        return 0
+    print(f"  was not trusted: {pkg.untrusted}")
+    resign(pkg)
+    print(f"  trusted now: signed with this user's key ({key_path()}); processes of this user load it")
+    if not (path.name.startswith("static_kernel_") and path.name.endswith(".skpkg")):
+        print("  note: backends only find packages named static_kernel_*.skpkg under "
+              f"<build_dir>/{OUTPUTS_DIR}/*/; rename or move it there")
     return 0
 
 
