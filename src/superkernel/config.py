@@ -149,6 +149,9 @@ class InductorConfig(Section):
     _fields = {
         "cpp_wrapper": Field(True, "CPU max-autotune: give each compiled segment one C++ entry point", kind=bool),
         "autotune": Field(False, "let TorchInductor benchmark kernel/GEMM choices (slow to compile)", kind=bool),
+        "freezing": Field("auto", "CPU max-autotune: fold and prepack the weights of inference segments (weights "
+                                  "not trained or mutated); 'auto': compile both ways and keep the faster at the "
+                                  "real shapes; True: always where allowed; False: never", choices=("auto", True, False)),
     }
 
 

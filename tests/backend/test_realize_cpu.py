@@ -182,3 +182,46 @@ def test_cuda_realizations_are_wired_without_a_gpu():
     assert len(realized) == 2 and all(isinstance(r, CudaGraphSegment) for r in realized)
     assert counters["segments_cuda_graph"] == 2 and counters["segments_multi_stream"] == 1
     assert counters["fallbacks"] == 0
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(64, 160), torch.nn.Linear(160, 64)
+
+    def forward(self, x, cache, pos):
+        with sk.super_kernel("mlp"):
+            h = self.down(torch.relu(self.up(x)))
+            cache.index_copy_(0, pos, h)            # an input written in place: never frozen
+        return h + 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("freezing", [True, False, "auto"])
+def test_max_autotune_cpu_freezes_inference_weights(freezing):
+    torch.manual_seed(0)
+    model = Mlp().eval()
+    fn = compiled(model, "max-autotune", inductor={"freezing": freezing})
+    x, pos = torch.randn(2, 64), torch.tensor([0, 2])
+    cache, cache_ref = torch.zeros(4, 64), torch.zeros(4, 64)
+    with torch.no_grad():
+        out = fn(x, cache, pos)
+        ref = model(x, cache_ref, pos)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(cache, cache_ref, rtol=1e-4, atol=1e-5)
+    (seg,) = sk.explain(fn).segments
+    expected = {True: {"inductor-cpp+frozen"}, False: {"inductor-cpp"},
+                "auto": {"inductor-cpp", "inductor-cpp+frozen"}}[freezing]  # auto: whichever measured faster
+    assert seg.realization in expected and seg.fallback is None
+
+
+@pytest.mark.slow
+def test_max_autotune_cpu_does_not_freeze_when_training():
+    torch.manual_seed(0)
+    model = Mlp()
+    fn = compiled(model, "max-autotune", inductor={"freezing": True})
+    x, pos = torch.randn(2, 64), torch.tensor([0, 2])
+    out = fn(x, torch.zeros(4, 64), pos)  # grad enabled, weights require grad
+    assert out.requires_grad
+    (seg,) = sk.explain(fn).segments
+    assert seg.realization == "inductor-cpp"

@@ -40,6 +40,8 @@ class Realizer:
         self.counters = counters
         self.static_kernels = static_kernels
         self._native: Any = None  # NativeGroup of this graph's native CPU segments, built as one module
+        self._parent_reals: tuple[Any, Any] | None = None  # (graph, its real inputs) for CPU freezing
+        self._frozen_label = ""
 
     def realize(self, module: PartitionModule, info: SegmentInfo | None) -> Callable[..., Any]:
         from superkernel.runtime.cpu import flat_program
@@ -77,7 +79,11 @@ class Realizer:
                 return self._cuda_graph(module, info, compiled, eager())
             return compiled
 
-        return self._guarded(module, info, build, eager, kind + ("+cuda-graph" if self.device == "cuda" else ""))
+        self._frozen_label = ""
+        fn = self._guarded(module, info, build, eager, kind + ("+cuda-graph" if self.device == "cuda" else ""))
+        if info is not None and info.fallback is None and self._frozen_label:
+            info.realization += self._frozen_label  # e.g. inductor-cpp+frozen (CPU, chosen by measurement)
+        return fn
 
     # -- helpers ---------------------------------------------------------------------
     def _cpu_reduce_overhead(self, module: PartitionModule, info: SegmentInfo | None,
@@ -166,12 +172,37 @@ class Realizer:
             cpp_wrapper=self.config.inductor.cpp_wrapper, autotune=self.config.inductor.autotune)
         if self.static_kernels is not None:
             fn = self.static_kernels.compile(module.gm, module.example_inputs, compile_fn, name=module.partition.name)
+        elif self.device == "cpu" and self.config.inductor.freezing is not False and module.inputs:
+            fn = self._inductor_cpu_best(module, compile_fn)
         else:
             fn = compile_fn()
         self.counters["partitions_compiled"] += 1
         if module.partition.kind == "segment":
             self.counters["segments_compiled"] += 1
         return fn
+
+    def _inductor_cpu_best(self, module: PartitionModule, compile_fn: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
+        """CPU: the partition compiled plainly and, where the weights may be frozen, frozen too;
+        the faster at the real shapes is kept (superkernel.runtime.inductor_cpu)."""
+        import torch
+
+        from superkernel.runtime.inductor_cpu import choose, graph_real_inputs
+
+        parent = module.inputs[0].graph.owning_module
+        if self._parent_reals is None or self._parent_reals[0] is not parent:
+            self._parent_reals = (parent, graph_real_inputs(parent))
+        context = torch._guards.TracingContext.try_get()
+        meta = getattr(context, "fw_metadata", None)
+        static = list(getattr(meta, "static_input_indices", None) or ())
+        # A graph whose outputs require grad is the forward of a training step: never frozen.
+        training = any(getattr(o, "requires_grad", False) for o in getattr(meta, "output_info", None) or ())
+        choice = choose(module, parent, None if training else self._parent_reals[1], static, compile_fn,
+                        freezing=self.config.inductor.freezing, cpp_wrapper=self.config.inductor.cpp_wrapper,
+                        autotune=self.config.inductor.autotune)
+        if choice.label:
+            self.counters["partitions_frozen"] += 1
+        self._frozen_label = choice.label
+        return choice.fn
 
     def _multi_stream(self, module: PartitionModule) -> tuple[Callable[..., Any], str]:
         from superkernel.runtime.streams import assign_streams, multi_stream_program, num_streams

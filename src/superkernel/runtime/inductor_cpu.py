@@ -1,0 +1,260 @@
+"""CPU max-autotune: the best of what TorchInductor offers for inference, per segment, by measurement.
+
+A segment is compiled by TorchInductor as one unit (:func:`superkernel.runtime.inductor.compile_partition`,
+``cpp_wrapper`` per ``inductor.cpp_wrapper``). For inference, Inductor can do better when
+the weights are constants: *freezing* folds them into the graph, prepacks the linear weights
+for oneDNN/MKL, and lets ``inductor.autotune`` pick its C++ GEMM templates (they need frozen
+weights). Freezing is only correct when the weights are not trained and not mutated, so a
+segment is frozen only when
+
+* the graph is an inference graph (no output requires grad: not the forward of a training step),
+* each frozen input is an ``nn.Parameter`` or a static buffer (Dynamo's static inputs) with
+  ``requires_grad`` off or grad disabled, not written in place anywhere in the graph, and
+  not aliased by the segment's outputs,
+* and the real tensors behind the graph's inputs are known (they are matched to the graph's
+  placeholders by shape, stride and dtype; any mismatch -> no freezing).
+
+With ``inductor.freezing = "auto"`` (default) both versions are compiled and timed at the
+real shapes (the frozen weights themselves, clones of the other inputs), alternating, and the
+faster is kept; ``True`` freezes whenever allowed without timing, ``False`` never. explain()
+shows the choice in the realization: ``inductor-cpp+frozen`` / ``inductor-cpp``.
+
+Like ``torch.compile(options={"freezing": True})``, a frozen segment keeps its own (possibly
+prepacked) copy of the weights: assigning new values to the parameters in place afterwards
+is not seen by it — recompile after loading new weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import statistics
+import unittest.mock
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx as fx
+
+
+@dataclass
+class Choice:
+    fn: Callable[..., Any]
+    label: str                       # "+frozen" or ""
+    timings_ms: dict[str, float]     # variant -> median time per call (empty when not measured)
+
+
+def graph_real_inputs(parent: fx.GraphModule) -> list[Any] | None:
+    """The real tensors behind the parent graph's placeholders, in order, when they can be found.
+
+    Dynamo hands the backend real example inputs (parameters included, with inlined
+    nn.Modules); AOTAutograd traces a graph with one placeholder per input. They are matched
+    by position and checked by shape/stride/dtype; ``None`` if anything does not line up.
+    """
+    import inspect
+
+    frame = inspect.currentframe()
+    found = None
+    depth = 0
+    while frame is not None and depth < 200:
+        code = frame.f_code
+        if code.co_name == "__call__" and "example_inputs" in frame.f_locals and \
+                type(frame.f_locals.get("self")).__name__ == "SuperKernelBackend":
+            found = frame.f_locals["example_inputs"]
+            break
+        frame = frame.f_back
+        depth += 1
+    del frame
+    if found is None:
+        return None
+    placeholders = [n for n in parent.graph.nodes if n.op == "placeholder"]
+    if len(found) != len(placeholders):
+        return None
+    for real, node in zip(found, placeholders):
+        fake = node.meta.get("val")
+        if isinstance(fake, torch.Tensor) != isinstance(real, torch.Tensor):
+            return None
+        if isinstance(real, torch.Tensor):
+            if isinstance(real, torch._subclasses.FakeTensor) or real.shape != fake.shape \
+                    or real.dtype != fake.dtype or real.stride() != fake.stride():
+                return None
+    return list(found)
+
+
+def _mutated_anywhere(parent: fx.GraphModule) -> set[fx.Node]:
+    """Placeholders written in place by any operator of the graph (or by copy_ at its end)."""
+    out = set()
+    for node in parent.graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None:
+            continue
+        for arg, value in zip(schema.arguments, node.args):
+            if isinstance(value, fx.Node) and arg.alias_info is not None and arg.alias_info.is_write:
+                out.add(value)
+    return out
+
+
+def _reaches_output_through_views(node: fx.Node, output: fx.Node) -> bool:
+    todo, seen = [node], set()
+    while todo:
+        n = todo.pop()
+        for user in n.users:
+            if user is output:
+                return True
+            if user in seen:
+                continue
+            seen.add(user)
+            schema = getattr(user.target, "_schema", None)
+            if schema is not None and any(r.alias_info is not None for r in schema.returns):
+                todo.append(user)
+    return False
+
+
+def frozen_inputs(gm: fx.GraphModule, inputs: Sequence[fx.Node], parent: fx.GraphModule,
+                  parent_reals: list[Any] | None, static_indices: Sequence[int] = ()) -> dict[int, torch.Tensor]:
+    """Partition input position -> real weight tensor that may be frozen (see the module doc)."""
+    if parent_reals is None or torch.is_grad_enabled():
+        return {}
+    parent_ph = [n for n in parent.graph.nodes if n.op == "placeholder"]
+    index = {n: i for i, n in enumerate(parent_ph)}
+    mutated = _mutated_anywhere(parent)
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    own_ph = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    result = {}
+    for pos, node in enumerate(inputs):
+        i = index.get(node)
+        if i is None or node in mutated:
+            continue
+        real = parent_reals[i]
+        if not isinstance(real, torch.Tensor) or real.device.type != "cpu":
+            continue
+        if not (isinstance(real, torch.nn.Parameter) or i in static_indices):
+            continue
+        if real.requires_grad and torch.is_grad_enabled():
+            continue
+        if _reaches_output_through_views(own_ph[pos], output):
+            continue
+        result[pos] = real
+    return result
+
+
+def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[int, torch.Tensor], *,
+                   cpp_wrapper: bool, autotune: bool) -> Callable[..., Any]:
+    """``gm`` with the ``frozen`` inputs as constants, through Inductor's freezing passes
+    (weight prepacking, constant folding), compiled as one unit; called with all inputs."""
+    from torch._functorch.compile_utils import fx_graph_cse
+    from torch._inductor import config as inductor_config
+    from torch._inductor.constant_folding import constant_fold, replace_node_with_constant
+    from torch._inductor.freezing_utils import enter_freezing, record_has_frozen_params
+    from torch._inductor.fx_passes.freezing_patterns import freezing_passes
+    from torch._inductor.fx_passes.post_grad import view_to_reshape
+
+    from superkernel.runtime.inductor import compile_partition
+
+    gm = fx.GraphModule(gm, copy.deepcopy(gm.graph))  # the original stays the eager fallback
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    kept = [i for i in range(len(placeholders)) if i not in frozen]
+    with enter_freezing(), inductor_config.patch({"freezing": True}):
+        for i, tensor in frozen.items():
+            replace_node_with_constant(gm, placeholders[i], tensor)
+        gm.recompile()
+        view_to_reshape(gm)
+        gm.graph = fx_graph_cse(gm.graph)
+        gm.recompile()
+        kept_inputs = [example_inputs[i] for i in kept]
+        freezing_passes(gm, kept_inputs)
+        constant_fold(gm)
+        gm.graph.lint()
+        gm.recompile()
+        record_has_frozen_params(gm)
+        # Inductor's own freezing compiles with the fake mode accepting the real constants.
+        fake_mode = torch._guards.detect_fake_mode(kept_inputs)
+        allow = contextlib.nullcontext() if fake_mode is None else \
+            unittest.mock.patch.object(fake_mode, "allow_non_fake_inputs", True)
+        with allow:
+            compiled = compile_partition(gm, kept_inputs, device="cpu", cpp_wrapper=cpp_wrapper, autotune=autotune)
+
+    def run(*args: Any) -> Any:
+        return compiled(*[args[i] for i in kept])
+
+    return run
+
+
+def measurement_inputs(example_inputs: list[Any], reals: list[Any | None], frozen: dict[int, torch.Tensor]) -> list[Any]:
+    """Real-shaped arguments for timing: the frozen weights themselves, clones of the other
+    real inputs (so a timing run never writes the user's tensors), zeros/randn otherwise."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    out = []
+    with unset_fake_temporarily():
+        gen = torch.Generator().manual_seed(0)
+        for i, fake in enumerate(example_inputs):
+            if i in frozen:
+                out.append(frozen[i])
+                continue
+            real = reals[i] if i < len(reals) else None
+            if isinstance(real, torch.Tensor):
+                out.append(real.detach().clone(memory_format=torch.preserve_format))
+                continue
+            if not isinstance(fake, torch.Tensor):
+                out.append(fake)
+                continue
+            t = torch.empty_strided(tuple(int(s) for s in fake.shape), tuple(int(s) for s in fake.stride()),
+                                    dtype=fake.dtype, device="cpu")
+            if t.dtype.is_floating_point:
+                t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
+            else:
+                t.zero_()
+            out.append(t)
+    return out
+
+
+def time_variants(variants: dict[str, Callable[..., Any]], args: list[Any], rounds: int = 5, calls: int = 5) -> dict[str, float]:
+    """Median ms per call of each variant, measured in alternating rounds."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    samples: dict[str, list[float]] = {k: [] for k in variants}
+    with unset_fake_temporarily(), torch.no_grad():
+        for fn in variants.values():  # warm-up (first-call work, caches)
+            fn(*args)
+            fn(*args)
+        for _ in range(rounds):
+            for name, fn in variants.items():
+                start = time.perf_counter()
+                for _ in range(calls):
+                    fn(*args)
+                samples[name].append((time.perf_counter() - start) / calls * 1e3)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
+def choose(module: Any, parent: fx.GraphModule, parent_reals: list[Any] | None, static_indices: Sequence[int],
+           compile_plain: Callable[[], Callable[..., Any]], *, freezing: Any, cpp_wrapper: bool,
+           autotune: bool) -> Choice:
+    """Compile the segment plainly and (when allowed) frozen; keep the faster (see the module doc)."""
+    plain = compile_plain()
+    if freezing is False:
+        return Choice(plain, "", {})
+    frozen = frozen_inputs(module.gm, module.inputs, parent, parent_reals, static_indices)
+    if not frozen:
+        return Choice(plain, "", {})
+    try:
+        frozen_fn = compile_frozen(module.gm, module.example_inputs, frozen, cpp_wrapper=cpp_wrapper, autotune=autotune)
+    except Exception:  # noqa: BLE001 - freezing is an optimization: the plain compile stays
+        return Choice(plain, "", {})
+    if freezing is True:
+        return Choice(frozen_fn, "+frozen", {})
+    index = {n: i for i, n in enumerate(n for n in parent.graph.nodes if n.op == "placeholder")}
+    reals = [parent_reals[index[n]] if parent_reals is not None and n in index else None for n in module.inputs]
+    try:
+        args = measurement_inputs(module.example_inputs, reals, frozen)
+        timings = time_variants({"plain": plain, "frozen": frozen_fn}, args)
+    except Exception:  # noqa: BLE001 - cannot time it: keep the plain compile
+        return Choice(plain, "", {})
+    import logging
+
+    logging.getLogger("superkernel").info("%s: plain %.3f ms, frozen %.3f ms per call", module.partition.name,
+                                          timings["plain"], timings["frozen"])
+    if timings["frozen"] < timings["plain"]:
+        return Choice(frozen_fn, "+frozen", timings)
+    return Choice(plain, "", timings)
