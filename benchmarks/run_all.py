@@ -24,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
         ["decode_latency.py"] + (["--steps", "16", "--warmup", "4", "--repeats", "1"] if args.quick else []),
         ["cold_start.py"] + (["--runs", "1"] if args.quick else ["--runs", "5"]),
         ["onnx_autofusion.py"] + (["--quick"] if args.quick else []),
+        ["hf_sweep.py"] + (["--quick"] if args.quick else []),  # >= 20 transformers architectures
     ]
     failed = []
     for script, *rest in runs:

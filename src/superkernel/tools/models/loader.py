@@ -139,6 +139,10 @@ def _load_checkpoint(path: Path, wanted: torch.dtype | None = None) -> LoadedMod
     dtype = wanted or _checkpoint_dtype(raw) or torch.float32
     dtype_source = "--dtype" if wanted is not None else ("checkpoint" if _checkpoint_dtype(raw) else
                                                          "default (the checkpoint names no dtype)")
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # our own progress display; keep stderr to one line per error
     try:
         model, info = AutoModelForCausalLM.from_pretrained(
             str(path), config=config, local_files_only=True, use_safetensors=True, dtype=dtype,
@@ -150,6 +154,9 @@ def _load_checkpoint(path: Path, wanted: torch.dtype | None = None) -> LoadedMod
         raise ModelLoadError(f"cannot load checkpoint {str(path)!r}: {_one_line(exc)}") from None
     except Exception as exc:  # corrupt safetensors, shape mismatches, ...
         raise ModelLoadError(f"cannot load checkpoint {str(path)!r}: {_one_line(exc)}") from None
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     missing = [k for k in info.get("missing_keys", []) if not _is_tied(model, k)]
     if missing:
         raise ModelLoadError(f"checkpoint {str(path)!r} lacks {len(missing)} weight(s) the model needs, "
