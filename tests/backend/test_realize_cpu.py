@@ -225,3 +225,21 @@ def test_max_autotune_cpu_does_not_freeze_when_training():
     assert out.requires_grad
     (seg,) = sk.explain(fn).segments
     assert seg.realization == "inductor-cpp"
+
+
+def test_plan_file_records_the_inductor_choice():
+    from superkernel.pipeline.ir import Explanation, GraphInfo, SegmentInfo
+    from superkernel.tools.advisor.plan_file import PlanFileError, inductor_choices, read_plan
+
+    def explanation(realization):
+        g = GraphInfo(name="graph_0", num_ops=3, mode="max-autotune", device="cpu")
+        g.segments.append(SegmentInfo("s", "s", 0, 2, 3, realization))
+        return Explanation(graphs=[g])
+
+    assert inductor_choices(explanation("inductor-cpp+frozen")) == {"freezing": True}
+    assert inductor_choices(explanation("inductor-cpp")) == {"freezing": False}
+    plan = read_plan({"mode": "max-autotune", "scopes": {"s": "layers.*"}, "inductor": {"freezing": True}})
+    assert plan.inductor == {"freezing": True} and plan.to_dict()["inductor"] == {"freezing": True}
+    assert "inductor" not in read_plan({"mode": "max-autotune", "scopes": {"s": "layers.*"}}).to_dict()
+    with pytest.raises(PlanFileError, match="config.inductor.freezing"):
+        read_plan({"mode": "max-autotune", "scopes": {"s": "layers.*"}, "inductor": {"freezing": "yes"}})

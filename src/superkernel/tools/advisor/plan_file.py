@@ -10,6 +10,8 @@ Format (version 1)::
     scopes:                      # label -> module glob or list of globs
       attention: [model.layers.*.self_attn]
     measured: {...}              # numbers from the run that chose it (informational)
+    inductor: {freezing: true}   # optional: CompilerConfig.inductor fields the measuring run chose
+                                 # (CPU max-autotune: frozen weights measured faster), applied by apply()
 
 When no superkernel plan beat plain torch.compile beyond noise, ``optimize`` writes the
 plan ``backend: torch.compile`` with empty ``scopes`` (and no mode): ``superkernel.apply``
@@ -29,7 +31,7 @@ from superkernel.util import atomic_write
 from superkernel.config import MODES
 
 VERSION = 1
-_KEYS = {"version", "model", "strategy", "mode", "options", "scopes", "measured", "backend"}
+_KEYS = {"version", "model", "strategy", "mode", "options", "scopes", "measured", "backend", "inductor"}
 SUPERKERNEL, TORCH_COMPILE = "superkernel", "torch.compile"
 BACKENDS = (SUPERKERNEL, TORCH_COMPILE)
 
@@ -47,10 +49,13 @@ class PlanFile:
     strategy: str | None = None
     measured: dict[str, Any] = field(default_factory=dict)
     backend: str = SUPERKERNEL
+    inductor: dict[str, Any] = field(default_factory=dict)  # CompilerConfig.inductor fields (see the format)
 
     def to_dict(self) -> dict[str, Any]:
         out = {"version": VERSION, "model": self.model, "strategy": self.strategy, "mode": self.mode,
                "options": self.options, "scopes": self.scopes, "measured": self.measured}
+        if self.inductor:
+            out["inductor"] = dict(self.inductor)
         if self.backend != SUPERKERNEL:
             out = {"version": VERSION, "backend": self.backend, **{k: v for k, v in out.items() if k != "version"}}
         return out
@@ -102,8 +107,33 @@ def _validate(data: Any, where: str) -> PlanFile:
     for key in ("model", "strategy"):
         if data.get(key) is not None and not isinstance(data.get(key), str):
             raise PlanFileError(f"{where}: {key!r} must be a string, got {data.get(key)!r}")
+    inductor = data.get("inductor") or {}
+    if not isinstance(inductor, Mapping):
+        raise PlanFileError(f"{where}: 'inductor' must be a mapping of CompilerConfig.inductor fields, got {inductor!r}")
+    from superkernel.config import CompilerConfig
+
+    try:
+        CompilerConfig().inductor.update(dict(inductor))
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise PlanFileError(f"{where}: inductor: {exc}") from None
     return PlanFile(scopes=norm, mode=mode, options=options, model=data.get("model"), strategy=data.get("strategy"),
-                    measured=dict(measured) if isinstance(measured, Mapping) else {})
+                    measured=dict(measured) if isinstance(measured, Mapping) else {}, inductor=dict(inductor))
+
+
+def inductor_choices(explanation: Any) -> dict[str, Any]:
+    """The CompilerConfig.inductor settings a measuring run chose, for :attr:`PlanFile.inductor`.
+
+    CPU max-autotune times every partition plain and with frozen weights
+    (``inductor.freezing = "auto"``); a plan records the outcome so ``apply`` compiles the
+    chosen way without timing again: ``{"freezing": True}`` when any segment was frozen,
+    ``{"freezing": False}`` when CPU max-autotune segments were compiled and none was.
+    """
+    segments = [s for g in explanation.graphs if g.mode == "max-autotune" and g.device == "cpu" for s in g.segments]
+    if any(s.realization.endswith("+frozen") for s in segments):
+        return {"freezing": True}
+    if any(s.realization.startswith("inductor-") for s in segments):
+        return {"freezing": False}
+    return {}
 
 
 def read_plan(source: str | Path | Mapping[str, Any]) -> PlanFile:
@@ -150,6 +180,7 @@ def apply(model: Any, plan: str | Path | Mapping[str, Any], *, mode: str | None 
         return torch.compile(model)
     cfg = superkernel.CompilerConfig()
     cfg.mode = mode or spec.mode
+    cfg.inductor.update(spec.inductor)
     superkernel.remove_scopes(model)
     superkernel.apply_scopes(model, spec.scopes, options=spec.options)
     return superkernel.compile(model, cfg)
