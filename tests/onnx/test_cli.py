@@ -71,9 +71,9 @@ def test_opt_level_0_validates_and_copies(exported, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("level,present,absent", [
-    (1, {"SkipLayerNormalization", "FastGelu"}, {"FusedMatMul", "MultiHeadAttention"}),
-    (2, {"SkipLayerNormalization", "FusedMatMul"}, {"MultiHeadAttention"}),
-    (3, {"SkipLayerNormalization", "MultiHeadAttention"}, {"Softmax"}),
+    (1, {"SkipLayerNormalization", "FastGelu"}, {"FusedMatMul", "MultiHeadAttention", "Attention"}),
+    (2, {"SkipLayerNormalization", "FusedMatMul"}, {"MultiHeadAttention", "Attention"}),
+    (3, {"SkipLayerNormalization", "Attention"}, {"Softmax"}),  # packed Q/K/V attention
 ])
 def test_opt_levels(exported, tmp_path, capsys, level, present, absent):
     out = tmp_path / f"bert_{level}.onnx"
@@ -115,7 +115,7 @@ def test_debug_names_the_replaced_nodes(exported, tmp_path, capsys):
     code, _, err = run(capsys, "--input", exported("bert"), "--output", out, "--debug")
     assert code == 0, err
     m = onnx.load(out)
-    mha = [n for n in m.graph.node if n.op_type == "MultiHeadAttention"][0]
+    mha = [n for n in m.graph.node if n.op_type in ("MultiHeadAttention", "Attention")][0]
     props = {p.key: p.value for p in m.graph.node[list(m.graph.node).index(mha)].metadata_props}
     assert "Softmax" in mha.doc_string or "softmax" in props["superkernel.fused_from"]
     assert len(props["superkernel.fused_from"].split(",")) >= 10

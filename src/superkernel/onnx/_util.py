@@ -28,6 +28,13 @@ def const_array(value: ir.Value | None) -> np.ndarray | None:
     if value is None:
         return None
     tensor = value.const_value
+    for _ in range(4):  # the TorchScript exporter shares tied weights through Identity nodes
+        producer = value.producer()
+        if tensor is not None or producer is None or producer.op_type != "Identity" or producer.domain not in (
+                "", "ai.onnx"):
+            break
+        value = producer.inputs[0]
+        tensor = value.const_value
     if tensor is None:
         producer = value.producer()
         if producer is not None and producer.op_type == "Constant" and producer.domain in ("", "ai.onnx"):

@@ -102,7 +102,14 @@ CATALOG: tuple[RuleSpec, ...] = (
              "decompositions of both exporters (split scale, NaN guard), repeated K/V, decode with past K/V "
              "concatenated; the mask (causal/padding, from inputs) becomes the attention bias.",
              lambda: [v for v in _v(R.AttentionCore, scale=("qk", "mul", "div", "none"), mask=(True, False),
-                                    guard=(True, False), casts=(0, 1, 2))()
+                                    guard=(True, False), casts=(0, 1, 2), tail=(True, False))()
+                      if not (v.params["guard"] and v.params["casts"])]),
+    RuleSpec("packed_attention", "MatMul x3 (same input, constant weights),[Add bias],Reshape,Transpose,"
+             "attention as in 'attention'", "com.microsoft Attention (packed QKV weights)", 3, 40,
+             "Self-attention with its Q/K/V projections: the three weights packed into one GEMM inside "
+             "com.microsoft Attention (what ONNX Runtime's CPU provider lacks as a separate MatMul fusion).",
+             lambda: [v for v in _v(R.PackedAttention, scale=("qk", "mul", "div", "none"), mask=(True, False),
+                                    guard=(True, False), casts=(0, 1, 2), tail=(True, False))()
                       if not (v.params["guard"] and v.params["casts"])]),
     RuleSpec("bias_gelu", "Add bias,Gelu|FastGelu", "com.microsoft BiasGelu / FastGelu(bias)", 2, 50,
              "Bias add (the MatMul epilogue) folded into the GELU.",

@@ -148,11 +148,14 @@ class _Estimator:
                 shape.append(int(self.dims.get(d, self.default_dim)) if isinstance(d, str) else self.default_dim)
         return B.TensorTraffic(tuple(shape), dtype, reads)
 
-    def estimate(self, inst: FusionPattern, match, new_nodes) -> tuple[B.Benefit, list[str]]:
+    def estimate(self, inst: FusionPattern, match, new_nodes, extras=()) -> tuple[B.Benefit, list[str]]:
+        """``extras``: nodes outside the pattern that die with it (e.g. the projections a
+        packed attention absorbs); their outputs count as removed intermediates."""
         notes: list[str] = []
-        matched = set(match.nodes)
+        all_nodes = [*extras, *match.nodes]
+        matched = set(all_nodes)
         removed, dynamic = [], False
-        for n in match.nodes:
+        for n in all_nodes:
             for v in n.outputs:
                 if v in match.outputs or not (v.uses() or v.is_graph_output()):
                     continue
@@ -163,7 +166,7 @@ class _Estimator:
                 else:
                     removed.append(t)
         boundary: list[ir.Value] = []
-        for n in match.nodes:
+        for n in all_nodes:
             for v in n.inputs:
                 if v is None or v in boundary or (v.producer() in matched) or v.const_value is not None:
                     continue
@@ -185,7 +188,7 @@ class _Estimator:
         if row is not None and U.last_dim(row) and row.dtype is not None and U.dtype_name(row.dtype):
             row_bytes = B.tensor_nbytes((U.last_dim(row),), U.dtype_name(row.dtype))
         ops_added = runtime_ops(new_nodes)
-        b = B.estimate_benefit(removed, len(match.nodes), ops_added, added=added, fused_io=io, row_bytes=row_bytes,
+        b = B.estimate_benefit(removed, len(all_nodes), ops_added, added=added, fused_io=io, row_bytes=row_bytes,
                                dynamic_shapes=dynamic, model=self.cost_model)
         return b, notes
 
@@ -278,11 +281,14 @@ def fuse(model: ir.Model, specs: list[RuleSpec], *, dims: Mapping[str, int] | No
                         continue  # another variant of the same rule at the same root
                     cand = Candidate(spec.name, inst.variant, spec.fused_op, node.name or "",
                                      [n.name or n.op_type for n in match.nodes])
-                    cand.benefit, cand.notes = est.estimate(inst, match, delta.new_nodes)
+                    extras = [n for n in inst.state.get("extra_nodes", []) if n not in match.nodes]
+                    cand.benefit, cand.notes = est.estimate(inst, match, delta.new_nodes, extras)
+                    if extras:
+                        cand.nodes = [n.name or n.op_type for n in extras] + cand.nodes
                     if calibrator is not None:
-                        _calibrate(calibrator, cand, model, match, delta)
+                        _calibrate(calibrator, cand, model, match, delta, extras)
                     _detach(delta.new_nodes)
-                    found.append((cand, spec, inst, rw, node, set(match.nodes)))
+                    found.append((cand, spec, inst, rw, node, set(match.nodes) | set(extras)))
             for spec, inst, rw in built:
                 for n, why in inst.near_misses:
                     key = (spec.name, n.name or "", why)
@@ -331,12 +337,13 @@ def fuse(model: ir.Model, specs: list[RuleSpec], *, dims: Mapping[str, int] | No
                 main = next((n for n in delta.new_nodes if n.domain == MS), None) or delta.new_outputs[0].producer()
                 if main is not None:
                     cand.fused_op = (f"{main.domain}::" if main.domain not in ("", "ai.onnx") else "") + main.op_type
-                _apply(model, graph, node, match, delta, spec, counter, debug)
+                _apply(model, graph, node, match, delta, spec, counter, debug, cand.nodes)
                 cand.status = "applied"
                 cand.reason = "measured faster" if cand.measured is not None else "positive net benefit"
                 applied_now += 1
             if applied_now:
                 graph.sort()
+                irp.RemoveUnusedNodesPass()(model)  # nodes that died with a fusion (absorbed projections)
             else:
                 break
     fused_at = {(c.rule, c.root) for c in result.candidates}
@@ -352,11 +359,12 @@ def fuse(model: ir.Model, specs: list[RuleSpec], *, dims: Mapping[str, int] | No
     return result
 
 
-def _calibrate(calibrator, cand: Candidate, model: ir.Model, match, delta) -> None:
+def _calibrate(calibrator, cand: Candidate, model: ir.Model, match, delta, extras=()) -> None:
     opsets = {d: v for d, v in model.opset_imports.items() if d not in ("ai.onnx",)}
     opsets.setdefault("", 17)
     opsets.setdefault(MS, 1)
-    built = calibrator.micro_models(match.nodes, None, match.outputs, delta.new_nodes, delta.new_outputs, opsets)
+    built = calibrator.micro_models([*extras, *match.nodes], None, match.outputs, delta.new_nodes,
+                                    delta.new_outputs, opsets)
     if isinstance(built, str):
         cand.notes.append(f"not calibrated: {built}; the estimate decides")
         return
@@ -367,10 +375,9 @@ def _calibrate(calibrator, cand: Candidate, model: ir.Model, match, delta) -> No
                           "the estimate decides")
 
 
-def _apply(model, graph, root, match, delta, spec: RuleSpec, counter, debug: bool) -> None:
+def _apply(model, graph, root, match, delta, spec: RuleSpec, counter, debug: bool, replaced: list[str]) -> None:
     onnxscript.optimizer.basic_constant_propagation(delta.new_nodes)
     counter[spec.name] += 1
-    replaced = [n.name or n.op_type for n in match.nodes]
     for i, n in enumerate(delta.new_nodes):
         n.name = f"{spec.name}_{counter[spec.name]}" + (f"_{i}" if len(delta.new_nodes) > 1 else "")
         if n.domain == MS and "com.microsoft" not in model.opset_imports:
@@ -389,7 +396,15 @@ def _apply(model, graph, root, match, delta, spec: RuleSpec, counter, debug: boo
 def _cleanup(model: ir.Model) -> None:
     # Fold the helper constants / static shapes the rewrites introduced, share identical
     # helper subgraphs (e.g. the rotary cache built for q and k), drop dead nodes.
-    onnxscript.optimizer.fold_constants(model, onnx_shape_inference=False)
+    import logging
+
+    folding_log = logging.getLogger("onnxscript.optimizer._constant_folding")
+    level = folding_log.level
+    folding_log.setLevel(logging.ERROR)  # a node it cannot evaluate stays as it is; not a user warning
+    try:
+        onnxscript.optimizer.fold_constants(model, onnx_shape_inference=False)
+    finally:
+        folding_log.setLevel(level)
     irp.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)
     irp.CommonSubexpressionEliminationPass()(model)
     irp.RemoveUnusedNodesPass()(model)

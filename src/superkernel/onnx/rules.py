@@ -874,7 +874,7 @@ class AttentionCore(FusionPattern):
     rule_name = "attention"
     commute_rule = False
 
-    def pattern(self, op, q4, kt, v4, s1, s2, sc, mask, zero):
+    def pattern(self, op, q4, kt, v4, s1, s2, sc, mask, zero, oshape):
         form = self.params["scale"]
         if form == "qk":
             scores = op.MatMul(op.Mul(q4, s1), op.Mul(kt, s2), _outputs=["qk"])
@@ -891,9 +891,13 @@ class AttentionCore(FusionPattern):
             p = op.Where(op.IsNaN(p), zero, p)
         for i in range(self.params["casts"]):
             p = op.Cast(p, _allow_other_attributes=True, _outputs=[f"cast{i}"])
-        return op.MatMul(p, v4)
+        ctx = op.MatMul(p, v4)
+        if self.params.get("tail"):  # ctx.transpose(1, 2).reshape(B, S, N*hd), part of the fusion
+            return op.Reshape(op.Transpose(ctx, perm=[0, 2, 1, 3]), oshape, _allow_other_attributes=True)
+        return ctx
 
-    def validate(self, context, q4, kt, v4, probs, s1=None, s2=None, sc=None, mask=None, zero=None, **kw):
+    def validate(self, context, q4, kt, v4, probs, s1=None, s2=None, sc=None, mask=None, zero=None, oshape=None,
+                 **kw):
         if q4.dtype not in (ir.DataType.FLOAT, ir.DataType.FLOAT16):
             return _fail("MultiHeadAttention on CPU takes float32/float16", q4)
         k4, why, k_shape = _k_of_kt(kt)
@@ -943,8 +947,34 @@ class AttentionCore(FusionPattern):
                 return _fail(f"mask shape {md} is not [B|1, 1|N, S|1, T] for q {qd} and k {kd}", mask)
             if mask.dtype != q4.dtype:
                 return _fail("mask dtype differs from the activations", mask)
-        self.state.update(heads=n, head=hd, vhead=hdv, scale=scale)
+        if oshape is not None:
+            od = U.ints(oshape)
+            if od is None or len(od) != 3 or od[2] not in (-1, n * hdv) or od[1] not in (-1, 0, qd[2]):
+                return _fail(f"output reshape {od} is not [B, S, heads*head_dim]", oshape)
+        self.state.update(heads=n, head=hd, vhead=hdv, scale=scale, k_mode=k_shape,
+                          extra_nodes=_kt_chain(kt, k4))
+        return self.validate_inputs(q4, k4, v4, kd)
+
+    def validate_inputs(self, q4, k4, v4, kd) -> MatchResult:
         return MatchResult()
+
+    def _bias(self, op, q4, mask):
+        if mask is None:
+            return None
+        md, qd = U.dims(mask), U.dims(q4)
+        if md[2] == 1 and qd[2] != 1:  # MultiHeadAttention/Attention want the query axis spelled out
+            tgt = op.Concat(op.Shape(mask, start=0, end=2), op.Shape(q4, start=2, end=3),
+                            op.Shape(mask, start=3, end=4), axis=0)
+            return op.Expand(mask, tgt)
+        return mask
+
+    def _out(self, op, out3):
+        if self.params.get("tail"):
+            return out3
+        st = self.state
+        out4 = op.Reshape(out3, op.Constant(value=ir.tensor(np.array([0, 0, st["heads"], st["vhead"]],
+                                                                         dtype=np.int64))))
+        return op.Transpose(out4, perm=[0, 2, 1, 3])
 
     def rewrite(self, op, q4, kt, v4, mask=None, **_):
         st = self.state
@@ -956,15 +986,123 @@ class AttentionCore(FusionPattern):
         n, hd, hdv = st["heads"], st["head"], st["vhead"]
         q3 = op.Reshape(op.Transpose(q4, perm=[0, 2, 1, 3]),
                         op.Constant(value=ir.tensor(np.array([0, 0, n * hd], dtype=np.int64))))
-        bias = None
-        if mask is not None:
-            md, qd = U.dims(mask), U.dims(q4)
-            if md[2] == 1 and qd[2] != 1:
-                tgt = op.Concat(op.Shape(mask, start=0, end=2), op.Shape(q4, start=2, end=3),
-                                op.Shape(mask, start=3, end=4), axis=0)
-                bias = op.Expand(mask, tgt)
-            else:
-                bias = mask
-        out3 = op.MultiHeadAttention(q3, k4, v4, None, None, bias, num_heads=n, scale=st["scale"], _domain=MS)
-        out4 = op.Reshape(out3, op.Constant(value=ir.tensor(np.array([0, 0, n, hdv], dtype=np.int64))))
-        return op.Transpose(out4, perm=[0, 2, 1, 3])
+        out3 = op.MultiHeadAttention(q3, k4, v4, None, None, self._bias(op, q4, mask), num_heads=n,
+                                     scale=st["scale"], _domain=MS)
+        return self._out(op, out3)
+
+
+def _kt_chain(kt: ir.Value, k_src: ir.Value) -> list[ir.Node]:
+    """The nodes from ``k_src`` to ``kt`` (the transpose of the key), in graph order, when
+    each is used only on that path (they die with the fusion), else []."""
+    chain, v = [], kt
+    while v is not k_src:
+        p = v.producer()
+        if p is None or len(v.uses()) != 1 or v.is_graph_output():
+            return []
+        chain.append(p)
+        v = p.inputs[0]
+        if len(chain) > 3:
+            return []
+    return list(reversed(chain))
+
+
+def _projection(v4: ir.Value, mode=None):
+    """For q/k/v in [B, N, S, hd] that are Transpose(Reshape(x @ W [+ b], [B, S, N, hd]),
+    [0, 2, 1, 3]) return (x, W, b or None, intermediates), else (None, why).
+    ``mode`` 'bsnh': the value given is already the Reshape output [B, S, N, hd];
+    'k3': it is Reshape(k4, [B*N, T, hd]) of such a k4."""
+    chain = []
+    v = v4
+    if mode == "k3":
+        p = v.producer()
+        if p is None or p.op_type != "Reshape":
+            return None, "key is not a reshape of a [B, N, T, hd] projection"
+        chain.append(p)
+        v = p.inputs[0]
+    if mode != "bsnh":
+        t = v.producer()
+        if t is None or t.op_type != "Transpose" or U.attr_ints(t, "perm") != [0, 2, 1, 3]:
+            return None, "not Transpose(..., [0, 2, 1, 3]) of a head view"
+        chain.append(t)
+        v = t.inputs[0]
+    r = v.producer()
+    if r is None or r.op_type != "Reshape":
+        return None, "not a head view (Reshape) of a projection"
+    chain.append(r)
+    proj = r.inputs[0]
+    p = proj.producer()
+    bias = None
+    if p is not None and p.op_type == "Add":
+        a, b = p.inputs
+        if U.const_array(b) is not None and a.producer() is not None and a.producer().op_type == "MatMul":
+            bias, mm = b, a.producer()
+        elif U.const_array(a) is not None and b.producer() is not None and b.producer().op_type == "MatMul":
+            bias, mm = a, b.producer()
+        else:
+            return None, "projection bias is not a constant added to a MatMul"
+        chain.append(p)
+    elif p is not None and p.op_type == "MatMul":
+        mm = p
+    else:
+        return None, "head view input is not a MatMul projection"
+    chain.append(mm)
+    x, w = mm.inputs
+    if U.const_array(w) is None or U.rank(w) != 2:
+        return None, "projection weight is not a constant 2-D matrix"
+    if bias is not None and U.rank(bias) != 1:
+        return None, "projection bias is not 1-D"
+    for n in chain:
+        for o in n.outputs:
+            if len(o.uses()) != 1 or o.is_graph_output():
+                return None, f"projection intermediate {o.name} has other uses"
+    return (x, w, bias, chain), ""
+
+
+class PackedAttention(AttentionCore):
+    """Self-attention whose q, k and v are projections of one input with constant weights
+    -> com.microsoft Attention with the three weights packed into one [D, 3D] matrix (one
+    GEMM instead of three) and the mask as attention bias."""
+
+    rule_name = "packed_attention"
+
+    def validate_inputs(self, q4, k4, v4, kd) -> MatchResult:
+        mode = self.state["k_mode"]
+        kq, why = _projection(q4)
+        if kq is None:
+            return _fail(f"query: {why}", q4)
+        kk, why = _projection(k4, "bsnh" if mode == "bsnh" else "k3" if mode is not None else None)
+        if kk is None:
+            return _fail(f"key: {why}", k4)
+        kv, why = _projection(v4)
+        if kv is None:
+            return _fail(f"value: {why}", v4)
+        if not (kq[0] is kk[0] is kv[0]):
+            return _fail("q, k and v are projections of different inputs (not self-attention)", k4)
+        ws = [U.const_array(t[1]) for t in (kq, kk, kv)]
+        if len({w.shape[0] for w in ws}) != 1 or ws[0].shape[1] != ws[1].shape[1]:
+            return _fail(f"projection weights {[w.shape for w in ws]} do not pack", kq[1])
+        if ws[0].dtype != np.dtype(U.np_dtype(q4.dtype)):
+            return _fail("projection weights have another dtype than the activations", kq[1])
+        xd = U.dims(kq[0])
+        if xd is None or len(xd) != 3:
+            return _fail(f"attention input shape {xd} is not [B, S, D]", kq[0])
+        bs = []
+        for t, w in zip((kq, kk, kv), ws):
+            b = U.const_array(t[2]) if t[2] is not None else np.zeros((w.shape[1],), dtype=w.dtype)
+            bs.append(b.astype(w.dtype))
+        self.state.update(x=kq[0], w=np.concatenate(ws, axis=1), b=np.concatenate(bs),
+                          hidden=(ws[0].shape[1], ws[1].shape[1], ws[2].shape[1]))
+        # the projections die with the fusion: measured and counted with it
+        extra = [n for t in (kq, kk, kv) for n in reversed(t[3])]
+        self.state["extra_nodes"] = extra + [n for n in self.state.get("extra_nodes", []) if n not in extra]
+        return MatchResult()
+
+    def rewrite(self, op, q4, kt, v4, mask=None, **_):
+        st = self.state
+        w = op.Constant(value=ir.tensor(np.ascontiguousarray(st["w"])))
+        b = op.Constant(value=ir.tensor(np.ascontiguousarray(st["b"])))
+        qh, kh, vh = st["hidden"]
+        attrs = {} if qh == kh == vh else {"qkv_hidden_sizes": [qh, kh, vh]}
+        out3 = op.Attention(st["x"], w, b, None, None, self._bias(op, q4, mask), num_heads=st["heads"],
+                            scale=st["scale"], _domain=MS, **attrs)
+        return self._out(op, out3)
