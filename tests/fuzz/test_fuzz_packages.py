@@ -437,6 +437,37 @@ def test_planted_payloads_never_run(harness):
         assert outcome == "refused"
 
 
+def test_zip_bombs_are_refused_or_streamed(base, tmp_path, monkeypatch):
+    """A small zip declaring a huge member: over the limit it is refused from the central directory, before
+    anything is decompressed; within it, ``--list`` hashes it in chunks without holding it in memory."""
+    import tracemalloc
+
+    import superkernel.static_kernel.package as package_mod
+    from superkernel.tools.static_compile import list_packages
+
+    bomb = b"\0" * (48 << 20)
+    members = [m for m in _members(base) if not m[0].startswith("frames/")]
+    members.append(("kernels/zz/c0123456789bomb.so", bomb, None, 0))
+    manifest = json.loads(dict(base["members"])[MANIFEST])
+    data = _zip(_with_manifest(members, manifest, sign="none", rehash=True, rng=random.Random(0)), stored=False)
+    assert len(data) < (1 << 20)
+    harness = Harness(tmp_path, base)
+    harness.pkg.parent.mkdir(parents=True)
+    harness.pkg.write_bytes(data)
+    tracemalloc.start()
+    try:
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            assert list_packages(harness.build) == 0
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "NOT trusted" in out.getvalue() and peak < (8 << 20), peak
+    monkeypatch.setattr(package_mod, "MAX_MEMBER_BYTES", 1 << 20)
+    monkeypatch.setattr(zipfile.ZipExtFile, "read", lambda *a, **k: pytest.fail("decompressed"))
+    with pytest.raises(PackageError, match=r"kernels/zz/c0123456789bomb.so' is 50331648 bytes \(limit 1048576\)"):
+        read_manifest(harness.pkg)
+
+
 def test_enough_cases_ran():
     """(Runs last.) At least 1000 cases when the whole module ran, and signed mutations reached the deep checks."""
     total = sum(COUNTS.values())

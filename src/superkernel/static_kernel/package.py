@@ -136,24 +136,39 @@ class Package:
                     f"here {config_fingerprint!r})")
         return None
 
-    def verify(self) -> None:
-        """Read every member (never past its declared size) and check its sha256; PackageError names the first bad one."""
+    def verify(self, *, keep: bool = True) -> None:
+        """Read every member (never past its declared size) and check its size and sha256; PackageError names
+        the first bad one. ``keep=False`` (``--list``) hashes in chunks and keeps nothing in memory."""
         files: dict[str, bytes] = {}
         try:
             with zipfile.ZipFile(self.path) as zf:
                 infos = _members(zf)
                 for name, meta in self.manifest["files"].items():
-                    data = _read(zf, infos[name], meta["size"])
-                    if len(data) != meta["size"] or sha256(data) != meta["sha256"]:
+                    info = infos[name]
+                    if info.file_size != meta["size"]:
+                        raise PackageError(f"member {name} is {info.file_size} bytes in the zip, "
+                                           f"{meta['size']} in the manifest")
+                    digest, size, chunks = hashlib.sha256(), 0, []
+                    with zf.open(info) as f:
+                        while size <= meta["size"]:
+                            chunk = f.read(min(1 << 20, meta["size"] + 1 - size))
+                            if not chunk:
+                                break
+                            digest.update(chunk)
+                            size += len(chunk)
+                            if keep:
+                                chunks.append(chunk)
+                    if size != meta["size"] or digest.hexdigest() != meta["sha256"]:
                         raise PackageError(f"file {name} fails its sha256 check (corrupted or modified)")
-                    files[name] = data
+                    if keep:
+                        files[name] = b"".join(chunks)
         except PackageError:
             raise
         except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, RuntimeError, ValueError, EOFError,
                 NotImplementedError, KeyError, zlib_error()) as exc:
             raise PackageError(f"damaged zip: {_one_line(exc)}") from exc
         self.files = files
-        self.verified = True
+        self.verified = keep
 
     def require_loadable(self) -> None:
         """Raise unless this package may supply code: verified and trusted."""
