@@ -6,7 +6,7 @@ built it: anyone who can write the build directory can rewrite members and hashe
 So every package this user builds is signed: HMAC-SHA256 over its manifest (which holds the
 sha256 of every other member) with a per-user secret kept in
 ``$XDG_CACHE_HOME/superkernel/trust.key`` (default ``~/.cache/superkernel/trust.key``),
-created with mode 0600. The key is refused when it is a symlink, not owned by this user, or
+created with mode 0600 (written completely, then linked into place). The key is refused when it is a symlink, not owned by this user, or
 readable or writable by anyone else. A package whose signature does not verify with this
 user's key is never loaded automatically; ``superkernel static-compile --trust PACKAGE``
 re-signs one that a person has decided to trust.
@@ -19,6 +19,7 @@ import hmac
 import os
 import secrets
 import stat
+import tempfile
 from pathlib import Path
 
 KEY_BYTES = 32
@@ -65,15 +66,18 @@ def load_key(*, create: bool) -> bytes | None:
         if not create:
             return None
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".trust.key.", dir=path.parent)  # 0600, complete before it is linked
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        except FileExistsError:  # another process created it meanwhile
-            return _read(path)
-        try:
-            os.write(fd, secrets.token_bytes(KEY_BYTES))
-            os.fsync(fd)
+            with os.fdopen(fd, "wb") as f:
+                f.write(secrets.token_bytes(KEY_BYTES))
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)  # atomic, never replaces: a key another process created first wins
+            except FileExistsError:
+                pass
         finally:
-            os.close(fd)
+            os.unlink(tmp)
         return _read(path)
     _check(path, st)
     return _read(path)
