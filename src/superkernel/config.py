@@ -152,6 +152,9 @@ class InductorConfig(Section):
         "freezing": Field("auto", "CPU max-autotune: fold and prepack the weights of inference segments (weights "
                                   "not trained or mutated); 'auto': compile both ways and keep the faster at the "
                                   "real shapes; True: always where allowed; False: never", choices=("auto", True, False)),
+        "gemm_templates": Field(True, "CPU max-autotune with frozen weights: let TorchInductor time its C++ GEMM "
+                                      "templates against ATen/MKL for every GEMM at its real shape (adds compile time)",
+                                kind=bool),
     }
 
 

@@ -198,7 +198,7 @@ class Realizer:
         training = any(getattr(o, "requires_grad", False) for o in getattr(meta, "output_info", None) or ())
         choice = choose(module, parent, None if training else self._parent_reals[1], static, compile_fn,
                         freezing=self.config.inductor.freezing, cpp_wrapper=self.config.inductor.cpp_wrapper,
-                        autotune=self.config.inductor.autotune)
+                        autotune=self.config.inductor.autotune, gemm_templates=self.config.inductor.gemm_templates)
         if choice.label:
             self.counters["partitions_frozen"] += 1
         self._frozen_label = choice.label

@@ -3,8 +3,9 @@
 A segment is compiled by TorchInductor as one unit (:func:`superkernel.runtime.inductor.compile_partition`,
 ``cpp_wrapper`` per ``inductor.cpp_wrapper``). For inference, Inductor can do better when
 the weights are constants: *freezing* folds them into the graph, prepacks the linear weights
-for oneDNN/MKL, and lets ``inductor.autotune`` pick its C++ GEMM templates (they need frozen
-weights). Freezing is only correct when the weights are not trained and not mutated, so a
+for oneDNN/MKL, and makes its C++ GEMM templates (micro-kernels on packed weights) possible;
+with ``inductor.gemm_templates`` (default) Inductor times them against ATen/MKL for every
+GEMM at its real shape and keeps the faster. Freezing is only correct when the weights are not trained and not mutated, so a
 segment is frozen only when
 
 * the graph is an inference graph (no output requires grad: not the forward of a training step),
@@ -140,9 +141,12 @@ def frozen_inputs(gm: fx.GraphModule, inputs: Sequence[fx.Node], parent: fx.Grap
 
 
 def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[int, torch.Tensor], *,
-                   cpp_wrapper: bool, autotune: bool) -> Callable[..., Any]:
+                   cpp_wrapper: bool, autotune: bool, gemm_templates: bool = True) -> Callable[..., Any]:
     """``gm`` with the ``frozen`` inputs as constants, through Inductor's freezing passes
-    (weight prepacking, constant folding), compiled as one unit; called with all inputs."""
+    (weight prepacking, constant folding), compiled as one unit; called with all inputs.
+
+    ``gemm_templates``: Inductor times its C++ GEMM templates (micro-kernels on the packed
+    weights) against ATen/MKL for every GEMM at its real shape and keeps the faster."""
     from torch._functorch.compile_utils import fx_graph_cse
     from torch._inductor import config as inductor_config
     from torch._inductor.constant_folding import constant_fold, replace_node_with_constant
@@ -155,7 +159,10 @@ def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[i
     gm = fx.GraphModule(gm, copy.deepcopy(gm.graph))  # the original stays the eager fallback
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     kept = [i for i in range(len(placeholders)) if i not in frozen]
-    with enter_freezing(), inductor_config.patch({"freezing": True}):
+    patches: dict[str, Any] = {"freezing": True}
+    if gemm_templates:
+        patches.update({"max_autotune_gemm": True, "max_autotune_gemm_backends": "CPP,ATEN"})
+    with enter_freezing(), inductor_config.patch(patches):
         for i, tensor in frozen.items():
             replace_node_with_constant(gm, placeholders[i], tensor)
         gm.recompile()
@@ -230,7 +237,7 @@ def time_variants(variants: dict[str, Callable[..., Any]], args: list[Any], roun
 
 def choose(module: Any, parent: fx.GraphModule, parent_reals: list[Any] | None, static_indices: Sequence[int],
            compile_plain: Callable[[], Callable[..., Any]], *, freezing: Any, cpp_wrapper: bool,
-           autotune: bool) -> Choice:
+           autotune: bool, gemm_templates: bool = True) -> Choice:
     """Compile the segment plainly and (when allowed) frozen; keep the faster (see the module doc)."""
     plain = compile_plain()
     if freezing is False:
@@ -239,7 +246,8 @@ def choose(module: Any, parent: fx.GraphModule, parent_reals: list[Any] | None, 
     if not frozen:
         return Choice(plain, "", {})
     try:
-        frozen_fn = compile_frozen(module.gm, module.example_inputs, frozen, cpp_wrapper=cpp_wrapper, autotune=autotune)
+        frozen_fn = compile_frozen(module.gm, module.example_inputs, frozen, cpp_wrapper=cpp_wrapper, autotune=autotune,
+                                   gemm_templates=gemm_templates)
     except Exception:  # noqa: BLE001 - freezing is an optimization: the plain compile stays
         return Choice(plain, "", {})
     if freezing is True:
