@@ -51,3 +51,12 @@ def test_reduce_overhead_is_bit_exact_and_compiles_once(arch):
         assert not run.dynamo.limit_hit and run.dynamo.graph_breaks_first == 0, run.dynamo.break_reasons
     assert len(ex.graphs) == 1 and ex.segments and all(s.scope == "all_layers" for s in ex.segments)
     torch.testing.assert_close(plan.logits, eager.logits, rtol=0, atol=1e-4)
+
+
+def test_analyze_lists_the_guard_that_would_recompile():
+    from superkernel.tools.advisor.analysis import recompile_guards
+
+    session = prepare(build("mistral"), prompt_len=8, steps=3, warmup=1, seed=0)
+    guards, with_harness, _ = recompile_guards(session)
+    assert guards and "cumulative_length_int" in guards[0] and "dynamic source" in guards[0]
+    assert with_harness == 0
