@@ -7,7 +7,9 @@ Plans, all fed the same tokens from the same prompt and cache state (decode harn
 * eager (uncompiled);
 * torch.compile with the default TorchInductor backend, with ``mode="lite"`` (torch's own
   bit-exact mode: every operator falls back to ATen; only where this torch has the mode),
-  with ``freezing`` (weights folded and prepacked; CPU), and on CUDA ``mode="reduce-overhead"``;
+  with ``freezing`` (weights folded and prepacked; CPU), with freezing and ``max_autotune``
+  (Inductor's timed GEMM choices, its C++ templates included; CPU, not with ``--quick``),
+  and on CUDA ``mode="reduce-overhead"``;
 * superkernel in both modes with one scope per decoder layer and one scope around the
   layer stack.
 
@@ -47,7 +49,8 @@ from superkernel.tools.models import load_model
 from superkernel.util import atomic_write
 
 RESULTS = Path(__file__).resolve().parent / "results"
-BASELINES = ("eager", "torch.compile", "torch.compile lite", "torch.compile freezing")
+BASELINES = ("eager", "torch.compile", "torch.compile lite", "torch.compile freezing",
+             "torch.compile max-autotune freezing")
 
 
 def copy_bandwidth(device: torch.device, megabytes: int = 256, repeats: int = 5) -> float:
@@ -129,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: 1 on CPU for tiny models, which keeps timings steady on a shared box)")
     parser.add_argument("--strategies", default="decoder_layer,all_layers")
+    parser.add_argument("--quick", action="store_true",
+                        help="leave out the slowest baseline to compile (torch.compile max-autotune with freezing)")
     args = parser.parse_args(argv)
 
     device = torch.device(args.device)
@@ -143,6 +148,10 @@ def main(argv: list[str] | None = None) -> int:
         plans.append(inductor_plan("torch.compile lite", mode="lite"))
     if device.type == "cpu":
         plans.append(inductor_plan("torch.compile freezing", options={"freezing": True}))
+        if not args.quick:
+            # Inductor at full effort for inference: frozen weights and timed GEMM choices (its C++ templates)
+            plans.append(inductor_plan("torch.compile max-autotune freezing",
+                                       options={"freezing": True, "max_autotune": True}))
     else:
         plans.append(inductor_plan("torch.compile reduce-overhead", mode="reduce-overhead"))
     references: dict[str, Plan] = {}

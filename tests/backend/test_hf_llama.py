@@ -77,4 +77,5 @@ def test_max_autotune_decode_within_tolerance(scoped_llama):
     for a, b in zip(ma, ref):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
         assert torch.equal(a.argmax(-1), b.argmax(-1))
-    assert [s.realization for s in sk.explain(fn).segments] == ["inductor-cpp"]
+    # CPU: plain or with frozen weights, whichever measured faster at the real shapes
+    assert [s.realization for s in sk.explain(fn).segments] in (["inductor-cpp"], ["inductor-cpp+frozen"])

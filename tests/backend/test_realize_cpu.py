@@ -70,8 +70,8 @@ def test_max_autotune_compiles_each_segment_within_tolerance(block):
         eager = block(x)
     torch.testing.assert_close(out, eager, rtol=1e-4, atol=1e-5)
     ex = sk.explain(ma)
-    assert [(s.name, s.realization, s.fallback) for s in ex.segments] == [
-        ("attn", "inductor-cpp", None), ("mlp", "inductor-cpp", None)]
+    assert [(s.name, s.realization.replace("+frozen", ""), s.fallback) for s in ex.segments] == [
+        ("attn", "inductor-cpp", None), ("mlp", "inductor-cpp", None)]  # +frozen where that measured faster
     assert ex.graphs[0].compile_seconds > 0
 
 
