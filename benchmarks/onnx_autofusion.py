@@ -19,7 +19,9 @@ round), median of ``--repeat`` rounds. Each row: fused op kinds per tool (op typ
 tool's output that the original does not have; for P1 those of ONNX Runtime's optimized
 graph), max |diff| against the original (``ORT_DISABLE_ALL``) on the same seeded inputs,
 latency ratio of GA vs P1 and vs the better of P2/P3 (a baseline whose output fails the
-tolerance or does not load is left out of "best"). Geometric means over the suite at the end.
+tolerance or does not load is left out of "best"). Ratios are medians of per-round paired
+ratios (the runs of one round see the same load of the shared machine). Geometric means
+over the suite at the end.
 Writes benchmarks/results/onnx_autofusion.json and .md.
 """
 
@@ -120,7 +122,7 @@ def within_tol(ref: list, out: list) -> bool:
     return True
 
 
-def time_all(paths: dict[str, str], feeds: dict, repeat: int, warmup: int) -> dict[str, float]:
+def time_all(paths: dict[str, str], feeds: dict, repeat: int, warmup: int) -> dict[str, list[float]]:
     sessions = {k: V.session(p, ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads=1) for k, p in paths.items()}
     for _ in range(warmup):
         for s in sessions.values():
@@ -131,7 +133,12 @@ def time_all(paths: dict[str, str], feeds: dict, repeat: int, warmup: int) -> di
             t0 = time.perf_counter()
             s.run(None, feeds)
             xs[k].append((time.perf_counter() - t0) * 1e3)
-    return {k: statistics.median(v) for k, v in xs.items()}
+    return xs
+
+
+def paired(xs: dict[str, list[float]], a: str, b: str) -> float:
+    """Median over rounds of a_i / b_i: the runs of one round see the same machine load."""
+    return statistics.median(x / y for x, y in zip(xs[a], xs[b]))
 
 
 def run_case(family: str, exporter: str, tmp: str, repeat: int, warmup: int) -> dict:
@@ -185,14 +192,21 @@ def run_case(family: str, exporter: str, tmp: str, repeat: int, warmup: int) -> 
         except Exception as e:  # noqa: BLE001
             row["tools"][tool]["error"] = f"run: {type(e).__name__}: {str(e)[:200]}"
             paths.pop(tool)
-    times = time_all(paths, feeds, repeat, warmup)
+    samples = time_all(paths, feeds, repeat, warmup)
+    times = {k: statistics.median(v) for k, v in samples.items()}
     for tool, t in times.items():
         row["tools"][tool]["median_ms"] = t
+        row["tools"][tool]["min_ms"] = min(samples[tool])
     if "GA" in times:
-        row["ga_vs_p1"] = times["GA"] / times["P1"]
-        best = [times[t] for t in ("P2", "P3") if t in times and row["tools"][t].get("within_tolerance")]
-        row["ga_vs_best_p2_p3"] = times["GA"] / min(best) if best else None
-        row["best_p2_p3_vs_p1"] = min(best) / times["P1"] if best else None
+        row["ga_vs_p1"] = paired(samples, "GA", "P1")
+        best = [t for t in ("P2", "P3") if t in times and row["tools"][t].get("within_tolerance")]
+        if best:
+            b = min(best, key=lambda t: times[t])
+            row["best_p2_p3"] = b
+            row["ga_vs_best_p2_p3"] = paired(samples, "GA", b)
+            row["best_p2_p3_vs_p1"] = paired(samples, b, "P1")
+        else:
+            row["ga_vs_best_p2_p3"] = row["best_p2_p3_vs_p1"] = None
     return row
 
 
@@ -207,7 +221,7 @@ def markdown(result: dict) -> str:
          f"Hardware: {hw['cpu']}, {hw['cores']} cores (shared); onnxruntime {hw['onnxruntime']}, "
          f"onnxscript {hw['onnxscript']}, torch {hw['torch']}, transformers {hw['transformers']}. "
          f"1 intra-op thread, median of {result['repeat']} interleaved rounds after {result['warmup']} warm-up rounds, "
-         "all in one process run. P1 ORT_ENABLE_ALL on the original, P2 ORT transformers optimizer, P3 onnxscript "
+         "all in one process run; ratios are medians of per-round paired ratios. P1 ORT_ENABLE_ALL on the original, P2 ORT transformers optimizer, P3 onnxscript "
          "optimize_for_ort, GA graph-autofusion (calibrated, end-to-end checked, verified).", "",
          "| case | P1 ms | P2 ms | P3 ms | GA ms | GA/P1 | GA/best(P2,P3) | max abs diff P2 / P3 / GA | "
          "P2 kinds | P3 kinds | GA kinds kept | GA rules found, not kept (measured slower) | GA dropped end-to-end |",

@@ -397,3 +397,49 @@ def test_external_data_model_is_inferred_without_loading_weights(exported, tmp_p
     code = main(["--input", src, "--output", str(tmp_path / "o.onnx"), "--no-calibrate", "--quiet"])
     assert code == 0
     assert (tmp_path / "o.onnx.data").exists()
+
+
+class Embeddings(nn.Module):
+    """BERT-style embeddings: word + position (+ token type) rows, LayerNorm."""
+
+    def __init__(self, token_type=True):
+        super().__init__()
+        self.word, self.pos = nn.Embedding(100, 64), nn.Embedding(32, 64)
+        self.tt = nn.Embedding(2, 64) if token_type else None
+        self.ln = nn.LayerNorm(64)
+        self.register_buffer("position_ids", torch.arange(32)[None])
+        self.register_buffer("token_type_ids", torch.zeros(1, 32, dtype=torch.int64))
+
+    def forward(self, input_ids):
+        s = input_ids.shape[1]
+        e = self.word(input_ids) + self.pos(self.position_ids[:, :s])
+        if self.tt is not None:
+            e = e + self.tt(self.token_type_ids[:, :s].expand(input_ids.shape[0], s))
+        return self.ln(e)
+
+
+@pytest.mark.parametrize("token_type", [False, True])
+@pytest.mark.parametrize("exporter", ["dynamo", "legacy"])
+def test_embed_layernorm(export_module, fuse, tmp_path, token_type, exporter):
+    torch.manual_seed(0)
+    args = (torch.randint(0, 100, (2, 8)),)
+    if exporter == "dynamo":
+        p = export_module(f"emb_{token_type}", Embeddings(token_type), args, input_names=["input_ids"])
+    else:
+        p = legacy_export(Embeddings(token_type), args, tmp_path / "emb.onnx", ["input_ids"])
+    f = fuse(p, "embed_layernorm", 1)
+    assert f.applied("embed_layernorm"), f.result.near_misses
+    assert f.nodes("EmbedLayerNormalization")
+    assert f.verify().ok
+
+
+def test_embed_layernorm_with_positions_from_an_input_is_a_near_miss(export_module, fuse):
+    class PosInput(Embeddings):
+        def forward(self, input_ids, position_ids):
+            return self.ln(self.word(input_ids) + self.pos(position_ids))
+
+    args = (torch.randint(0, 100, (2, 8)), torch.arange(8)[None].expand(2, -1).contiguous())
+    f = fuse(export_module("emb_posin", PosInput(False), args, input_names=["input_ids", "position_ids"]),
+             "embed_layernorm", 1)
+    assert not f.applied("embed_layernorm")
+    assert any("not computed from constants" in m.reason for m in f.near("embed_layernorm"))

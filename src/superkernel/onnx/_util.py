@@ -130,3 +130,67 @@ def np_dtype(dtype: ir.DataType | None):
         return dtype.numpy() if dtype is not None else np.float32
     except Exception:  # noqa: BLE001
         return np.float32
+
+
+EVAL_MAX_ELEMENTS = 1 << 22
+
+
+def eval_const(value: ir.Value | None, depth: int = 16, _memo: dict | None = None) -> np.ndarray | None:
+    """The value of ``value`` when it is a constant or computed only from constants by
+    default-domain nodes (evaluated with ONNX's reference implementation, outputs up to
+    ``EVAL_MAX_ELEMENTS``), else None. Never modifies the graph."""
+    arr = const_array(value)
+    if arr is not None or value is None or depth <= 0:
+        return arr
+    memo = {} if _memo is None else _memo
+    if id(value) in memo:
+        return memo[id(value)]
+    memo[id(value)] = out = _eval_node(value, depth, memo)
+    return out
+
+
+def _eval_node(value: ir.Value, depth: int, memo: dict) -> np.ndarray | None:
+    node = value.producer()
+    if node is None or node.domain not in ("", "ai.onnx") or node.op_type in ("RandomNormal", "RandomUniform"):
+        return None
+    if node.op_type == "Shape":  # of a value whose shape is static
+        d = dims(node.inputs[0])
+        if d is None or not all(isinstance(x, int) for x in d):
+            return None
+        start, end = attr_int(node, "start", 0), node.attributes.get("end")
+        return np.array(d[start:(int(end.value) if end is not None else None)], dtype=np.int64)
+    feeds = []
+    for v in node.inputs:
+        if v is None:
+            feeds.append(None)
+            continue
+        a = eval_const(v, depth - 1, memo)
+        if a is None:
+            return None
+        feeds.append(a)
+    if node.op_type == "GatherElements" and feeds[0] is not None and feeds[1] is not None:
+        idx = np.where(feeds[1] < 0, feeds[1] + feeds[0].shape[attr_int(node, "axis", 0)], feeds[1])
+        out = np.take_along_axis(np.asarray(feeds[0]), idx.astype(np.int64), axis=attr_int(node, "axis", 0))
+        return out if out.size <= EVAL_MAX_ELEMENTS else None
+    if node.op_type == "Expand" and feeds[0] is not None and feeds[1] is not None:
+        try:
+            shape = np.broadcast_shapes(feeds[0].shape, tuple(int(x) for x in feeds[1].reshape(-1)))
+        except ValueError:
+            return None
+        if int(np.prod(shape)) > EVAL_MAX_ELEMENTS:
+            return None
+        return np.ascontiguousarray(np.broadcast_to(feeds[0], shape))
+    try:
+        import onnx
+        from onnx.reference import ReferenceEvaluator
+
+        names = [f"i{i}" if v is not None else "" for i, v in enumerate(node.inputs)]
+        outs = [f"o{i}" for i in range(len(node.outputs))]
+        attrs = {k: a.value if not isinstance(a.value, ir.TensorProtocol) else onnx.numpy_helper.from_array(
+            a.value.numpy()) for k, a in node.attributes.items()}
+        proto = onnx.helper.make_node(node.op_type, names, outs, **attrs)
+        res = ReferenceEvaluator(proto).run(None, {n: f for n, f in zip(names, feeds) if n})
+    except Exception:  # noqa: BLE001 - not evaluable: not a constant for the rules
+        return None
+    out = np.asarray(res[list(node.outputs).index(value)])
+    return out if out.size <= EVAL_MAX_ELEMENTS else None

@@ -156,13 +156,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 from .e2e import guard
 
                 progress.update(task, description="end-to-end check in ONNX Runtime")
-                fusion, staged, e2e = guard(args.input, fusion, staged, fuse_and_stage, dims=dims, seed=args.seed,
-                                            threads=args.threads or 1)
+                try:
+                    fusion, staged, e2e = guard(args.input, fusion, staged, fuse_and_stage, dims=dims,
+                                                seed=args.seed, threads=args.threads or 1)
+                except Exception as e:  # noqa: BLE001 - e.g. the fused model does not load; verification says so
+                    e2e = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
             if not args.no_verify:
                 progress.update(task, description="verifying in ONNX Runtime")
-                verification = V.verify(args.input, staged.model_path, dims=dims, seed=args.seed, atol=args.atol,
-                                        rtol=args.rtol)
-                if not verification.ok:
+                try:
+                    verification = V.verify(args.input, staged.model_path, dims=dims, seed=args.seed,
+                                            atol=args.atol, rtol=args.rtol)
+                except Exception as e:  # noqa: BLE001 - ORT refuses the fused model: a failed verification
+                    status, code = "verification failed", EXIT_VERIFY_FAILED
+                    message = f"the fused model does not run in ONNX Runtime: {type(e).__name__}: {str(e)[:300]}"
+                    verification = None
+                if verification is not None and not verification.ok:
                     status, code = "verification failed", EXIT_VERIFY_FAILED
                     message = "outputs above tolerance: " + ", ".join(
                         f"{o.name} ({o.reason})" for o in verification.failed)
@@ -252,7 +260,9 @@ def print_summary(console: Console, d: dict) -> None:
                       f"fused ENABLE_ALL {t[('fused', 'ORT_ENABLE_ALL')]:.4f}; "
                       f"speedup vs ORT_ENABLE_ALL {b['speedup_vs_ort_enable_all']:.3f}x")
     e = d.get("end_to_end")
-    if e:
+    if e and "error" in e:
+        console.print(f"end-to-end check failed: {e['error']}", markup=False)
+    elif e:
         console.print(f"end-to-end (ORT_ENABLE_ALL): original {e['original_ms']:.4f} ms, fused {e['fused_ms']:.4f} ms "
                       f"(x{e['ratio']:.3f}); dropped rules: {', '.join(e['dropped_rules']) or 'none'}")
     console.print(f"written: {', '.join(d['written']) or 'nothing'}")

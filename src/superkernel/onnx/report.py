@@ -95,7 +95,9 @@ def markdown(d: dict[str, Any]) -> str:
                    f"({cal['env']}); a fusion is kept when measured faster.") if cal
               else "Calibration: off (--no-calibrate); the estimate decides."]
         e = d.get("end_to_end")
-        if e:
+        if e and "error" in e:
+            L += ["", "## End-to-end check (ORT_ENABLE_ALL, this run)", "", f"failed: {e['error']}"]
+        elif e:
             L += ["", "## End-to-end check (ORT_ENABLE_ALL, this run)", "",
                   f"original {e['original_ms']:.4f} ms, fused {e['fused_ms']:.4f} ms, ratio {e['ratio']:.3f} "
                   f"(tolerance {e['tolerance']:.0%}); dropped rules: {', '.join(e['dropped_rules']) or 'none'}", ""]
