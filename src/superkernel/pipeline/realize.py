@@ -106,7 +106,8 @@ class Realizer:
             self.fallback(module, info, exc, realization="cpu-flat")
 
         try:
-            segment = self._native.add(module.partition.name, module.gm, flat, on_failure=failed)
+            segment = self._native.add(module.partition.name, module.gm, flat, on_failure=failed,
+                                       inference=self._inference_graph())
         except SuperKernelScopeError:
             raise
         except Exception as exc:  # noqa: BLE001 - e.g. an operator the emitter cannot express: flat, reported
@@ -128,9 +129,18 @@ class Realizer:
         if self._native is None:
             self._native = NativeGroup()
         try:
-            return self._native.add(module.partition.name, module.gm, flat)
+            return self._native.add(module.partition.name, module.gm, flat, inference=self._inference_graph())
         except NativeUnsupported:
             return flat
+
+    @staticmethod
+    def _inference_graph() -> bool:
+        """The graph being compiled is an inference graph: AOTAutograd says no output requires grad."""
+        import torch
+
+        meta = getattr(torch._guards.TracingContext.try_get(), "fw_metadata", None)
+        infos = getattr(meta, "output_info", None)
+        return infos is not None and not any(getattr(o, "requires_grad", False) for o in infos)
 
     def finish(self) -> None:
         """Build what is still pending (the graph's native module), now rather than at the first call."""

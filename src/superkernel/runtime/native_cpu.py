@@ -29,6 +29,15 @@ without compiling. The torch headers are precompiled once per torch version and 
 :func:`native_source` (source text + key) and :func:`build_library` / :func:`load_library`
 are the seams a static-kernel package uses to carry these objects.
 
+Partitions of an inference graph (no output requires grad), called with grad mode off,
+dispatch below the autograd layers (``ExcludeDispatchKeyGuard`` of the autograd keys and
+ADInplaceOrView, what autograd's own kernels do before redispatching): with grad off
+those layers compute nothing; they only keep bookkeeping (view bases, version counters)
+of tensors that live inside the partition, and AOTAutograd restores the observable part
+itself (it regenerates outputs that alias inputs and bumps the version of inputs the graph
+mutates). The kernels, their arguments and their order are the same, so values stay
+bit-identical. With grad mode on, or for a training graph, every layer runs.
+
 Inputs that are tensor subclasses (anything but ``torch.Tensor``/``Parameter``) are not
 unpacked natively: the entry point returns ``NotImplemented`` and the caller runs the
 flat Python program instead (same kernels).
@@ -55,7 +64,7 @@ import torch
 import torch.fx as fx
 
 #: Bumped whenever the code generator changes what it emits for the same graph.
-GENERATOR_VERSION = "2"
+GENERATOR_VERSION = "3"
 
 _STD = "-std=c++20"
 _OPT = "-O1"
@@ -303,7 +312,8 @@ class _TypedMixin:
 
 
 class _Function(_TypedMixin):
-    def __init__(self, module: _Module, name: str, gm: fx.GraphModule) -> None:
+    def __init__(self, module: _Module, name: str, gm: fx.GraphModule, inference: bool = False) -> None:
+        self.inference = inference
         self.m = module
         self.name = name
         self.gm = gm
@@ -520,6 +530,13 @@ class _Function(_TypedMixin):
             f"  c10::IValue sk_out[{max(n_out, 1)}];",
             "  try {",
             "    SkNoGil sk_nogil;",
+            *([
+                "    // An inference graph run with grad disabled: the autograd and view/version-tracking",
+                "    // layers have nothing to record, so the calls go straight to the kernels below them.",
+                "    std::optional<c10::impl::ExcludeDispatchKeyGuard> sk_below_autograd;",
+                "    if (!c10::GradMode::is_enabled())",
+                "      sk_below_autograd.emplace(c10::autograd_dispatch_keyset_with_ADInplaceOrView);",
+            ] if self.inference else []),
             "    torch::jit::Stack s;",
             "    s.reserve(32);",
         ]
@@ -734,8 +751,12 @@ extern "C" __attribute__((visibility("default"))) PyObject* SK_CAT(PyInit_, SK_M
 """
 
 
-def native_source(programs: Sequence[tuple[str, fx.GraphModule]], *, typed: bool = True) -> NativeSource:
-    """C++ for ``programs`` (``(entry name, partition GraphModule)`` pairs), one module.
+def native_source(programs: Sequence[tuple[Any, ...]], *, typed: bool = True) -> NativeSource:
+    """C++ for ``programs`` (``(entry name, partition GraphModule[, inference])``), one module.
+
+    ``inference``: the partition belongs to an inference graph (no output requires grad);
+    when grad mode is off at the call, its operators are dispatched below the autograd and
+    ADInplaceOrView layers (see the module doc).
 
     ``typed``: operators with a typed ATen entry point (``at::_ops::<op>::call``) and arguments
     it can express are called through it (no boxing); the rest, and all of them with
@@ -746,10 +767,10 @@ def native_source(programs: Sequence[tuple[str, fx.GraphModule]], *, typed: bool
     module = _Module(typed=typed)
     functions = []
     names = []
-    for name, gm in programs:
+    for name, gm, *rest in programs:
         if not name.isidentifier():
             raise ValueError(f"entry name {name!r} is not a C identifier")
-        functions.append(_Function(module, name, gm).emit())
+        functions.append(_Function(module, name, gm, inference=bool(rest and rest[0])).emit())
         names.append(name)
     ops = "\n".join(f"  sk_ops.push_back(dispatcher.findSchemaOrThrow({_string_literal(n)}, {_string_literal(o)}));"
                     for n, o in module.op_specs)
@@ -1004,13 +1025,14 @@ class NativeGroup:
         self._lock = threading.Lock()
 
     def add(self, name: str, gm: fx.GraphModule, flat: Callable[..., Any],
-            on_failure: Callable[[BaseException], None] | None = None) -> "NativeSegment":
+            on_failure: Callable[[BaseException], None] | None = None, inference: bool = False) -> "NativeSegment":
         """Add a segment; raises :class:`NativeUnsupported` at once if it cannot be emitted.
         ``on_failure(exc)`` is called if the module later fails to build (the segment then runs ``flat``)."""
         entry = "seg_%d_%s" % (len(self.segments), "".join(c if c.isalnum() else "_" for c in name)[:48])
         _check_python_variable_layout()
         _Function(_Module(), entry, gm).emit()  # unsupported constructs surface now, per segment
         seg = NativeSegment(self, entry, gm, flat, on_failure)
+        seg.inference = inference
         self.segments.append(seg)
         return seg
 
@@ -1020,7 +1042,7 @@ class NativeGroup:
                 return
             self._built = True
             try:
-                programs = [(s.entry, s.gm) for s in self.segments]
+                programs = [(s.entry, s.gm, s.inference) for s in self.segments]
                 self.source = native_source(programs)
                 try:
                     module = load(self.source)
@@ -1051,6 +1073,7 @@ class NativeSegment:
         self.on_failure = on_failure
         self.entry = entry
         self.gm = gm
+        self.inference = False  # an inference graph: dispatch below autograd when grad is off
         self.flat = flat
         self._fn: Callable[..., Any] | None | bool = False  # False: not built yet; None: failed
 
