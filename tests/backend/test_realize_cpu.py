@@ -65,13 +65,13 @@ def test_reduce_overhead_is_bit_exact_against_reference(block):
 def test_max_autotune_compiles_each_segment_within_tolerance(block):
     x = torch.randn(2, 8, 32)
     with torch.no_grad():
-        ma = compiled(block, "max-autotune")
+        ma = compiled(block, "max-autotune", inductor={"freezing": False})  # freezing: tests below
         out = ma(x)
         eager = block(x)
     torch.testing.assert_close(out, eager, rtol=1e-4, atol=1e-5)
     ex = sk.explain(ma)
-    assert [(s.name, s.realization.replace("+frozen", ""), s.fallback) for s in ex.segments] == [
-        ("attn", "inductor-cpp", None), ("mlp", "inductor-cpp", None)]  # +frozen where that measured faster
+    assert [(s.name, s.realization, s.fallback) for s in ex.segments] == [
+        ("attn", "inductor-cpp", None), ("mlp", "inductor-cpp", None)]
     assert ex.graphs[0].compile_seconds > 0
 
 
