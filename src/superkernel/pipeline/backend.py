@@ -48,6 +48,10 @@ from superkernel.pipeline.segments import build_segments, last_scope
 # backend="superkernel"), so tracing and recompiles see the settings; already-set flags
 # (the decode harness, a user's global setting) cost two attribute reads per call.
 CAPTURE_SETTINGS = {"capture_scalar_outputs": True, "capture_dynamic_output_shape_ops": True}
+#: Python ints of transformers' caches that grow with every decode step (a sliding window's
+#: ``cumulative_length_int``): Dynamo would specialize on them and recompile at every
+#: position until its recompile limit; as dynamic sources, decode compiles once.
+GROWING_CACHE_INTS = r".*\.cumulative_length_int$"
 
 
 class SuperKernelScopeBreakWarning(UserWarning):
@@ -122,7 +126,7 @@ def _scope_of_break(message: str) -> tuple[str, str] | None:
 class _CaptureContext:
     """What Dynamo enters around each call of a compiled object (see CAPTURE_SETTINGS)."""
 
-    __slots__ = ("backend", "saved", "breaks", "log_mark")
+    __slots__ = ("backend", "saved", "saved_sources", "breaks", "log_mark")
 
     def __init__(self, backend: "SuperKernelBackend") -> None:
         self.backend = backend
@@ -134,6 +138,11 @@ class _CaptureContext:
             if getattr(cfg, key) != value:
                 self.saved[key] = getattr(cfg, key)
                 setattr(cfg, key, value)
+        sources = torch.compiler.config.dynamic_sources
+        self.saved_sources = None
+        if GROWING_CACHE_INTS not in sources:
+            self.saved_sources = sources
+            torch.compiler.config.dynamic_sources = f"{sources},{GROWING_CACHE_INTS}" if sources else GROWING_CACHE_INTS
         self.breaks = dynamo_graph_breaks()
         self.log_mark = len(_break_log.records) if _break_log is not None else 0
 
@@ -142,6 +151,8 @@ class _CaptureContext:
         for key, value in self.saved.items():
             setattr(cfg, key, value)
         self.saved = {}
+        if self.saved_sources is not None:
+            torch.compiler.config.dynamic_sources = self.saved_sources
         if dynamo_graph_breaks() != self.breaks and _break_log is not None:
             records = _break_log.records[self.log_mark:] if self.log_mark <= len(_break_log.records) else []
             self.backend._scope_breaks(records)
