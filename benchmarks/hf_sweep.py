@@ -120,8 +120,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
              "per plan and baseline (max over them). Ratio: torch.compile median / the recommended choice's median "
              "(1.00 = torch.compile itself).", "",
              "| arch | tags | exit | reduce-overhead bit-exact | recompiles (timed, max) | recommendation | "
-             "ratio vs torch.compile | eager ms | torch.compile ms | note |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "ratio vs torch.compile | best plan vs torch.compile | eager ms | torch.compile ms | eager drift | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         bit = {True: "yes", False: "**no**", None: "-"}[r.get("ro_bit_exact")]
         rec = r.get("recommended") or r.get("recommendation") or "-"
@@ -130,9 +130,13 @@ def markdown(rows: list[dict], meta: dict) -> str:
         if r.get("dynamic_sources"):
             note = (note + " dynamic: " + r["dynamic_sources"].replace("\\", "")).strip()
         fmt = lambda v: f"{v:.3f}" if isinstance(v, (int, float)) else "-"  # noqa: E731
+        plan_ms = [p["decode_ms"] for p in (r.get("plans") or {}).values()
+                   if p.get("status") == "passed" and p.get("decode_ms")]
+        best = (f"{r['torch_compile_ms'] / min(plan_ms):.2f}" if plan_ms and r.get("torch_compile_ms") else "-")
+        drift = f"{r['eager_drift']:+.0%}" if isinstance(r.get("eager_drift"), (int, float)) else "-"
         lines.append(f"| {r['arch']} | {', '.join(r.get('tags', []))} | {r.get('exit')} | {bit} | "
-                     f"{r.get('recompiles_timed_max', '-')} | {rec} | {ratio} | {fmt(r.get('eager_ms'))} | "
-                     f"{fmt(r.get('torch_compile_ms'))} | {note} |")
+                     f"{r.get('recompiles_timed_max', '-')} | {rec} | {ratio} | {best} | {fmt(r.get('eager_ms'))} | "
+                     f"{fmt(r.get('torch_compile_ms'))} | {drift} | {note} |")
     ok = sum(1 for r in rows if r.get("exit") == 0)
     lines += ["", f"{ok}/{len(rows)} architectures exit 0; "
               f"{sum(1 for r in rows if r.get('ro_bit_exact'))} bit-exact; "
@@ -153,7 +157,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=int, default=900, help="seconds per architecture")
     p.add_argument("--quick", action="store_true", help="a few archs and steps (smoke run, not for the table)")
     p.add_argument("--output", type=Path, default=RESULTS)
+    p.add_argument("--render", type=Path, metavar="JSON", help="only rewrite the markdown table from a hf_sweep.json")
     args = p.parse_args(argv)
+    if args.render is not None:
+        data = json.loads(args.render.read_text())
+        write(data["rows"], data["meta"], args.output)
+        return 0
     names = [n for n in args.archs.split(",") if n]
     unknown = [n for n in names if n not in ARCHS]
     if unknown:
