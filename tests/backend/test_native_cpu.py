@@ -180,3 +180,16 @@ def test_tensor_subclass_inputs_run_the_flat_program():
 
     seg(x.as_subclass(Sub))
     assert len(flat_calls) == 1
+
+
+def test_aten_errors_keep_their_python_type():
+    def f(cache, pos, x):
+        with sk.super_kernel("s"):
+            cache.index_copy_(0, pos, x * 2)
+        return cache.sum()
+
+    fast = sk.compile(f, sk.CompilerConfig.from_dict({"mode": "reduce-overhead"}))
+    cache, x = torch.zeros(4, 3), torch.ones(1, 3)
+    fast(cache, torch.tensor([1]), x)
+    with pytest.raises(IndexError, match="out of bounds"):  # as the eager operator raises it
+        fast(cache, torch.tensor([9]), x)

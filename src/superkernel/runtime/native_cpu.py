@@ -64,7 +64,7 @@ import torch
 import torch.fx as fx
 
 #: Bumped whenever the code generator changes what it emits for the same graph.
-GENERATOR_VERSION = "3"
+GENERATOR_VERSION = "4"
 
 _STD = "-std=c++20"
 _OPT = "-O1"
@@ -543,7 +543,7 @@ class _Function(_TypedMixin):
         tail = [f"    sk_out[{k}] = {expr};" for k, expr in enumerate(outputs)]
         tail += [
             "  } catch (const c10::Error& e) {",
-            "    PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());",
+            "    PyErr_SetString(sk_error_type(e), e.what_without_backtrace());",
             "    return nullptr;",
             "  } catch (const std::exception& e) {",
             "    PyErr_SetString(PyExc_RuntimeError, e.what());",
@@ -694,6 +694,16 @@ c10::IValue sk_optional_tensor_list(std::initializer_list<std::optional<at::Tens
 inline void sk_check_returns(const torch::jit::Stack& s, size_t n, size_t op) {
   TORCH_CHECK(s.size() == n, "superkernel native: ", sk_ops[op].schema().name(), " left ", s.size(),
               " values on the stack, expected ", n);
+}
+
+// The Python exception type torch raises for an ATen error (torch/csrc/Exceptions.h maps them alike).
+PyObject* sk_error_type(const c10::Error& e) {
+  if (dynamic_cast<const c10::IndexError*>(&e)) return PyExc_IndexError;
+  if (dynamic_cast<const c10::ValueError*>(&e)) return PyExc_ValueError;
+  if (dynamic_cast<const c10::TypeError*>(&e)) return PyExc_TypeError;
+  if (dynamic_cast<const c10::NotImplementedError*>(&e)) return PyExc_NotImplementedError;
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e)) return PyExc_MemoryError;
+  return PyExc_RuntimeError;
 }
 
 PyObject* sk_bad_nargs(Py_ssize_t expected, Py_ssize_t got) {
