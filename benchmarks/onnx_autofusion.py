@@ -15,7 +15,7 @@ key/value (127 past positions), each exported with ``dynamo=False`` (opset 17) a
 - GA: ``graph-autofusion`` (calibrated, end-to-end checked, verified) through its command line.
 
 All four run with ``ORT_ENABLE_ALL``, 1 intra-op thread, interleaved (one run of each per
-round), median of ``--repeat`` rounds. Each row: fused op kinds per tool (op types in the
+round, the order rotated every round), median of ``--repeat`` rounds. Each row: fused op kinds per tool (op types in the
 tool's output that the original does not have; for P1 those of ONNX Runtime's optimized
 graph), max |diff| against the original (``ORT_DISABLE_ALL``) on the same seeded inputs,
 latency ratio of GA vs P1 and vs the better of P2/P3 (a baseline whose output fails the
@@ -128,10 +128,11 @@ def time_all(paths: dict[str, str], feeds: dict, repeat: int, warmup: int) -> di
         for s in sessions.values():
             s.run(None, feeds)
     xs: dict[str, list[float]] = {k: [] for k in sessions}
-    for _ in range(repeat):
-        for k, s in sessions.items():
+    order = list(sessions)
+    for r in range(repeat):
+        for k in order[r % len(order):] + order[:r % len(order)]:  # rotate who runs first each round
             t0 = time.perf_counter()
-            s.run(None, feeds)
+            sessions[k].run(None, feeds)
             xs[k].append((time.perf_counter() - t0) * 1e3)
     return xs
 

@@ -122,8 +122,7 @@ class Calibrator:
             pass
 
     # ---- micro-models -----------------------------------------------------------------
-    def micro_models(self, match_nodes, inputs_from_graph, outputs, new_nodes, new_outputs, opsets) -> tuple[
-            bytes, bytes, str] | str:
+    def micro_models(self, match_nodes, outputs, new_nodes, new_outputs, opsets) -> tuple[bytes, bytes, str] | str:
         """(unfused bytes, fused bytes, cache key), or a reason string when not measurable."""
         for n in new_nodes:  # detached replacement nodes: name their values so they serialize
             for v in n.outputs:
@@ -170,10 +169,10 @@ class Calibrator:
             for s, f in zip(sessions, per):
                 s.run(None, f)
         xs: list[list[float]] = [[], []]
-        for _ in range(MICRO_ROUNDS):
-            for i, s in enumerate(sessions):
+        for r in range(MICRO_ROUNDS):
+            for i in ((0, 1) if r % 2 == 0 else (1, 0)):  # alternate who runs first
                 t0 = time.perf_counter()
-                s.run(None, per[i])
+                sessions[i].run(None, per[i])
                 xs[i].append((time.perf_counter() - t0) * 1e6)
         return statistics.median(xs[0]), statistics.median(xs[1])
 

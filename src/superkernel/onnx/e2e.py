@@ -35,10 +35,10 @@ def time_pair(original: str, fused: str, feeds: dict, *, threads: int = 1, round
         for s in ss:
             s.run(None, feeds)
     xs: list[list[float]] = [[], []]
-    for _ in range(rounds):
-        for i, s in enumerate(ss):
+    for r in range(rounds):
+        for i in ((0, 1) if r % 2 == 0 else (1, 0)):  # alternate who runs first
             t0 = time.perf_counter()
-            s.run(None, feeds)
+            ss[i].run(None, feeds)
             xs[i].append((time.perf_counter() - t0) * 1e3)
     return statistics.median(xs[0]), statistics.median(xs[1]), statistics.median(
         f / o for o, f in zip(xs[0], xs[1]))

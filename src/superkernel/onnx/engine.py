@@ -363,7 +363,7 @@ def _calibrate(calibrator, cand: Candidate, model: ir.Model, match, delta, extra
     opsets = {d: v for d, v in model.opset_imports.items() if d not in ("ai.onnx",)}
     opsets.setdefault("", 17)
     opsets.setdefault(MS, 1)
-    built = calibrator.micro_models([*extras, *match.nodes], None, match.outputs, delta.new_nodes,
+    built = calibrator.micro_models([*extras, *match.nodes], match.outputs, delta.new_nodes,
                                     delta.new_outputs, opsets)
     if isinstance(built, str):
         cand.notes.append(f"not calibrated: {built}; the estimate decides")
