@@ -143,7 +143,7 @@ def decide(results: list[RunResult], drift: float | None = None) -> Recommendati
     - no plan passed precision and compiled once: nothing (kind "none"; the report says why);
     - the best plan (the fastest that passed and compiled once, :func:`recommend`) when it is
       faster than torch.compile by more than the noise (``max(NOISE_FLOOR, |eager drift|)``)
-      and not slower than eager beyond it;
+      and not slower than eager (by more than NOISE_FLOOR: the drift never excuses a slowdown);
     - else plain torch.compile when it ran without recompiles and is not slower than eager;
     - else the best plan if it is not slower than eager (torch.compile failed or recompiled);
     - else keep eager (kind "eager").
@@ -154,8 +154,8 @@ def decide(results: list[RunResult], drift: float | None = None) -> Recommendati
     inductor = next((r for r in results if r.name == "torch.compile" and not r.error and r.median_ms), None)
     inductor_ok = inductor is not None and not inductor.recompiles
 
-    def not_slower_than_eager(r: RunResult) -> bool:
-        return eager is None or r.median_ms <= eager.median_ms * (1 + noise)
+    def not_slower_than_eager(r: RunResult) -> bool:  # strict: the drift never excuses a slowdown
+        return eager is None or r.median_ms <= eager.median_ms * (1 + NOISE_FLOOR)
 
     if best is None:
         return Recommendation("none", None, inductor, noise=noise,
@@ -175,4 +175,4 @@ def decide(results: list[RunResult], drift: float | None = None) -> Recommendati
         return Recommendation("plan", best, inductor, noise=noise, reason=f"passed precision; {why}")
     return Recommendation("eager", best, inductor, noise=noise, reason=(
         f"keep eager: the best superkernel plan ({best.name}) and plain torch.compile are both slower than eager "
-        f"beyond the noise threshold ({noise:.1%}) on this machine"))
+        f"(by more than {NOISE_FLOOR:.0%}) on this machine"))
