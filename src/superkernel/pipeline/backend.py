@@ -123,6 +123,33 @@ def _scope_of_break(message: str) -> tuple[str, str] | None:
     return ("?", "")
 
 
+_configs: tuple[Any, Any, Any] | None = None  # (dynamo config, compiler config, dynamo counters), looked up once
+
+
+def _modules() -> tuple[Any, Any, Any]:
+    global _configs
+    if _configs is None:
+        import torch._dynamo.config
+        import torch.compiler.config
+        from torch._dynamo.utils import counters
+
+        _configs = (torch._dynamo.config, torch.compiler.config, counters)
+    return _configs
+
+
+def _break_count() -> int:
+    breaks = _modules()[2].get("graph_break")
+    return sum(breaks.values()) if breaks else 0
+
+
+def _override(module: Any, key: str) -> Any:
+    """A config value as explicitly set (patch / assignment); cheap, for the per-call fast path."""
+    try:
+        return module._config[key].user_override.get()
+    except Exception:  # other torch versions: the public (slower) read
+        return getattr(module, key)
+
+
 class _CaptureContext:
     """What Dynamo enters around each call of a compiled object (see CAPTURE_SETTINGS)."""
 
@@ -133,18 +160,22 @@ class _CaptureContext:
         self.saved: dict[str, Any] = {}
 
     def __enter__(self) -> None:
-        cfg = torch._dynamo.config
+        cfg, compiler_cfg, _ = _modules()
+        self.saved_sources = None
+        self.breaks = _break_count()
+        self.log_mark = len(_break_log.records) if _break_log is not None else 0
+        if _override(cfg, "capture_scalar_outputs") is True and \
+                _override(cfg, "capture_dynamic_output_shape_ops") is True and \
+                GROWING_CACHE_INTS in str(_override(compiler_cfg, "dynamic_sources")):
+            return  # already in place (the decode harness, an outer call): nothing to set or restore
         for key, value in CAPTURE_SETTINGS.items():
             if getattr(cfg, key) != value:
                 self.saved[key] = getattr(cfg, key)
                 setattr(cfg, key, value)
         sources = torch.compiler.config.dynamic_sources
-        self.saved_sources = None
         if GROWING_CACHE_INTS not in sources:
             self.saved_sources = sources
             torch.compiler.config.dynamic_sources = f"{sources},{GROWING_CACHE_INTS}" if sources else GROWING_CACHE_INTS
-        self.breaks = dynamo_graph_breaks()
-        self.log_mark = len(_break_log.records) if _break_log is not None else 0
 
     def __exit__(self, *exc: Any) -> None:
         cfg = torch._dynamo.config
@@ -153,7 +184,7 @@ class _CaptureContext:
         self.saved = {}
         if self.saved_sources is not None:
             torch.compiler.config.dynamic_sources = self.saved_sources
-        if dynamo_graph_breaks() != self.breaks and _break_log is not None:
+        if _break_count() != self.breaks and _break_log is not None:
             records = _break_log.records[self.log_mark:] if self.log_mark <= len(_break_log.records) else []
             self.backend._scope_breaks(records)
 
