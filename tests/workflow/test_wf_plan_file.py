@@ -93,3 +93,23 @@ def test_atomic_write_replaces_and_refuses_inputs(tmp_path):
     with pytest.raises(OutputError, match="refusing to write"):
         atomic_write(target, "x", inputs=[target])
     assert json.loads(target.read_text()) == {"a": 2}
+
+
+def test_a_torch_compile_plan_round_trips_and_applies(tmp_path):
+    import torch
+
+    import superkernel
+    from superkernel.tools.advisor.plan_file import PlanFile, PlanFileError, read_plan, write_plan
+
+    path = write_plan(tmp_path / "superkernel.yaml", PlanFile(scopes={}, mode=None, model="llama-tiny",
+                                                             backend="torch.compile", measured={"why": "noise"}))
+    plan = read_plan(path)
+    assert plan.backend == "torch.compile" and plan.scopes == {} and plan.model == "llama-tiny"
+    model = torch.nn.Linear(4, 4)
+    superkernel.apply_scopes(torch.nn.Sequential(model), {"x": "0"})
+    compiled = superkernel.apply(model, path)
+    assert isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule)
+    with pytest.raises(PlanFileError, match="has no scopes"):
+        read_plan({"backend": "torch.compile", "scopes": {"a": "m"}})
+    with pytest.raises(PlanFileError, match="backend must be one of"):
+        read_plan({"backend": "inductor", "mode": "reduce-overhead", "scopes": {"a": "m"}})
