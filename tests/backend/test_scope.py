@@ -277,3 +277,16 @@ def test_apply_scopes_rejects_malformed_scopes_clearly(scopes, message):
     with pytest.raises((ValueError, TypeError), match=message):
         sk.apply_scopes(model, scopes)
     assert scoped_modules(model) == {}
+
+
+def test_data_dependent_op_under_strict_abort_raises_by_default():
+    def f(x):
+        with sk.super_kernel("strict_dd", "strict-scope-check=abort"):
+            y = x.sin()
+            n = torch.nonzero(y > 0)  # the op strict mode refuses
+            return y.sum() + n.shape[0]
+
+    torch._dynamo.reset()
+    fn = sk.compile(f, _ro_config())
+    with pytest.raises(sk.SuperKernelScopeError, match=r"scope 'strict_dd'.*aten::nonzero.*test_scope\.py:\d+"):
+        fn(torch.randn(8))
