@@ -64,7 +64,7 @@ import torch
 import torch.fx as fx
 
 #: Bumped whenever the code generator changes what it emits for the same graph.
-GENERATOR_VERSION = "4"
+GENERATOR_VERSION = "5"
 
 _STD = "-std=c++20"
 _OPT = "-O1"
@@ -172,6 +172,18 @@ def _type_kind(t: Any) -> str:
 
 def _is_int_value(val: Any) -> bool:
     return isinstance(val, (int, torch.SymInt)) and not isinstance(val, bool)
+
+
+#: Python operators on integers that appear in graphs with symbolic sizes, as C++ (Python semantics).
+_INT_OPS: dict[Any, tuple[str, int]] = {
+    operator.add: ("(int64_t)({0} + {1})", 2), operator.sub: ("(int64_t)({0} - {1})", 2),
+    operator.mul: ("(int64_t)({0} * {1})", 2), operator.floordiv: ("sk_floordiv({0}, {1})", 2),
+    operator.mod: ("sk_mod({0}, {1})", 2), operator.neg: ("(int64_t)(-{0})", 1), operator.pos: ("(int64_t)({0})", 1),
+    operator.eq: ("(bool)({0} == {1})", 2), operator.ne: ("(bool)({0} != {1})", 2),
+    operator.lt: ("(bool)({0} < {1})", 2), operator.le: ("(bool)({0} <= {1})", 2),
+    operator.gt: ("(bool)({0} > {1})", 2), operator.ge: ("(bool)({0} >= {1})", 2),
+    torch.sym_max: ("std::max<int64_t>({0}, {1})", 2), torch.sym_min: ("std::min<int64_t>({0}, {1})", 2),
+}
 
 
 class _NotTyped(Exception):
@@ -344,6 +356,8 @@ class _Function(_TypedMixin):
                 return self.node_value(value)
             if isinstance(val, (list, tuple)) and kind == "ListType":
                 return self.node_value(value)
+            if isinstance(val, (bool, torch.SymBool)) and kind in ("BoolType", "NumberType"):
+                return self.node_value(value)
             if _is_int_value(val) and kind in ("IntType", "SymIntType", "NumberType", "OptionalType"):
                 if kind == "OptionalType" and _type_kind(typ.getElementType()) not in ("IntType", "SymIntType", "NumberType"):
                     raise NativeUnsupported(f"{what}: node {value.name} (int) for {typ}")
@@ -497,7 +511,7 @@ class _Function(_TypedMixin):
                     raise NativeUnsupported("the partition's output is not a tuple")
                 for r in results:
                     val = r.meta.get("val") if isinstance(r, fx.Node) else None
-                    if not (isinstance(val, (torch.Tensor, float, torch.SymFloat)) or _is_int_value(val)):
+                    if not (isinstance(val, (torch.Tensor, float, torch.SymFloat, bool, torch.SymBool)) or _is_int_value(val)):
                         raise NativeUnsupported(f"output {r!r} is not a tensor or a number")
                     outputs.append(self.node_value(r))
                 continue
@@ -505,6 +519,8 @@ class _Function(_TypedMixin):
                 raise NativeUnsupported(f"{node.op} node {node.name}")
             if node.target is operator.getitem:
                 self.getitem(node)
+            elif node.target in _INT_OPS:
+                self.int_op(node)
             elif isinstance(node.target, torch._ops.OpOverload):
                 self.call(node)
             else:
@@ -553,6 +569,25 @@ class _Function(_TypedMixin):
             "}",
         ]
         return "\n".join(head + ["  " + line for line in body] + tail) + "\n"
+
+    def int_op(self, node: fx.Node) -> None:
+        """Python arithmetic/comparison on integer sizes (SymInts of a growing cache position)."""
+        if node.kwargs:
+            raise NativeUnsupported(f"{node.name}: keyword arguments to {node.target}")
+        operands = []
+        for a in node.args:
+            if isinstance(a, fx.Node) and _is_int_value(a.meta.get("val")):
+                operands.append(f"{self.node_value(a)}.toInt()")
+            elif isinstance(a, int) and not isinstance(a, bool):
+                operands.append(_int_literal(a))
+            else:
+                raise NativeUnsupported(f"{node.name}: {node.target} of {a!r} (integers only)")
+        template, arity = _INT_OPS[node.target]
+        if len(operands) != arity:
+            raise NativeUnsupported(f"{node.name}: {node.target} with {len(operands)} operands")
+        v = self.var(node)
+        self.lines.append(f"  c10::IValue {v} = c10::IValue({template.format(*operands)});")
+        self.values[node] = v
 
     def var(self, node: fx.Node) -> str:
         v = f"v_{node.name}"
@@ -704,6 +739,21 @@ PyObject* sk_error_type(const c10::Error& e) {
   if (dynamic_cast<const c10::NotImplementedError*>(&e)) return PyExc_NotImplementedError;
   if (dynamic_cast<const c10::OutOfMemoryError*>(&e)) return PyExc_MemoryError;
   return PyExc_RuntimeError;
+}
+
+// Python's // and %% on integers (floor division; the remainder takes the divisor's sign).
+int64_t sk_floordiv(int64_t a, int64_t b) {
+  if (b == 0) throw std::domain_error("integer division or modulo by zero");
+  int64_t q = a / b;
+  if ((a %% b != 0) && ((a < 0) != (b < 0))) --q;
+  return q;
+}
+
+int64_t sk_mod(int64_t a, int64_t b) {
+  if (b == 0) throw std::domain_error("integer division or modulo by zero");
+  int64_t r = a %% b;
+  if (r != 0 && ((r < 0) != (b < 0))) r += b;
+  return r;
 }
 
 PyObject* sk_bad_nargs(Py_ssize_t expected, Py_ssize_t got) {
