@@ -125,6 +125,23 @@ def test_matching_package_loads_without_compiling(pkg_copy):
     assert not kernels & shared, "a package's kernels never go to the shared Inductor cache"
 
 
+def test_the_seam_hash_load_compile(pkg_copy):
+    """hash names a partition, load returns it from the package by that handle (None when not held)."""
+    build_dir, pkg = pkg_copy
+    compiler = open_compiler(_config(build_dir))
+    gm, inputs = _graph(4)
+    handle = compiler.hash(gm, inputs)
+    assert handle == partition_key(gm, inputs, compiler.workspace("cpu").fingerprint)
+    assert handle in read_manifest(pkg).artifacts and compiler.package.path == pkg
+    fn = compiler.load(handle, gm, inputs)
+    torch.testing.assert_close(fn(*inputs)[0], _fn(*inputs)[0])
+    assert compiler.load("0" * 40, gm, inputs) is None
+    other, other_inputs = _graph(5)
+    assert compiler.hash(other, other_inputs) != handle
+    assert compiler.compile(other, other_inputs, lambda: "normal path") == "normal path"  # not in the package
+    assert compiler.counters["loaded"] == 1 and compiler.counters["fallback"] == 1
+
+
 @pytest.mark.parametrize("what,edit,expect", [
     ("version", lambda m: m["environment"].update(torch="1.0.0"), "torch differs"),
     ("device", lambda m: m["environment"].update(device_capability="x86_64:sse4_2"), "device_capability differs"),
