@@ -2,12 +2,16 @@
 
 The segment's straight-line ATen program (the same program :mod:`superkernel.runtime.cpu`
 runs from Python) is emitted as C++ that calls the very same ATen operators through the
-dispatcher: every operator is looked up once, when the module loads, into a table of
-``c10::OperatorHandle``; each call pushes its arguments on one reused IValue stack and
-calls ``callBoxed``, which is the path ``torch.ops.aten.X.overload(...)`` takes from
-Python. Same kernels, same arguments, same order, so results are bit-identical to the
-flat program and to the exactness reference; only the Python interpreter between the
-operators is gone.
+dispatcher. An operator whose arguments the typed signature can take is called through
+its typed entry point ``at::_ops::<op>::call`` (what ``at::<op>(...)`` calls); any other
+is looked up once, when the module loads, into a table of ``c10::OperatorHandle`` and
+called with ``callBoxed`` on one reused IValue stack, the path
+``torch.ops.aten.X.overload(...)`` takes from Python. Same kernels, same arguments, same
+order, so results are bit-identical to the flat program and to the exactness reference;
+only the Python interpreter between the operators is gone. If a typed call does not
+compile against this torch's headers, the module is generated again with every operator
+boxed. Python integer arithmetic on symbolic sizes (``n - 3``, ``max(n, 0)``, ``//``, ``%``
+with Python's semantics) is emitted as C++ integer arithmetic.
 
 Arguments are converted exactly as the Python operator call converts them: a Python
 number given for a ``Tensor`` argument (``aten.add.Tensor(x, 1e-06)``) becomes a
