@@ -140,6 +140,31 @@ def frozen_inputs(gm: fx.GraphModule, inputs: Sequence[fx.Node], parent: fx.Grap
     return result
 
 
+#: Operators whose weights Inductor's freezing prepacks (the reason to freeze at all).
+_WEIGHT_OPS = {"mm", "addmm", "bmm", "baddbmm", "convolution", "linear", "matmul"}
+
+
+def _has_weight_op(gm: fx.GraphModule, frozen: dict[int, torch.Tensor]) -> bool:
+    """Whether a frozen input reaches a GEMM/convolution (through views): otherwise freezing
+    only costs a second compile."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    todo = [placeholders[i] for i in frozen]
+    seen: set[fx.Node] = set()
+    while todo:
+        node = todo.pop()
+        for user in node.users:
+            if user in seen:
+                continue
+            seen.add(user)
+            packet = getattr(getattr(user.target, "overloadpacket", None), "__name__", "")
+            if packet in _WEIGHT_OPS:
+                return True
+            schema = getattr(user.target, "_schema", None)
+            if schema is not None and any(r.alias_info is not None for r in schema.returns):
+                todo.append(user)  # a view of the weight (t, permute, ...)
+    return False
+
+
 def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[int, torch.Tensor], *,
                    cpp_wrapper: bool, autotune: bool, gemm_templates: bool = True) -> Callable[..., Any]:
     """``gm`` with the ``frozen`` inputs as constants, through Inductor's freezing passes
@@ -243,7 +268,7 @@ def choose(module: Any, parent: fx.GraphModule, parent_reals: list[Any] | None, 
     if freezing is False:
         return Choice(plain, "", {})
     frozen = frozen_inputs(module.gm, module.inputs, parent, parent_reals, static_indices)
-    if not frozen:
+    if not frozen or not _has_weight_op(module.gm, frozen):
         return Choice(plain, "", {})
     try:
         frozen_fn = compile_frozen(module.gm, module.example_inputs, frozen, cpp_wrapper=cpp_wrapper, autotune=autotune,
