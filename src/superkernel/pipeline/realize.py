@@ -199,11 +199,14 @@ class Realizer:
         from superkernel.runtime.inductor_cpu import choose, graph_real_inputs
 
         parent = module.inputs[0].graph.owning_module
-        if self._parent_reals is None or self._parent_reals[0] is not parent:
-            self._parent_reals = (parent, graph_real_inputs(parent))
         context = torch._guards.TracingContext.try_get()
         meta = getattr(context, "fw_metadata", None)
         static = list(getattr(meta, "static_input_indices", None) or ())
+        if self._parent_reals is None or self._parent_reals[0] is not parent:
+            reals = graph_real_inputs(parent)
+            if reals is not None:  # keep only what may be frozen: no reference to the call's other inputs
+                reals = [r if isinstance(r, torch.nn.Parameter) or i in static else None for i, r in enumerate(reals)]
+            self._parent_reals = (parent, reals)
         # A graph whose outputs require grad is the forward of a training step: never frozen.
         training = any(getattr(o, "requires_grad", False) for o in getattr(meta, "output_info", None) or ())
         choice = choose(module, parent, None if training else self._parent_reals[1], static, compile_fn,
