@@ -443,3 +443,20 @@ def test_embed_layernorm_with_positions_from_an_input_is_a_near_miss(export_modu
              "embed_layernorm", 1)
     assert not f.applied("embed_layernorm")
     assert any("not computed from constants" in m.reason for m in f.near("embed_layernorm"))
+
+
+def test_legacy_export_with_dynamic_axes_uses_symbolic_inference(tmp_path, fuse):
+    """dynamic_axes: ONNX inference leaves head reshapes unresolved (unk__ dims); ONNX
+    Runtime's symbolic inference resolves them, so attention is found."""
+    torch.manual_seed(0)
+    module = HFEagerAttention()
+    p = tmp_path / "attn_dyn_legacy.onnx"
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module.eval(), _attn_args(), str(p), input_names=["x", "attention_mask"],
+                          opset_version=17, dynamo=False,
+                          dynamic_axes={"x": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}})
+    f = fuse(str(p), "attention", 3, dims={"batch": 1, "seq": 8})
+    assert f.result.shape_inference.symbolic_inferred > 0, f.result.shape_inference.to_dict()
+    assert [c for c in f.result.candidates if c.rule == "attention"], f.result.near_misses
+    assert f.verify(dims={"batch": 1, "seq": 8}).ok

@@ -85,7 +85,9 @@ CATALOG: tuple[RuleSpec, ...] = (
     RuleSpec("skip_rmsnorm", "Add,SimplifiedLayerNormalization|RMSNormalization",
              "com.microsoft SkipSimplifiedLayerNormalization", 1, 20,
              "Residual add followed by RMSNorm; the sum stays available when it is used later.",
-             _v(R.SkipRMSNorm, kind=("sln", "rms"), sum_out=(True, False))),
+             lambda: _v(R.SkipRMSNorm, kind=("sln", "rms"), sum_out=(True, False))()
+             + _v(R.SkipRMSNormDecomposed, axes_attr=(False, True), cast=(False, True), in_cast=(False, True),
+                  sum_out=(True, False), scale_first=(True, False))()),
     RuleSpec("rotary", "Mul cos,Slice,Slice,Neg,Concat,Mul sin,Add", "com.microsoft RotaryEmbedding", 3, 30,
              "Half-rotation rotary embedding q*cos + rotate_half(q)*sin (Llama); cos/sin from "
              "Cos/Sin(Concat(freqs, freqs)) or constants.", _v(R.Rotary)),
@@ -117,7 +119,7 @@ CATALOG: tuple[RuleSpec, ...] = (
                       if not (v.params["guard"] and v.params["casts"])]),
     RuleSpec("bias_gelu", "Add bias,Gelu|FastGelu", "com.microsoft BiasGelu / FastGelu(bias)", 2, 50,
              "Bias add (the MatMul epilogue) folded into the GELU.",
-             _v(R.BiasGelu, form=("ms_gelu", "ms_fast", "onnx"))),
+             lambda: _v(R.BiasGelu, form=("ms_gelu", "ms_fast", "onnx"))() + _v(R.BiasGeluErf, form=("a", "b", "c"))()),
     RuleSpec("gemm", "MatMul,Add", "Gemm", 2, 50,
              "2-D MatMul plus a broadcastable bias (Gemm is only valid for 2-D operands).", _v(R.Gemm)),
     RuleSpec("fused_matmul_scale", "MatMul,Mul|Div scalar", "com.microsoft FusedMatMul(alpha)", 2, 50,

@@ -152,7 +152,7 @@ class _Estimator:
         """``extras``: nodes outside the pattern that die with it (e.g. the projections a
         packed attention absorbs); their outputs count as removed intermediates."""
         notes: list[str] = []
-        all_nodes = [*extras, *match.nodes]
+        all_nodes = list(dict.fromkeys([*extras, *match.nodes]))  # a node matched twice counts once
         matched = set(all_nodes)
         removed, dynamic = [], False
         for n in all_nodes:
@@ -280,7 +280,7 @@ def fuse(model: ir.Model, specs: list[RuleSpec], *, dims: Mapping[str, int] | No
                         _detach(delta.new_nodes)
                         continue  # another variant of the same rule at the same root
                     cand = Candidate(spec.name, inst.variant, spec.fused_op, node.name or "",
-                                     [n.name or n.op_type for n in match.nodes])
+                                     [n.name or n.op_type for n in dict.fromkeys(match.nodes)])
                     extras = [n for n in inst.state.get("extra_nodes", []) if n not in match.nodes]
                     cand.benefit, cand.notes = est.estimate(inst, match, delta.new_nodes, extras)
                     if extras:
@@ -363,7 +363,7 @@ def _calibrate(calibrator, cand: Candidate, model: ir.Model, match, delta, extra
     opsets = {d: v for d, v in model.opset_imports.items() if d not in ("ai.onnx",)}
     opsets.setdefault("", 17)
     opsets.setdefault(MS, 1)
-    built = calibrator.micro_models([*extras, *match.nodes], match.outputs, delta.new_nodes,
+    built = calibrator.micro_models(list(dict.fromkeys([*extras, *match.nodes])), match.outputs, delta.new_nodes,
                                     delta.new_outputs, opsets)
     if isinstance(built, str):
         cand.notes.append(f"not calibrated: {built}; the estimate decides")

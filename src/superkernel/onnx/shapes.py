@@ -65,8 +65,12 @@ def _score(vi: onnx.ValueInfoProto) -> int:
     if not t.tensor_type.HasField("shape"):
         return 0
     # a concrete dim counts more than a named one (symbolic inference names unknowns unk__N)
-    return 1 + sum(2 if d.HasField("dim_value") else 1 if d.HasField("dim_param") else 0
-                   for d in t.tensor_type.shape.dim)
+    return 1 + sum(2 if d.HasField("dim_value") else 1 if _named(d) else 0 for d in t.tensor_type.shape.dim)
+
+
+def _named(d) -> bool:
+    """A symbolic dim with a real name (inference names the dims it could not resolve unk__N)."""
+    return d.HasField("dim_param") and not d.dim_param.startswith("unk__")
 
 
 def _value_infos(proto: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
@@ -147,8 +151,7 @@ def annotate(model: ir.Model, *, symbolic: bool = True) -> Annotations:
 
 def _complete(vi: onnx.ValueInfoProto) -> bool:
     t = vi.type.tensor_type
-    return t.elem_type != 0 and t.HasField("shape") and all(
-        d.HasField("dim_value") or d.HasField("dim_param") for d in t.shape.dim)
+    return t.elem_type != 0 and t.HasField("shape") and all(d.HasField("dim_value") or _named(d) for d in t.shape.dim)
 
 
 FOLD_MAX_ELEMENTS = 4096
