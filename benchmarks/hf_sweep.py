@@ -118,7 +118,10 @@ def markdown(rows: list[dict], meta: dict) -> str:
              f"{meta['prompt_len']}` (tiny configs: 2 layers, hidden 64, vocabulary 256, random weights; sliding "
              "windows of 16 < prompt 20, so they roll). Recompiles: Dynamo guard failures during the timed steps, "
              "per plan and baseline (max over them). Ratio: torch.compile median / the recommended choice's median "
-             "(1.00 = torch.compile itself).", "",
+             "(1.00 = torch.compile itself); best plan: torch.compile median / the fastest passing superkernel plan's. "
+             "Eager drift: eager timed again after all plans vs its first median; on a shared machine it is large, "
+             "and the recommendation widens its noise threshold by it (a plan must beat torch.compile by more "
+             "than max(3%, |drift|)), so read the timing columns as indicative only.", "",
              "| arch | tags | exit | reduce-overhead bit-exact | recompiles (timed, max) | recommendation | "
              "ratio vs torch.compile | best plan vs torch.compile | eager ms | torch.compile ms | eager drift | note |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
