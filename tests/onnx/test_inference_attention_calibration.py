@@ -130,10 +130,13 @@ class RotaryScaled(nn.Module):
         return q * cos + zoo.rotate_half(q) * sin
 
 
-@pytest.mark.parametrize("scale", [1.0, 0.5])
-def test_rotary_with_mul_and_cast_after_cos(export_module, fuse, scale):
+@pytest.mark.parametrize("exporter,scale", [("legacy", 1.0), ("legacy", 0.5), ("dynamo", 0.5)])
+def test_rotary_with_mul_and_cast_after_cos(export_module, fuse, tmp_path, exporter, scale):
     args = (torch.randn(2, 4, 8, 16), torch.arange(8)[None].expand(2, -1).contiguous())
-    p = export_module(f"rot_scaled_{scale}", RotaryScaled(scale), args, input_names=["q", "position_ids"])
+    if exporter == "legacy":
+        p = legacy_export(RotaryScaled(scale), args, tmp_path / "rot.onnx", ["q", "position_ids"])
+    else:
+        p = export_module(f"rot_scaled_{scale}", RotaryScaled(scale), args, input_names=["q", "position_ids"])
     f = fuse(p, "rotary", 3, dims={})
     assert f.applied("rotary"), f.result.near_misses
     assert f.verify().ok
@@ -225,10 +228,10 @@ def test_attention_as_exported_today(export_module, fuse, tmp_path, case, kw, ar
     ("eager", dict(), _attn_args(s=64)),
     ("decode_past_kv", dict(kv_heads=2), _attn_args(past=63, kvh=2, s=1)),
 ])
-def test_attention_fused_and_verified_when_the_estimate_is_positive(export_module, fuse, case, kw, args):
+def test_attention_fused_and_verified_when_the_estimate_is_positive(fuse, tmp_path, case, kw, args):
     torch.manual_seed(0)
     names = ["x", "attention_mask", "past_key", "past_value"][:len(args)]
-    p = export_module(f"attn_big_{case}", HFEagerAttention(**kw), args, input_names=names)
+    p = legacy_export(HFEagerAttention(**kw), args, tmp_path / f"attn_big_{case}.onnx", names)
     f = fuse(p, "attention", 3, dims={})
     assert f.applied("attention"), [c.to_dict() for c in f.result.candidates] + f.result.near_misses
     assert f.nodes("MultiHeadAttention")
