@@ -14,7 +14,7 @@ from typing import Any, ContextManager
 
 import torch.fx.traceback as _fx_traceback
 
-from superkernel.pipeline.ir import ANNOTATION_KEY, OPTION_VALUES, ScopeOptions, node_scope, parse_options
+from superkernel.pipeline.ir import ANNOTATION_KEY, OPTION_VALUES, ScopeOptions, node_scope, option_values, parse_options
 
 __all__ = ["super_kernel", "superkernel_scope", "parse_options", "node_scope", "ScopeOptions", "OPTION_VALUES",
            "ANNOTATION_KEY"]
@@ -35,7 +35,9 @@ def super_kernel(scope: str | None, options: str = "") -> ContextManager[None]:
     """
     if scope is not None and not isinstance(scope, str):
         raise TypeError(f"scope label must be a string or None, got {type(scope).__name__}")
-    parse_options(options)
+    if options is not None and not isinstance(options, str):
+        raise TypeError(f"scope options must be a string like 'stream-fusion=1', got {type(options).__name__}")
+    option_values(options or "")  # validated now; parsed (once per string) when the graph is segmented
     _check_annotate_available()
     return _fx_traceback.annotate({ANNOTATION_KEY: {"scope": scope or "", "options": options or ""}})
 

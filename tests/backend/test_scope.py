@@ -290,3 +290,21 @@ def test_data_dependent_op_under_strict_abort_raises_by_default():
     fn = sk.compile(f, _ro_config())
     with pytest.raises(sk.SuperKernelScopeError, match=r"scope 'strict_dd'.*aten::nonzero.*test_scope\.py:\d+"):
         fn(torch.randn(8))
+
+
+def test_options_string_first_seen_while_dynamo_traces() -> None:
+    """super_kernel() validates options without touching the parse cache, so a string
+    nobody parsed before compiles (it once failed with 'Guard failed on the same frame')."""
+    from superkernel.pipeline import ir
+
+    opts = "strict-scope-check=bypass:stream-fusion=0"
+    ir._PARSED.pop(opts, None)
+
+    def f(x):
+        with sk.super_kernel("fresh", opts):
+            return (x * 2).relu()
+
+    fn = sk.compile(f, sk.CompilerConfig.from_dict({"mode": "reduce-overhead"}))
+    x = torch.randn(4)
+    assert torch.equal(fn(x), f(x))
+    assert [s.name for s in sk.explain(fn).segments] == ["fresh"]

@@ -62,16 +62,26 @@ def parse_options(options: str | None) -> ScopeOptions:
         raise TypeError(f"scope options must be a string like 'stream-fusion=1', got {type(options).__name__}")
     parsed = _PARSED.get(options)
     if parsed is None:
-        parsed = _PARSED[options] = _parse_options(options)
+        values = option_values(options)
+        parsed = _PARSED[options] = ScopeOptions(
+            stream_fusion=values["stream-fusion"] == "1",
+            strict_scope_check=values["strict-scope-check"],
+            text=options,
+        )
     return parsed
 
 
-# Parsed once per distinct string (a plain dict: Dynamo traces super_kernel() and warns
-# about functools.lru_cache wrappers).
+# Parsed once per distinct string, when the graph is segmented (not while Dynamo traces:
+# see option_values).
 _PARSED: dict[str, ScopeOptions] = {}
 
 
-def _parse_options(options: str) -> ScopeOptions:
+def option_values(options: str) -> dict[str, str]:
+    """Validate ``options`` and return every key's value (defaults filled in).
+
+    A pure function of the string with no global state: ``super_kernel()`` calls it while
+    Dynamo traces the model, where touching a module-level cache would add guards on it.
+    """
     values = {k: v[0] for k, v in OPTION_VALUES.items()}
     given: set[str] = set()
     for part in options.split(":"):
@@ -93,11 +103,7 @@ def _parse_options(options: str) -> ScopeOptions:
             raise ValueError(f"scope option {key!r} is given twice in {options!r}; give each key at most once")
         given.add(key)
         values[key] = value
-    return ScopeOptions(
-        stream_fusion=values["stream-fusion"] == "1",
-        strict_scope_check=values["strict-scope-check"],
-        text=options,
-    )
+    return values
 
 
 def node_scope(node: Any) -> tuple[str, ScopeOptions]:
