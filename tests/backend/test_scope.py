@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import superkernel as sk
+from superkernel.pipeline import backend as sk_backend
 from superkernel.scope import node_scope
 from superkernel.scope_apply import ScopeGlobError, scoped_modules
 
@@ -174,7 +175,7 @@ def test_data_dependent_op_in_scope_is_a_cut_by_default(kind, entry):
     f = _data_dependent(kind)
     if entry == "superkernel.compile":
         fn = sk.compile(f, _ro_config())
-        backend = sk.pipeline.backend.find_backend(fn)
+        backend = sk_backend.find_backend(fn)
     else:
         backend = sk.get_backend(_ro_config())
         fn = torch.compile(f, backend=backend, dynamic=False)
@@ -189,7 +190,7 @@ def test_data_dependent_op_in_scope_is_a_cut_by_default(kind, entry):
 
 def test_backend_string_superkernel_captures_the_scope_by_default():
     torch._dynamo.reset()
-    backend = sk.pipeline.backend.default_backend()
+    backend = sk_backend.default_backend()
     backend.reset()
     f = _data_dependent("nonzero")
     fn = torch.compile(f, backend="superkernel", dynamic=False)
@@ -214,7 +215,7 @@ def test_other_graph_break_in_scope_is_reported_with_scope_reason_and_line():
     f = _printing("")
     fn = torch.compile(f, backend=backend, dynamic=False)
     x = torch.randn(4)
-    with pytest.warns(sk.pipeline.backend.SuperKernelScopeBreakWarning, match=r"scope 'blk'.*test_scope\.py:\d+.*print"):
+    with pytest.warns(sk_backend.SuperKernelScopeBreakWarning, match=r"scope 'blk'.*test_scope\.py:\d+.*print"):
         assert torch.equal(fn(x), f(x))
     (cut,) = backend.scope_breaks
     assert cut.scope == "blk" and cut.source.endswith(f"test_scope.py:{_line_of('a graph break Dynamo cannot')}")

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import copy
 import functools
-import logging
-import re
 import time
 import warnings
 import weakref
@@ -30,163 +28,17 @@ import torch.fx as fx
 from superkernel.config import MAX_AUTOTUNE, CompilerConfig
 from superkernel.pipeline.capture import break_text, capture, dynamo_graph_breaks
 from superkernel.pipeline.graph_dump import dump_graph
-from superkernel.pipeline.ir import Cut, Explanation, GraphInfo, SegmentInfo, SuperKernelScopeError, graph_device
+from superkernel.pipeline.ir import (
+    Cut, Explanation, GraphInfo, SegmentInfo, SuperKernelScopeError, graph_device, parse_options,
+)
 from superkernel.pipeline.partition import assemble, named_callable, split_partitions
 from superkernel.pipeline.passes import reinplace_input_updates
 from superkernel.pipeline.realize import Realizer
 from superkernel.pipeline.segments import build_segments, last_scope
-
-
-# --- Dynamo settings under which a superkernel compile traces ----------------------------
-#
-# A data-dependent op (nonzero, boolean masking) or a host sync (.item()) inside a scope
-# makes Dynamo graph-break inside ``torch.fx.traceback.annotate``, which it cannot resume:
-# the whole frame would run eagerly and the scope vanish. With these two settings Dynamo
-# captures those ops instead, and the segmentation cuts the scope around them.
-# Dynamo enters ``backend_ctx_ctor`` around every call of an object compiled with the
-# backend (torch.compile(backend=get_backend(cfg)), superkernel.compile and
-# backend="superkernel"), so tracing and recompiles see the settings; already-set flags
-# (the decode harness, a user's global setting) cost two attribute reads per call.
-CAPTURE_SETTINGS = {"capture_scalar_outputs": True, "capture_dynamic_output_shape_ops": True}
-#: Python ints of transformers' caches that grow with every decode step (a sliding window's
-#: ``cumulative_length_int``): Dynamo would specialize on them and recompile at every
-#: position until its recompile limit; as dynamic sources, decode compiles once.
-GROWING_CACHE_INTS = r".*\.cumulative_length_int$"
-
-
-class SuperKernelScopeBreakWarning(UserWarning):
-    """Dynamo graph-broke inside a superkernel scope: the scope's operators run uncompiled."""
-
-
-class _BreakLog(logging.Handler):
-    """Keeps Dynamo's graph-break log records (file:line, reason, the ``with`` line of the scope)."""
-
-    def __init__(self) -> None:
-        super().__init__(level=logging.DEBUG)
-        self.records: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            self.records.append(record.getMessage())
-            del self.records[:-64]
-        except Exception:  # pragma: no cover - logging must never break compilation
-            pass
-
-
-_break_log: _BreakLog | None = None
-
-
-def _install_break_log() -> _BreakLog | None:
-    """Listen to Dynamo's graph-break artifact log (without printing it unless the user asked)."""
-    global _break_log
-    try:
-        from torch._dynamo.symbolic_convert import graph_break_log
-    except ImportError:  # pragma: no cover - other torch versions
-        return None
-    if _break_log is None:
-        _break_log = _BreakLog()
-    try:  # Dynamo logs each (kind, place) of graph break once per process; this backend needs its own
-        from torch._dynamo.utils import graph_break_dup_warning_checker
-
-        graph_break_dup_warning_checker.reset()
-    except (ImportError, AttributeError):  # pragma: no cover
-        pass
-    if _break_log not in graph_break_log.handlers:
-        graph_break_log.addHandler(_break_log)
-    if not graph_break_log.isEnabledFor(logging.DEBUG):  # the user did not ask for graph-break logs
-        graph_break_log.setLevel(logging.DEBUG)
-        graph_break_log.propagate = False
-    return _break_log
-
-
-_SCOPE_CALL = re.compile(r"super(?:kernel_scope|_kernel)\(([^)]*)")
-_LITERAL = re.compile(r"[\"']([^\"']*)[\"']")
-_BREAK_AT = re.compile(r"Graph break in user code at (\S+:\d+)")
-
-
-def _scope_of_break(message: str) -> tuple[str, str] | None:
-    """(scope label, options) a graph-break record happened in, or None when outside every scope."""
-    from superkernel.scope_apply import applied_scopes_in
-
-    inside = any(mark in message for mark in ("annotate", "super_kernel(", "superkernel_scope(", "scoped_forward"))
-    if not inside:
-        return None
-    for line in message.splitlines():
-        if "with " in line and ("super_kernel(" in line or "superkernel_scope(" in line):
-            found = _SCOPE_CALL.search(line)
-            literals = _LITERAL.findall(found.group(1)) if found else []
-            if literals:
-                return literals[0], literals[1] if len(literals) > 1 else ""
-    applied = applied_scopes_in(message)  # scopes put on modules with apply_scopes
-    if applied:
-        return applied[0]
-    return ("?", "")
-
-
-_configs: tuple[Any, Any, Any] | None = None  # (dynamo config, compiler config, dynamo counters), looked up once
-
-
-def _modules() -> tuple[Any, Any, Any]:
-    global _configs
-    if _configs is None:
-        import torch._dynamo.config
-        import torch.compiler.config
-        from torch._dynamo.utils import counters
-
-        _configs = (torch._dynamo.config, torch.compiler.config, counters)
-    return _configs
-
-
-def _break_count() -> int:
-    breaks = _modules()[2].get("graph_break")
-    return sum(breaks.values()) if breaks else 0
-
-
-def _override(module: Any, key: str) -> Any:
-    """A config value as explicitly set (patch / assignment); cheap, for the per-call fast path."""
-    try:
-        return module._config[key].user_override.get()
-    except Exception:  # other torch versions: the public (slower) read
-        return getattr(module, key)
-
-
-class _CaptureContext:
-    """What Dynamo enters around each call of a compiled object (see CAPTURE_SETTINGS)."""
-
-    __slots__ = ("backend", "saved", "saved_sources", "breaks", "log_mark")
-
-    def __init__(self, backend: "SuperKernelBackend") -> None:
-        self.backend = backend
-        self.saved: dict[str, Any] = {}
-
-    def __enter__(self) -> None:
-        cfg, compiler_cfg, _ = _modules()
-        self.saved_sources = None
-        self.breaks = _break_count()
-        self.log_mark = len(_break_log.records) if _break_log is not None else 0
-        if _override(cfg, "capture_scalar_outputs") is True and \
-                _override(cfg, "capture_dynamic_output_shape_ops") is True and \
-                GROWING_CACHE_INTS in str(_override(compiler_cfg, "dynamic_sources")):
-            return  # already in place (the decode harness, an outer call): nothing to set or restore
-        for key, value in CAPTURE_SETTINGS.items():
-            if getattr(cfg, key) != value:
-                self.saved[key] = getattr(cfg, key)
-                setattr(cfg, key, value)
-        sources = torch.compiler.config.dynamic_sources
-        if GROWING_CACHE_INTS not in sources:
-            self.saved_sources = sources
-            torch.compiler.config.dynamic_sources = f"{sources},{GROWING_CACHE_INTS}" if sources else GROWING_CACHE_INTS
-
-    def __exit__(self, *exc: Any) -> None:
-        cfg = torch._dynamo.config
-        for key, value in self.saved.items():
-            setattr(cfg, key, value)
-        self.saved = {}
-        if self.saved_sources is not None:
-            torch.compiler.config.dynamic_sources = self.saved_sources
-        if _break_count() != self.breaks and _break_log is not None:
-            records = _break_log.records[self.log_mark:] if self.log_mark <= len(_break_log.records) else []
-            self.backend._scope_breaks(records)
+from superkernel.pipeline.tracing import (
+    BREAK_AT, GRAPH_BREAK_IN_SCOPE, CaptureContext, SuperKernelScopeBreakWarning, forward_backend_context,
+    install_break_log, scope_of_break,
+)
 
 
 class SuperKernelBackend:
@@ -208,8 +60,8 @@ class SuperKernelBackend:
         self._graph_breaks_at_start = dynamo_graph_breaks()
         #: graph breaks Dynamo took inside a scope (their operators run uncompiled), as cuts
         self.scope_breaks: list[Cut] = []
-        _install_break_log()
-        self.backend_ctx_ctor = functools.partial(_CaptureContext, self)  # read by Dynamo (see CAPTURE_SETTINGS)
+        install_break_log()
+        self.backend_ctx_ctor = functools.partial(CaptureContext, self)  # read by Dynamo (see CAPTURE_SETTINGS)
         self.static_kernels = None
         if self.config.experimental_config.static_kernel.enable:
             from superkernel.static_kernel.compiler import open_compiler
@@ -286,18 +138,16 @@ class SuperKernelBackend:
 
     def _scope_breaks(self, records: list[str]) -> None:
         """Report graph breaks inside scopes at compile time; strict-scope-check=abort raises."""
-        from superkernel.pipeline.ir import parse_options
-
         found_here = 0
         for message in records:
-            scope = _scope_of_break(message)
+            scope = scope_of_break(message)
             # Dynamo's follow-up record ("annotate escaped from compiled region") only matters
             # when the record of the break itself was not logged (Dynamo logs each place once)
             if scope is None or ("escaped from compiled region" in message and found_here):
                 continue
             found_here += 1
             label, options = scope
-            where = _BREAK_AT.search(message)
+            where = BREAK_AT.search(message)
             reason_lines = [line.strip() for line in message.splitlines() if line.strip()]
             reason = next((line.split(":", 1)[1].strip() for line in reason_lines
                            if line.startswith("Graph Break Reason:")), "graph break")
@@ -329,7 +179,7 @@ class SuperKernelBackend:
         self._previous, self._pending_break = ("", None), None
         self._graph_breaks_at_start = dynamo_graph_breaks()
         self.scope_breaks.clear()
-        _install_break_log()
+        install_break_log()
 
 
 def get_backend(compiler_config: CompilerConfig | None = None) -> SuperKernelBackend:
@@ -357,41 +207,14 @@ def superkernel_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs:
 
 
 # backend="superkernel": Dynamo reads the context from the registered function.
-superkernel_backend.backend_ctx_ctor = lambda: _CaptureContext(default_backend())  # type: ignore[attr-defined]
-
-GRAPH_BREAK_IN_SCOPE = "graph break inside the scope (Dynamo could not capture it; its operators run uncompiled)"
-
+superkernel_backend.backend_ctx_ctor = lambda: CaptureContext(default_backend())  # type: ignore[attr-defined]
 
 def _register() -> None:
     from torch._dynamo.backends.registry import _BACKENDS, register_backend
 
     if "superkernel" not in _BACKENDS or _BACKENDS["superkernel"] is None:
         register_backend(name="superkernel")(superkernel_backend)
-    _forward_backend_context()
-
-
-def _forward_backend_context() -> None:
-    """Make ``torch.compile(..., backend=X)`` honour ``X.backend_ctx_ctor`` like ``torch._dynamo.optimize`` does.
-
-    torch.compile wraps a custom backend in ``torch._TorchCompileWrapper``, which drops the
-    backend's ``backend_ctx_ctor``; Dynamo then never enters it. The wrapper is given the
-    attribute of the backend it wraps (only backends that define one are affected), so
-    ``torch.compile(model, backend="superkernel")`` traces with CAPTURE_SETTINGS as well.
-    """
-    wrapper = getattr(torch, "_TorchCompileWrapper", None)
-    if wrapper is None or getattr(wrapper.__init__, "_superkernel_forwarding", False):
-        return
-    original = wrapper.__init__
-
-    @functools.wraps(original)
-    def __init__(self, backend, *args, **kwargs):  # type: ignore[no-untyped-def]
-        original(self, backend, *args, **kwargs)
-        ctx = getattr(getattr(self, "compiler_fn", None), "backend_ctx_ctor", None)
-        if ctx is not None:
-            self.backend_ctx_ctor = ctx
-
-    __init__._superkernel_forwarding = True  # type: ignore[attr-defined]
-    wrapper.__init__ = __init__
+    forward_backend_context()
 
 
 _register()
@@ -400,7 +223,7 @@ _register()
 def compile(model: Any, compiler_config: CompilerConfig | None = None, **torch_compile_kwargs: Any) -> Any:
     """``torch.compile(model, backend=get_backend(compiler_config), **kwargs)``.
 
-    :func:`superkernel.pipeline.ir` accepts the result. With static kernels enabled and a
+    :func:`explain` accepts the result. With static kernels enabled and a
     function (not a module) to compile, the result also loads the function's precompiled
     Dynamo frame from the package (see ``superkernel.static_kernel.compiler``).
     """

@@ -1,0 +1,192 @@
+"""How a superkernel compile makes Dynamo trace: the settings it applies around every call
+of a compiled object, and what it learns from Dynamo's graph-break log.
+
+The backend itself (``pipeline.backend``) decides what to do with a graph break inside a
+scope; this module only sets Dynamo up and reads what Dynamo says.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from typing import Any
+
+import torch
+
+# --- Dynamo settings under which a superkernel compile traces ----------------------------
+#
+# A data-dependent op (nonzero, boolean masking) or a host sync (.item()) inside a scope
+# makes Dynamo graph-break inside ``torch.fx.traceback.annotate``, which it cannot resume:
+# the whole frame would run eagerly and the scope vanish. With these two settings Dynamo
+# captures those ops instead, and the segmentation cuts the scope around them.
+# Dynamo enters ``backend_ctx_ctor`` around every call of an object compiled with the
+# backend (torch.compile(backend=get_backend(cfg)), superkernel.compile and
+# backend="superkernel"), so tracing and recompiles see the settings; already-set flags
+# (the decode harness, a user's global setting) cost two attribute reads per call.
+CAPTURE_SETTINGS = {"capture_scalar_outputs": True, "capture_dynamic_output_shape_ops": True}
+#: Python ints of transformers' caches that grow with every decode step (a sliding window's
+#: ``cumulative_length_int``): Dynamo would specialize on them and recompile at every
+#: position until its recompile limit; as dynamic sources, decode compiles once.
+GROWING_CACHE_INTS = r".*\.cumulative_length_int$"
+
+
+class SuperKernelScopeBreakWarning(UserWarning):
+    """Dynamo graph-broke inside a superkernel scope: the scope's operators run uncompiled."""
+
+
+class _BreakLog(logging.Handler):
+    """Keeps Dynamo's graph-break log records (file:line, reason, the ``with`` line of the scope)."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.records: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.records.append(record.getMessage())
+            del self.records[:-64]
+        except Exception:  # pragma: no cover - logging must never break compilation
+            pass
+
+
+_break_log: _BreakLog | None = None
+
+
+def install_break_log() -> _BreakLog | None:
+    """Listen to Dynamo's graph-break artifact log (without printing it unless the user asked)."""
+    global _break_log
+    try:
+        from torch._dynamo.symbolic_convert import graph_break_log
+    except ImportError:  # pragma: no cover - other torch versions
+        return None
+    if _break_log is None:
+        _break_log = _BreakLog()
+    try:  # Dynamo logs each (kind, place) of graph break once per process; this backend needs its own
+        from torch._dynamo.utils import graph_break_dup_warning_checker
+
+        graph_break_dup_warning_checker.reset()
+    except (ImportError, AttributeError):  # pragma: no cover
+        pass
+    if _break_log not in graph_break_log.handlers:
+        graph_break_log.addHandler(_break_log)
+    if not graph_break_log.isEnabledFor(logging.DEBUG):  # the user did not ask for graph-break logs
+        graph_break_log.setLevel(logging.DEBUG)
+        graph_break_log.propagate = False
+    return _break_log
+
+
+_SCOPE_CALL = re.compile(r"super(?:kernel_scope|_kernel)\(([^)]*)")
+_LITERAL = re.compile(r"[\"']([^\"']*)[\"']")
+BREAK_AT = re.compile(r"Graph break in user code at (\S+:\d+)")
+
+
+def scope_of_break(message: str) -> tuple[str, str] | None:
+    """(scope label, options) a graph-break record happened in, or None when outside every scope."""
+    from superkernel.scope_apply import applied_scopes_in
+
+    inside = any(mark in message for mark in ("annotate", "super_kernel(", "superkernel_scope(", "scoped_forward"))
+    if not inside:
+        return None
+    for line in message.splitlines():
+        if "with " in line and ("super_kernel(" in line or "superkernel_scope(" in line):
+            found = _SCOPE_CALL.search(line)
+            literals = _LITERAL.findall(found.group(1)) if found else []
+            if literals:
+                return literals[0], literals[1] if len(literals) > 1 else ""
+    applied = applied_scopes_in(message)  # scopes put on modules with apply_scopes
+    if applied:
+        return applied[0]
+    return ("?", "")
+
+
+_configs: tuple[Any, Any, Any] | None = None  # (dynamo config, compiler config, dynamo counters), looked up once
+
+
+def _modules() -> tuple[Any, Any, Any]:
+    global _configs
+    if _configs is None:
+        import torch._dynamo.config
+        import torch.compiler.config
+        from torch._dynamo.utils import counters
+
+        _configs = (torch._dynamo.config, torch.compiler.config, counters)
+    return _configs
+
+
+def _break_count() -> int:
+    breaks = _modules()[2].get("graph_break")
+    return sum(breaks.values()) if breaks else 0
+
+
+def _override(module: Any, key: str) -> Any:
+    """A config value as explicitly set (patch / assignment); cheap, for the per-call fast path."""
+    try:
+        return module._config[key].user_override.get()
+    except Exception:  # other torch versions: the public (slower) read
+        return getattr(module, key)
+
+
+class CaptureContext:
+    """What Dynamo enters around each call of a compiled object (see CAPTURE_SETTINGS)."""
+
+    __slots__ = ("backend", "saved", "saved_sources", "breaks", "log_mark")
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.saved: dict[str, Any] = {}
+
+    def __enter__(self) -> None:
+        cfg, compiler_cfg, _ = _modules()
+        self.saved_sources = None
+        self.breaks = _break_count()
+        self.log_mark = len(_break_log.records) if _break_log is not None else 0
+        if _override(cfg, "capture_scalar_outputs") is True and \
+                _override(cfg, "capture_dynamic_output_shape_ops") is True and \
+                GROWING_CACHE_INTS in str(_override(compiler_cfg, "dynamic_sources")):
+            return  # already in place (the decode harness, an outer call): nothing to set or restore
+        for key, value in CAPTURE_SETTINGS.items():
+            if getattr(cfg, key) != value:
+                self.saved[key] = getattr(cfg, key)
+                setattr(cfg, key, value)
+        sources = torch.compiler.config.dynamic_sources
+        if GROWING_CACHE_INTS not in sources:
+            self.saved_sources = sources
+            torch.compiler.config.dynamic_sources = f"{sources},{GROWING_CACHE_INTS}" if sources else GROWING_CACHE_INTS
+
+    def __exit__(self, *exc: Any) -> None:
+        cfg = torch._dynamo.config
+        for key, value in self.saved.items():
+            setattr(cfg, key, value)
+        self.saved = {}
+        if self.saved_sources is not None:
+            torch.compiler.config.dynamic_sources = self.saved_sources
+        if _break_count() != self.breaks and _break_log is not None:
+            records = _break_log.records[self.log_mark:] if self.log_mark <= len(_break_log.records) else []
+            self.backend._scope_breaks(records)
+
+GRAPH_BREAK_IN_SCOPE = "graph break inside the scope (Dynamo could not capture it; its operators run uncompiled)"
+
+
+def forward_backend_context() -> None:
+    """Make ``torch.compile(..., backend=X)`` honour ``X.backend_ctx_ctor`` like ``torch._dynamo.optimize`` does.
+
+    torch.compile wraps a custom backend in ``torch._TorchCompileWrapper``, which drops the
+    backend's ``backend_ctx_ctor``; Dynamo then never enters it. The wrapper is given the
+    attribute of the backend it wraps (only backends that define one are affected), so
+    ``torch.compile(model, backend="superkernel")`` traces with CAPTURE_SETTINGS as well.
+    """
+    wrapper = getattr(torch, "_TorchCompileWrapper", None)
+    if wrapper is None or getattr(wrapper.__init__, "_superkernel_forwarding", False):
+        return
+    original = wrapper.__init__
+
+    @functools.wraps(original)
+    def __init__(self, backend, *args, **kwargs):  # type: ignore[no-untyped-def]
+        original(self, backend, *args, **kwargs)
+        ctx = getattr(getattr(self, "compiler_fn", None), "backend_ctx_ctor", None)
+        if ctx is not None:
+            self.backend_ctx_ctor = ctx
+
+    __init__._superkernel_forwarding = True  # type: ignore[attr-defined]
+    wrapper.__init__ = __init__
