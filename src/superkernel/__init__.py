@@ -8,13 +8,18 @@ Public API (see README.md and docs/api.md)::
 
 from __future__ import annotations
 
-from superkernel.config import CompilerConfig
-from superkernel.pipeline.ir import Explanation, ScopeOptions, SuperKernelScopeError
-from superkernel.scope import parse_options, super_kernel, superkernel_scope
-
 __version__ = "0.1.0"
 
+# Every public name is imported on first use: ``graph-autofusion`` (superkernel.onnx) and
+# the tools' argument parsing start without importing torch.
 _LAZY = {
+    "CompilerConfig": ("config", "CompilerConfig"),
+    "Explanation": ("pipeline.ir", "Explanation"),
+    "ScopeOptions": ("pipeline.ir", "ScopeOptions"),
+    "SuperKernelScopeError": ("pipeline.ir", "SuperKernelScopeError"),
+    "parse_options": ("pipeline.ir", "parse_options"),
+    "super_kernel": ("scope", "super_kernel"),
+    "superkernel_scope": ("scope", "superkernel_scope"),
     "apply_scopes": ("scope_apply", "apply_scopes"),
     "remove_scopes": ("scope_apply", "remove_scopes"),
     "explain": ("pipeline.backend", "explain"),
@@ -38,8 +43,8 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'superkernel' has no attribute {name!r}")
 
 
-__all__ = [
-    "CompilerConfig", "Explanation", "ScopeOptions", "SuperKernelScopeError", "parse_options", "super_kernel",
-    "superkernel_scope",
-    *_LAZY,
-]
+__all__ = list(_LAZY)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -99,3 +99,9 @@ def test_library_imports_no_tool_or_onnx_dependency() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "", f"importing the library pulled in: {out.stdout.strip()}"
+
+
+def test_graph_autofusion_starts_without_torch() -> None:
+    code = "import sys, superkernel.onnx.cli\nprint('torch' in sys.modules)\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False", "graph-autofusion imports torch at start-up (seconds per call)"
