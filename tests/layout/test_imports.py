@@ -29,7 +29,11 @@ def project_imports() -> dict[str, set[str]]:
         is_pkg = path.name == "__init__.py"
         package = name if is_pkg else name.rpartition(".")[0]
         edges: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        tree = ast.parse(path.read_text(), str(path))
+        for block in ast.walk(tree):  # imports only for type checkers are no run-time arrows
+            if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test):
+                block.body = []
+        for node in ast.walk(tree):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]

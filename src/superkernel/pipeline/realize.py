@@ -95,7 +95,7 @@ class Realizer:
             if info is not None:
                 info.realization = "cpu-flat"
             return flat
-        from superkernel.runtime.native_cpu import NativeGroup
+        from superkernel.runtime.native import NativeGroup
 
         if self._native is None:
             self._native = NativeGroup()
@@ -124,7 +124,7 @@ class Realizer:
         treatment; the native module only calls those operators from C++ instead of Python (same
         kernels, same order). Anything it cannot express, or a failed build, runs the flat program
         without a warning: no segment was asked for here."""
-        from superkernel.runtime.native_cpu import NativeGroup, NativeUnsupported
+        from superkernel.runtime.native import NativeGroup, NativeUnsupported
 
         if self._native is None:
             self._native = NativeGroup()

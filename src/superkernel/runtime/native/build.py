@@ -1,0 +1,239 @@
+"""Building and caching the generated modules: compiler, flags, private per-user cache, precompiled torch headers."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from superkernel.runtime.native.literals import NativeBuildError
+
+if TYPE_CHECKING:  # the generated source; codegen imports this module for its cache key
+    from superkernel.runtime.native.codegen import NativeSource
+
+
+#: Bumped whenever the code generator changes what it emits for the same graph.
+GENERATOR_VERSION = "5"
+
+_STD = "-std=c++20"
+_OPT = "-O1"
+
+
+
+# --- build and cache -----------------------------------------------------------------------
+
+def _torch_include() -> str:
+    return os.path.join(os.path.dirname(torch.__file__), "include")
+
+
+def _torch_lib() -> str:
+    return os.path.join(os.path.dirname(torch.__file__), "lib")
+
+
+def compiler() -> str:
+    """The C++ compiler: ``$CXX`` or ``g++``/``c++`` found on PATH."""
+    cxx = os.environ.get("CXX")
+    if cxx:
+        return cxx
+    for name in ("g++", "c++"):
+        path = shutil.which(name)
+        if path:
+            return path
+    raise NativeBuildError("no C++ compiler found (set CXX or install g++)")
+
+
+def compiler_available() -> bool:
+    try:
+        _compiler_id(compiler())
+    except NativeBuildError:
+        return False
+    return True
+
+
+@functools.lru_cache(maxsize=4)
+def _compiler_id(cxx: str) -> str:
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60)
+        return (out.stdout or out.stderr).splitlines()[0] if (out.stdout or out.stderr) else cxx
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise NativeBuildError(f"cannot run the C++ compiler {cxx!r}: {exc}") from None
+
+
+def _compile_flags() -> list[str]:
+    return [_OPT, "-fPIC", _STD, "-w", f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+            f"-I{_torch_include()}", f"-I{sysconfig.get_paths()['include']}"]
+
+
+def _link_flags() -> list[str]:
+    lib = _torch_lib()
+    return [f"-L{lib}", "-lc10", "-ltorch_cpu", "-ltorch_python", f"-Wl,-rpath,{lib}"]
+
+
+def build_fingerprint() -> str:
+    """What besides the source decides the binary: torch, Python ABI, compiler, flags."""
+    cxx = compiler()
+    parts = [GENERATOR_VERSION, torch.__version__, str(getattr(torch.version, "git_version", "")),
+             sysconfig.get_config_var("EXT_SUFFIX") or "", sys.version.split()[0], _compiler_id(cxx),
+             " ".join(_compile_flags()), " ".join(_link_flags())]
+    return "\n".join(parts)
+
+
+def native_key(source: str) -> str:
+    """Content hash of a native module: its source and :func:`build_fingerprint`."""
+    h = hashlib.sha256()
+    h.update(source.encode())
+    h.update(b"\0")
+    try:
+        h.update(build_fingerprint().encode())
+    except NativeBuildError:
+        h.update(b"no-compiler")
+    return h.hexdigest()[:32]
+
+
+def cache_dir() -> Path:
+    """The private per-user cache of native modules (created 0700; refused if others can write it)."""
+    base = os.environ.get("SUPERKERNEL_CACHE_DIR")
+    if base:
+        root = Path(base).expanduser()
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        root = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "superkernel"
+    path = root / "native_cpu"
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for p in (root, path):
+        st = p.stat()
+        if hasattr(os, "getuid") and st.st_uid != os.getuid():
+            raise NativeBuildError(f"cache directory {p} belongs to another user; set SUPERKERNEL_CACHE_DIR")
+        if st.st_mode & 0o022:
+            try:
+                os.chmod(p, st.st_mode & ~0o022)
+            except OSError:
+                raise NativeBuildError(f"cache directory {p} is writable by other users; set SUPERKERNEL_CACHE_DIR") from None
+    return path
+
+
+_PCH_HEADER = """// superkernel native CPU modules: the torch headers they need (precompiled once).
+#include <Python.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <limits>
+"""
+
+_lock = threading.Lock()
+
+
+def _run(cmd: list[str], what: str) -> None:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise NativeBuildError(f"{what}: cannot run {cmd[0]}: {exc}") from None
+    if proc.returncode != 0:
+        tail = (proc.stderr or proc.stdout or "").strip()[-1500:]
+        raise NativeBuildError(f"{what} failed (exit {proc.returncode}): {tail}")
+
+
+def _pch_dir(root: Path) -> Path:
+    """Directory with ``sk_native_pch.h`` and, when it could be built, its precompiled form."""
+    cxx = compiler()
+    key = hashlib.sha256((_PCH_HEADER + build_fingerprint()).encode()).hexdigest()[:24]
+    directory = root / f"pch-{key}"
+    header = directory / "sk_native_pch.h"
+    gch = directory / "sk_native_pch.h.gch"
+    failed = directory / "failed"
+    if gch.exists() or failed.exists():
+        return directory
+    directory.mkdir(exist_ok=True, mode=0o700)
+    if not header.exists():
+        _atomic_bytes(header, _PCH_HEADER.encode())
+    if "g++" not in os.path.basename(cxx) and "gcc" not in _compiler_id(cxx).lower():
+        return directory  # only GCC's precompiled headers are used; other compilers read the header
+    fd, tmp = tempfile.mkstemp(prefix=".gch.", dir=directory)
+    os.close(fd)
+    try:
+        _run([cxx, *_compile_flags(), "-x", "c++-header", str(header), "-o", tmp], "precompiling the torch headers")
+        os.replace(tmp, gch)
+    except NativeBuildError:
+        failed.write_text("the precompiled header failed to build; modules include the header instead\n")
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return directory
+
+
+def _atomic_bytes(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def library_path(src: NativeSource, directory: Path | None = None) -> Path:
+    return (directory or cache_dir()) / f"{src.module_name}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
+
+
+def build_library(src: NativeSource, directory: Path | None = None) -> Path:
+    """The shared library of ``src`` in ``directory`` (default: the cache), compiled if absent."""
+    out = library_path(src, directory)
+    if out.exists():
+        return out
+    root = cache_dir()
+    pch = _pch_dir(root)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{src.module_name}.", dir=out.parent))
+    try:
+        cpp = work / f"{src.module_name}.cpp"
+        cpp.write_text(src.source)
+        tmp_so = work / out.name
+        _run([compiler(), *_compile_flags(), f"-I{pch}", f"-DSK_MODULE={src.module_name}", "-shared", str(cpp),
+              "-o", str(tmp_so), *_link_flags()], f"building native module {src.module_name}")
+        os.replace(tmp_so, out)
+        try:
+            os.replace(cpp, out.parent / f"{src.module_name}.cpp")  # kept beside it for reading
+        except OSError:
+            pass
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+_loaded: dict[str, Any] = {}
+
+
+def load_library(path: Path | str, module_name: str) -> Any:
+    """Import a built native module (once per process)."""
+    import importlib.machinery
+    import importlib.util
+
+    if module_name in _loaded:
+        return _loaded[module_name]
+    loader = importlib.machinery.ExtensionFileLoader(module_name, str(path))
+    spec = importlib.util.spec_from_file_location(module_name, str(path), loader=loader)
+    if spec is None:
+        raise NativeBuildError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    _loaded[module_name] = module
+    return module
+
+
+def load(src: NativeSource) -> Any:
+    """The loaded module of ``src``: from this process, from the cache, or built now."""
+    with _lock:
+        if src.module_name in _loaded:
+            return _loaded[src.module_name]
+        return load_library(build_library(src), src.module_name)
