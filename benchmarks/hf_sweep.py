@@ -1,4 +1,4 @@
-"""Sweep ``superkernel optimize`` over many transformers decoder architectures (issue 10).
+"""Sweep ``superkernel optimize`` over many transformers decoder architectures.
 
     .venv/bin/python benchmarks/hf_sweep.py [--archs llama,mistral,...] [--quick] [--timeout 900]
 

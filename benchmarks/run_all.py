@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/run_all.py [--quick]
 
 Speed targets live here, never in unit tests: each benchmark measures its baselines in
-the same run and prints ratios (DESIGN.md section 7).
+the same run and prints ratios (benchmarks/README.md).
 """
 
 from __future__ import annotations

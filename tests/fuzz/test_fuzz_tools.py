@@ -1,4 +1,4 @@
-"""Fuzz: plan YAML files and checkpoint directories given to the superkernel command (issue 11).
+"""Fuzz: plan YAML files and checkpoint directories given to the superkernel command.
 
 Every generated input ends in a valid result or in the documented clear error
 (``PlanFileError`` / ``ModelLoadError``, one line, exit 2 on the command line) -- never

@@ -1,6 +1,6 @@
 """CI subset of the architecture sweep (benchmarks/hf_sweep.py runs all of them).
 
-One family per recompile issue 10 found: a sliding window whose Python int grew every
+One family per recompile cause the sweep found: a sliding window whose Python int grew every
 step (mistral), a mask and position ids growing with the position (OPT). For each: the superkernel reduce-overhead plan is
 bit-identical to its exactness reference, and Dynamo compiles the step once — 0
 recompiles during the timed steps, measured from Dynamo's own records.

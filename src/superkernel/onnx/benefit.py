@@ -5,7 +5,7 @@ Pure functions over tensor shapes, dtype names and byte counts, so both the ONNX
 types appear in the interface; dtypes are numpy-style names (``"float32"``,
 ``"float16"``, ``"bfloat16"``, ``"int64"``, ...).
 
-The model follows the graph-autofusion benefit estimate (seed document 003)::
+The model follows the graph-autofusion benefit estimate (docs/graph_autofusion.md)::
 
     net = memory_time_saved + scheduling_saved - penalties
 

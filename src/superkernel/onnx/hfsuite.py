@@ -1,6 +1,6 @@
 """Tiny random-weight Hugging Face models exported to ONNX with both PyTorch exporters.
 
-The suite of issue 9 (and ``benchmarks/onnx_autofusion.py``): BERT, DistilBERT, BART
+The suite of ``benchmarks/onnx_autofusion.py``: BERT, DistilBERT, BART
 encoder, ViT, GPT-2, T5 encoder and Llama, plus a Llama decode step with past key/value
 inputs and present outputs. Weights are seeded random (built from configs, no hub
 download). Each model is exported with ``torch.onnx.export(..., dynamo=False)`` (the

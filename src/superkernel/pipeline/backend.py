@@ -128,6 +128,7 @@ class SuperKernelBackend:
                 info.segments.append(seg_info)
                 self.counters["segments"] += 1
             callables.append(named_callable(realizer.realize(module, seg_info), part.name))
+        realizer.finish()  # the graph's native module is built now, inside compile_seconds
         step = assemble(gm, modules, callables)
         if self.static_kernels is not None:
             self.static_kernels.finalize()  # end of this graph's build: write the package, release the lock

@@ -1,6 +1,6 @@
 """Decode harness: prefill once, then time teacher-forced decode steps on a static KV cache.
 
-The flow per model (DESIGN.md section 7):
+The flow per model (benchmarks/README.md, how speed is measured):
 
 1. :func:`prepare` builds a seeded prompt, preallocates a ``transformers`` StaticCache,
    runs the prefill once (uncompiled, unscoped: scopes only act under torch.compile),

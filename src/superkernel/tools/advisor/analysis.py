@@ -1,6 +1,6 @@
 """``superkernel analyze``: model structure plus a trial capture of every candidate scope plan.
 
-Step one of the adaptation workflow (seed 001): which parts the model has
+Step one of the adaptation workflow (docs/workflow.md): which parts the model has
 (attention, MoE with router/experts/shared experts, dense MLP, norms), whether
 prefill and decode are separate and the KV cache is preallocated, and -- from a
 trial capture per strategy -- graph breaks and the operators each candidate scope
@@ -151,7 +151,7 @@ PREFILL_DECODE = ("separated by the harness: the model has one forward for both 
 
 
 def suggest(structure: ModelStructure) -> tuple[list[str], str]:
-    """The decision tree of seed 000: MoE models start with MoE, dense ones with attention, then grow."""
+    """The adaptation guide's decision tree: MoE models start with MoE, dense ones with attention, then grow."""
     reasons = applicable(structure)
     ok = [s for s, why in reasons.items() if why is None]
     if structure.is_moe:

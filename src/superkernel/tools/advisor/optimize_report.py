@@ -235,7 +235,7 @@ def _why(best: RunResult, plans: list[RunResult], eager: RunResult | None, induc
             out.append("- Note: plain torch.compile was faster than every passing superkernel plan in this run; "
                        "the plan is still the best scoped configuration.")
     if eager is not None and eager.median_ms and best.speedup_vs_eager and 1.0 <= best.speedup_vs_eager < 1.10:
-        out.append("- Below the >10% improvement the adaptation guide (seed 000, Q1) asks of a scope choice: "
+        out.append("- Below the >10% improvement the adaptation guide asks of a scope choice: "
                    "keep eager or plain torch.compile unless this hardware differs.")
     if eager is not None and eager.median_ms and best.median_ms > eager.median_ms:
         out.append("- Note: this plan is slower than eager on this machine; do not deploy it here.")

@@ -1,6 +1,6 @@
 """Precision verdicts: compare a plan's decode logits with the exactness reference and the eager model.
 
-Rules (issue 3, DESIGN.md section 2):
+Rules (docs/workflow.md, "precision"):
 
 * ``reduce-overhead`` (binary fusion) must be **bit-identical** to the exactness
   reference: ``torch.equal`` on the logits of every decode step.

@@ -2,7 +2,7 @@
 
 Each strategy turns a :class:`ModelStructure` into ``{label: [module globs]}`` for
 ``superkernel.apply_scopes``. ``auto`` tries, bottom-up from the smallest scope
-(seed 000, method one), every strategy that applies to the model.
+(the adaptation guide's first method, docs/workflow.md), every strategy that applies to the model.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``superkernel optimize``: analyse, try scope strategies, verify precision, measure, recommend, report.
 
-The four steps of the adaptation workflow (seed 001), run in one process so every
+The four steps of the adaptation workflow (docs/workflow.md), run in one process so every
 number in the report was measured in the same run as its baselines.
 """
 
