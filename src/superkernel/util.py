@@ -95,10 +95,12 @@ def atomic_write(path: Path | str, data: str | bytes, inputs: Iterable[Path | st
 
 
 
-def exception_summary(exc: BaseException, limit: int = 300) -> str:
-    """``"TypeName: first line of the message"``, at most ``limit`` characters."""
+def exception_summary(exc: BaseException, limit: int = 300, *, first_line: bool = True) -> str:
+    """``"TypeName: message"`` on one line, at most ``limit`` characters: the message's
+    first line, or (``first_line=False``) the whole message with its whitespace collapsed."""
     text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"[:limit]
+    text = (text.splitlines()[0] if text else "") if first_line else " ".join(text.split())
+    return f"{type(exc).__name__}: {text}"[:limit]
 
 
 

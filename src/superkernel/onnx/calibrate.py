@@ -31,6 +31,7 @@ import onnx
 import onnx_ir as ir
 
 from . import _util as U
+from superkernel.util import exception_summary
 
 CACHE_VERSION = 1
 MICRO_WARMUP = 5
@@ -138,7 +139,7 @@ class Calibrator:
             if isinstance(b, str):
                 return b
         except Exception as e:  # noqa: BLE001
-            return f"micro-model not built ({type(e).__name__}: {e})"
+            return f"micro-model not built ({exception_summary(e, 500, first_line=False)})"
         key = hashlib.sha256((self.env + "|" + a[2] + "|" + b[2]).encode()).hexdigest()[:32]
         return a[0], b[0], key
 

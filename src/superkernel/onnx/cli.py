@@ -24,6 +24,7 @@ from . import benefit as B
 from . import catalog, engine, modelio, report
 from .catalog import RuleSelectionError
 from .modelio import InputError
+from superkernel.util import exception_summary
 
 EXIT_OK, EXIT_VERIFY_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 ESTIMATE_DEFAULT_DIM = 1
@@ -160,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     fusion, staged, e2e = guard(args.input, fusion, staged, fuse_and_stage, dims=dims,
                                                 seed=args.seed, threads=args.threads or 1)
                 except Exception as e:  # noqa: BLE001 - e.g. the fused model does not load; verification says so
-                    e2e = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                    e2e = {"error": f"{exception_summary(e, 340, first_line=False)}"}
             if not args.no_verify:
                 progress.update(task, description="verifying in ONNX Runtime")
                 try:
@@ -168,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                             atol=args.atol, rtol=args.rtol)
                 except Exception as e:  # noqa: BLE001 - ORT refuses the fused model: a failed verification
                     status, code = "verification failed", EXIT_VERIFY_FAILED
-                    message = f"the fused model does not run in ONNX Runtime: {type(e).__name__}: {str(e)[:300]}"
+                    message = f"the fused model does not run in ONNX Runtime: {exception_summary(e, 340, first_line=False)}"
                     verification = None
                 if verification is not None and not verification.ok:
                     status, code = "verification failed", EXIT_VERIFY_FAILED

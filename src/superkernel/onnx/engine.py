@@ -17,6 +17,7 @@ from . import shapes as S
 from . import _util as U
 from .catalog import RuleSpec
 from .rules import MS, FusionPattern
+from superkernel.util import exception_summary
 
 MIN_MEASURED_GAIN = 0.02  # a calibrated fusion is kept when its micro-benchmark is >= 2 % faster
 OTHER_USES = "Matched nodes have other uses preventing replacement."
@@ -371,7 +372,7 @@ def _calibrate(calibrator, cand: Candidate, model: ir.Model, match, delta, extra
     try:
         cand.measured = calibrator.calibrate(*built)
     except Exception as e:  # noqa: BLE001 - e.g. ORT rejects the micro-model; the estimate decides
-        cand.notes.append(f"not calibrated: micro-benchmark failed ({type(e).__name__}: {str(e)[:160]}); "
+        cand.notes.append(f"not calibrated: micro-benchmark failed ({exception_summary(e, 200, first_line=False)}); "
                           "the estimate decides")
 
 

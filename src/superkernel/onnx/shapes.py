@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 import onnx
 import onnx_ir as ir
 
+from superkernel.util import exception_summary
+
 SYMBOLIC_MAX_BYTES = 1 << 30  # symbolic inference needs the weights in memory; skip above 1 GiB of proto
 
 
@@ -93,7 +95,7 @@ def annotate(model: ir.Model, *, symbolic: bool = True) -> Annotations:
     try:
         proto = ir.to_proto(model)
     except Exception as e:  # noqa: BLE001
-        ann.notes.append(f"shape inference skipped: cannot serialize the model ({type(e).__name__}: {e})")
+        ann.notes.append(f"shape inference skipped: cannot serialize the model ({exception_summary(e, 500, first_line=False)})")
         ann.still_unknown = len(missing)
         return ann
     best: dict[str, tuple[int, onnx.ValueInfoProto, str]] = {}
@@ -102,14 +104,14 @@ def annotate(model: ir.Model, *, symbolic: bool = True) -> Annotations:
     try:
         proto = _fold_small_constants(proto)
     except Exception as e:  # noqa: BLE001
-        ann.notes.append(f"constant folding before inference failed: {type(e).__name__}: {str(e)[:200]}")
+        ann.notes.append(f"constant folding before inference failed: {exception_summary(e, 240, first_line=False)}")
     try:
         inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
         for name, vi in _value_infos(inferred).items():
             if name in missing and (name not in best or _score(vi) > best[name][0]):
                 best[name] = (_score(vi), vi, "onnx")
     except Exception as e:  # noqa: BLE001 - the inference raises for odd models; matching goes on without it
-        ann.notes.append(f"ONNX shape inference failed: {type(e).__name__}: {str(e)[:200]}")
+        ann.notes.append(f"ONNX shape inference failed: {exception_summary(e, 240, first_line=False)}")
     incomplete = [n for n in missing if n not in best or not _complete(best[n][1])]
     if symbolic and incomplete:
         if proto.ByteSize() > SYMBOLIC_MAX_BYTES:
@@ -127,7 +129,7 @@ def annotate(model: ir.Model, *, symbolic: bool = True) -> Annotations:
                                     s == best[name][0] and _complete(vi) and not _complete(best[name][1])):
                                 best[name] = (s, vi, "symbolic")
             except Exception as e:  # noqa: BLE001
-                ann.notes.append(f"symbolic shape inference failed: {type(e).__name__}: {str(e)[:200]}")
+                ann.notes.append(f"symbolic shape inference failed: {exception_summary(e, 240, first_line=False)}")
     for name in missing:
         entry = best.get(name)
         if entry is None or entry[0] < 0:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import sys
 
+from superkernel.util import exception_summary
+
 
 def main(argv: list[str]) -> int:
     from superkernel.static_kernel import compat
@@ -20,7 +22,7 @@ def main(argv: list[str]) -> int:
         try:
             compat.load_artifact(path)
         except Exception as exc:  # noqa: BLE001 - reported to the builder
-            failed.append({"path": path, "error": f"{type(exc).__name__}: {exc}"[:500]})
+            failed.append({"path": path, "error": exception_summary(exc, 500, first_line=False)})
     print(json.dumps({"loaded": len(argv) - len(failed), "failed": failed}))
     if failed:
         print(f"load check failed for {len(failed)} artifact(s): {failed[0]['error']}", file=sys.stderr)

@@ -20,6 +20,7 @@ from superkernel.tools.decode import DecodeSession
 from superkernel.tools.advisor.compiling import compile_superkernel
 from superkernel.tools.advisor.strategies import ScopePlan, applicable, auto_plans
 from superkernel.tools.advisor.structure import ModelStructure, analyze_structure
+from superkernel.util import exception_summary
 
 
 @dataclass
@@ -213,7 +214,7 @@ def recompile_guards(session: DecodeSession, steps: int = 3) -> tuple[list[str],
         plain = run(False)
         fixed = run(True)
     except Exception as exc:  # reported, never fatal for the analysis
-        return [f"could not be measured: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"], 0, []
+        return [f"could not be measured: {exception_summary(exc, 240, first_line=False)}"], 0, []
     guards = []
     for reason in plain[:3]:
         handled = [name for name in session.growing_ints if name in reason]
@@ -244,7 +245,7 @@ def trial_capture(session: DecodeSession, plan: ScopePlan) -> TrialCapture:
         trial.unscoped_ops = sum(g.unscoped_ops for g in ex.graphs)
         trial.total_ops = sum(g.num_ops for g in ex.graphs)
     except Exception as exc:  # a plan that cannot be captured is reported, not fatal for analysis
-        trial.error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        trial.error = f"{exception_summary(exc, 340, first_line=False)}"
     finally:
         superkernel.remove_scopes(model)
         session.restore_cache()

@@ -14,11 +14,7 @@ from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE, compare,
 from superkernel.tools.advisor.progress import Reporter
 from superkernel.tools.advisor.results import RunResult
 from superkernel.tools.advisor.strategies import ScopePlan
-
-
-def _error_text(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {text[:400]}"
+from superkernel.util import exception_summary
 
 
 def _run(session: DecodeSession, step, label: str, reporter: Reporter) -> DecodeRun:
@@ -50,7 +46,7 @@ def run_baselines(session: DecodeSession, reporter: Reporter) -> list[RunResult]
         try:
             _fill_timing(res, _run(session, compile_inductor(session, mode), name, reporter))
         except Exception as exc:  # reported in the table; plans still run
-            res.error = _error_text(exc)
+            res.error = exception_summary(exc, 440, first_line=False)
         results.append(res)
     for r in results:
         if r.logits is not None:
@@ -94,7 +90,7 @@ def run_plan(session: DecodeSession, plan: ScopePlan, modes: tuple[str, ...], ea
                 references[plan.strategy] = reference
         except Exception as exc:
             for r in results:
-                r.error = f"exactness reference could not be captured: {_error_text(exc)}"
+                r.error = f"exactness reference could not be captured: {exception_summary(exc, 440, first_line=False)}"
             return results
         for r in results:
             try:
@@ -102,7 +98,7 @@ def run_plan(session: DecodeSession, plan: ScopePlan, modes: tuple[str, ...], ea
                 _fill_timing(r, _run(session, step, r.name, reporter))
                 _explain_into(r, backend)
             except Exception as exc:
-                r.error = _error_text(exc)
+                r.error = exception_summary(exc, 440, first_line=False)
                 continue
             r.vs_reference = compare(r.logits, reference)
             r.vs_eager = compare(r.logits, eager_logits)

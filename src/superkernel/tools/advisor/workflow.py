@@ -27,6 +27,7 @@ from superkernel.tools.advisor.optimize_report import CHART_NAME, PLAN_NAME, REP
 from superkernel.tools.advisor.results import Recommendation, RunResult, decide, fill_speedups
 from superkernel.tools.advisor.structure import analyze_structure
 from superkernel.tools.advisor.strategies import STRATEGIES, ScopePlan, StrategyError, auto_plans, custom_plan, plan_for
+from superkernel.util import exception_summary
 
 RESULTS_NAME = "results.json"
 LOGITS_NAME = "logits.safetensors"
@@ -107,12 +108,12 @@ def load_and_prepare(opts: OptimizeOptions, reporter: Reporter) -> tuple[LoadedM
             if str(exc).startswith(_USAGE_ERRORS):
                 raise  # bad lengths: a usage error
             raise UnsupportedModelError(f"{loaded.name} ({loaded.architecture}) cannot decode with a preallocated "
-                                        f"transformers StaticCache: {type(exc).__name__}: "
-                                        f"{' '.join(str(exc).split())[:300]}") from exc
+                                        f"transformers StaticCache: "
+                                        f"{exception_summary(exc, 340, first_line=False)}") from exc
         except Exception as exc:
             raise UnsupportedModelError(f"{loaded.name} ({loaded.architecture}) cannot decode with a preallocated "
-                                        f"transformers StaticCache: {type(exc).__name__}: "
-                                        f"{' '.join(str(exc).split())[:300]}") from exc
+                                        f"transformers StaticCache: "
+                                        f"{exception_summary(exc, 340, first_line=False)}") from exc
     return loaded, session
 
 
@@ -139,7 +140,7 @@ def check_supported(loaded: LoadedModel) -> None:
         cache = StaticCache(config=config, max_cache_len=2)
     except Exception as exc:
         raise UnsupportedModelError(f"{loaded.name} ({loaded.architecture}): transformers cannot preallocate a "
-                                    f"StaticCache for it ({type(exc).__name__}: {' '.join(str(exc).split())[:200]})"
+                                    f"StaticCache for it ({exception_summary(exc, 240, first_line=False)})"
                                     ) from None
     kinds = {type(layer).__name__ for layer in cache.layers}
     attention = [layer for layer in cache.layers if hasattr(layer, "keys") or hasattr(layer, "max_cache_len")]
