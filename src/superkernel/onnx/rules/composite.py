@@ -9,7 +9,7 @@ from superkernel.onnx import _util as U
 from superkernel.onnx.rules.activations import GeluErf
 from superkernel.onnx.rules.base import MS, QUIET, _fail
 from superkernel.onnx.rules.matmul import BiasGelu, _bias_ok
-from superkernel.onnx.rules.norms import RMSNormDecomposed, _same_shape
+from superkernel.onnx.rules.norms import RMSNormDecomposed, _same_shape, skip_norm
 
 
 class SkipRMSNormDecomposed(RMSNormDecomposed):
@@ -56,9 +56,7 @@ class SkipRMSNormDecomposed(RMSNormDecomposed):
         return r
 
     def rewrite(self, op, a, b, scale, **_):
-        outs = op.SkipSimplifiedLayerNormalization(a, b, scale, epsilon=self.state["epsilon"], _domain=MS,
-                                                   _outputs=4)
-        return (outs[0], outs[3]) if self.params["sum_out"] else outs[0]
+        return skip_norm(op, a, b, scale, epsilon=self.state["epsilon"], simplified=True, sum_out=self.params["sum_out"])
 
     def benefit_hints(self, b):
         return {"row": b["a"]}

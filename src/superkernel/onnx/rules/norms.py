@@ -175,18 +175,24 @@ class SkipNorm(FusionPattern):
         return MatchResult()
 
     def rewrite(self, op, a, b, scale, bias=None, **_):
-        if self.params["kind"].startswith("ln"):
-            args = [a, b, scale] + ([bias] if bias is not None else [])
-            outs = op.SkipLayerNormalization(*args, epsilon=self.state["epsilon"], _domain=MS, _outputs=4)
-        else:
-            outs = op.SkipSimplifiedLayerNormalization(a, b, scale, epsilon=self.state["epsilon"], _domain=MS,
-                                                       _outputs=4)
-        return (outs[0], outs[3]) if self.params["sum_out"] else outs[0]
+        return skip_norm(op, a, b, scale, bias, epsilon=self.state["epsilon"],
+                         simplified=not self.params["kind"].startswith("ln"), sum_out=self.params["sum_out"])
 
     def benefit_hints(self, b):
         # unused optional outputs (mean, inv_std_dev, and the sum when nothing else reads
         # it) are left unnamed by the engine, so ONNX Runtime does not write them
         return {"row": b["a"]}
+
+
+def skip_norm(op, a, b, scale, bias=None, *, epsilon: float, simplified: bool, sum_out: bool):
+    """com.microsoft Skip(Simplified)LayerNormalization of ``a + b``; with ``sum_out`` also the
+    sum itself (the op's 4th output) for the later residual."""
+    if simplified:
+        outs = op.SkipSimplifiedLayerNormalization(a, b, scale, epsilon=epsilon, _domain=MS, _outputs=4)
+    else:
+        args = [a, b, scale] + ([bias] if bias is not None else [])
+        outs = op.SkipLayerNormalization(*args, epsilon=epsilon, _domain=MS, _outputs=4)
+    return (outs[0], outs[3]) if sum_out else outs[0]
 
 
 class SkipRMSNorm(SkipNorm):
