@@ -253,3 +253,34 @@ def test_model_and_external_data_appear_together_or_not_at_all(tmp_path: Path, m
     assert staged.commit() == [str(out), str(out) + ".data"]
     assert onnx.load(str(out)).graph.node[0].op_type == "Add"
     staged.discard()
+
+
+def test_a_report_that_cannot_be_written_leaves_nothing_written(tmp_path: Path, monkeypatch) -> None:
+    """The report is written before the model moves into place: if it fails, exit 2 and no model."""
+    from superkernel.onnx import cli
+
+    path = tmp_path / "m.onnx"
+    onnx.save_model(_base_model(), str(path))
+    real = cli.atomic_write
+
+    def failing(target, *args, **kwargs):
+        if str(target).endswith(".md"):
+            raise OSError(28, "No space left on device")
+        return real(target, *args, **kwargs)
+
+    monkeypatch.setattr(cli, "atomic_write", failing)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = graph_autofusion(["--input", str(path), "--output", str(tmp_path / "o.onnx"), "--quiet",
+                                 "--report", str(tmp_path / "r.md")])
+    assert code == 2 and "--report: cannot write" in err.getvalue() and "nothing written" in err.getvalue()
+    assert not (tmp_path / "o.onnx").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+@pytest.mark.parametrize("flag", ["--bench-warmup", "--threads"])
+def test_negative_counts_are_rejected(tmp_path: Path, flag: str) -> None:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        code = graph_autofusion(["--input", "x.onnx", "--output", str(tmp_path / "o.onnx"), flag, "-1"])
+    assert code == 2 and f"{flag} must be >= 0" in err.getvalue()

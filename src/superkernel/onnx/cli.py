@@ -17,14 +17,14 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from superkernel.util import positive_int
-from superkernel.util import OutputError, atomic_write, check_not_input
-from . import benefit as B
+from superkernel.util import (
+    OutputError, atomic_write, check_not_input, exception_summary, non_negative_int, positive_int,
+)
 
+from . import benefit as B
 from . import catalog, engine, modelio, report
 from .catalog import RuleSelectionError
 from .modelio import InputError
-from superkernel.util import exception_summary
 
 EXIT_OK, EXIT_VERIFY_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 ESTIMATE_DEFAULT_DIM = 1
@@ -53,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--benchmark", action="store_true",
                    help="time original (ORT_DISABLE_ALL, ORT_ENABLE_ALL) and fused (ORT_ENABLE_ALL) in ONNX Runtime")
     p.add_argument("--bench-repeat", type=positive_int("--bench-repeat"), default=100, metavar="N", help="timed runs per model (default 100)")
-    p.add_argument("--bench-warmup", type=int, default=10, metavar="N", help="warm-up runs (default 10)")
-    p.add_argument("--threads", type=int, default=0, metavar="N",
+    p.add_argument("--bench-warmup", type=non_negative_int("--bench-warmup"), default=10, metavar="N",
+                   help="warm-up runs (default 10)")
+    p.add_argument("--threads", type=non_negative_int("--threads"), default=0, metavar="N",
                    help="ONNX Runtime intra-op threads for the benchmark (default: ORT's choice)")
     p.add_argument("--no-calibrate", action="store_true",
                    help="decide with the static estimate only (no micro-benchmarks, no end-to-end check)")
@@ -183,27 +184,52 @@ def main(argv: Sequence[str] | None = None) -> int:
                 feeds = V.make_inputs(s, dims, V.VERIFY_DEFAULT_DIM, args.seed)
                 bench = benchmark(args.input, staged.model_path, feeds, warmup=args.bench_warmup,
                                   repeat=args.bench_repeat, threads=args.threads)
+            def build_report(written_paths: list[str]) -> dict:
+                return report.build(input_path=args.input, output_path=args.output, opset=loaded.opset,
+                                    opt_level=args.opt_level, rules=[s.name for s in specs], dims=dims,
+                                    fusion=fusion, verification=verification, benchmark=bench, status=status,
+                                    exit_code=code, written=written_paths, cost_model=dataclasses.asdict(cost_model),
+                                    message=message, calibration=_calibration_info(calibrator), e2e=e2e)
+
             if code == EXIT_OK:
-                written = staged.commit()
+                # The report is written before the model is moved into place: a report that
+                # cannot be written leaves nothing written, as the exit code says.
+                planned = [args.output] + ([modelio.external_data_path(args.output)] if staged.has_external_data else [])
+                data = build_report(planned)
+                if args.report and not _write_report(args, loaded, data, err):
+                    return EXIT_BAD_INPUT
+                try:
+                    written = staged.commit()
+                except OSError as e:
+                    return fail(f"--output: cannot write {args.output}: {exception_summary(e)}; nothing written "
+                                "(the report describes the run)")
+            else:
+                data = build_report([])
+                if args.report and not _write_report(args, loaded, data, err):
+                    return EXIT_BAD_INPUT
     finally:
         if staged is not None:
             staged.discard()
 
-    data = report.build(input_path=args.input, output_path=args.output, opset=loaded.opset,
-                        opt_level=args.opt_level, rules=[s.name for s in specs], dims=dims, fusion=fusion,
-                        verification=verification, benchmark=bench, status=status, exit_code=code,
-                        written=written, cost_model=dataclasses.asdict(cost_model), message=message,
-                        calibration=_calibration_info(calibrator), e2e=e2e)
-    if args.report:
-        import json
-
-        atomic_write(args.report, report.markdown(data), report_inputs(args, loaded))
-        atomic_write(report.json_twin(args.report), json.dumps(data, indent=2, default=str), report_inputs(args, loaded))
     if not args.quiet:
         print_summary(out, data)
     if code == EXIT_VERIFY_FAILED:
         err.print(f"graph-autofusion: verification failed, nothing written: {message}", markup=False)
     return code
+
+
+def _write_report(args: argparse.Namespace, loaded: modelio.LoadedModel, data: dict, err: Console) -> bool:
+    """Write ``--report`` and its JSON twin (each atomically); False, with one error line, if that fails."""
+    import json
+
+    try:
+        atomic_write(args.report, report.markdown(data), report_inputs(args, loaded))
+        atomic_write(report.json_twin(args.report), json.dumps(data, indent=2, default=str), report_inputs(args, loaded))
+    except OSError as e:
+        err.print(f"graph-autofusion: error: --report: cannot write {args.report}: {exception_summary(e)}; "
+                  "nothing written", markup=False)
+        return False
+    return True
 
 
 def _calibration_info(calibrator) -> dict | None:

@@ -114,6 +114,10 @@ class StagedModel:
     data_path: str | None
     output_path: str
 
+    @property
+    def has_external_data(self) -> bool:
+        return bool(self.data_path) and os.path.exists(self.data_path)
+
     def commit(self) -> list[str]:
         """Move the model and its external data into place together, or leave both as they were.
 
@@ -121,7 +125,7 @@ class StagedModel:
         if a move fails, what was moved is taken back and the old files are restored.
         """
         pairs = [(self.model_path, self.output_path)]
-        if self.data_path and os.path.exists(self.data_path):
+        if self.has_external_data:
             pairs.insert(0, (self.data_path, external_data_path(self.output_path)))
         backups: list[tuple[str, str]] = []
         moved: list[tuple[str, str]] = []
