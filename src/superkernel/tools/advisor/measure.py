@@ -10,6 +10,7 @@ import torch
 from superkernel.tools.decode import DecodeRun, DecodeSession, run_decode
 from superkernel.tools.advisor.analysis import missing_labels
 from superkernel.tools.advisor.compiling import compile_inductor, compile_superkernel
+from superkernel.tools.advisor.plan_file import inductor_choices
 from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE, compare, judge
 from superkernel.tools.advisor.progress import Reporter
 from superkernel.tools.advisor.results import RunResult
@@ -64,6 +65,7 @@ def _explain_into(result: RunResult, backend: Any) -> None:
     result.graph_breaks = ex.graph_breaks
     result.fallbacks = [f"{s.name}: {s.fallback}" for s in ex.fallbacks]
     result.realizations = dict(Counter(s.realization for s in ex.segments))
+    result.inductor = inductor_choices(ex)
     result.uncaptured = missing_labels(list(result.scopes), ex.segments)
 
 

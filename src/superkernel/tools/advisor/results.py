@@ -26,6 +26,7 @@ class RunResult:
     graph_breaks: int = 0
     uncaptured: list[str] = field(default_factory=list)  # scope labels that reached no captured graph
     realizations: dict[str, int] = field(default_factory=dict)
+    inductor: dict[str, Any] = field(default_factory=dict)  # CompilerConfig.inductor choices the run made
     median_ms: float | None = None
     p90_ms: float | None = None
     tokens_per_s: float | None = None

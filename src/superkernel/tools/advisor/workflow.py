@@ -282,7 +282,7 @@ def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSes
     marked = best if best is not None else (decision.baseline if decision.kind == "torch.compile" else None)
     if best is not None:
         plan = PlanFile(scopes=best.scopes, mode=best.mode, options=opts.options, model=loaded.name,
-                        strategy=best.strategy, measured=_measured(best, results, session))
+                        strategy=best.strategy, measured=_measured(best, results, session), inductor=best.inductor)
     elif decision.kind == "torch.compile":
         plan = PlanFile(scopes={}, mode=None, model=loaded.name, strategy=None, backend=TORCH_COMPILE,
                         measured={**_measured(decision.baseline, results, session), "why": decision.reason})
