@@ -125,3 +125,38 @@ def _int_at_least(name: str, low: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def _nearest_existing(path: Path) -> Path:
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_output_dir(path: Path | str, flag: str = "--output") -> None:
+    """Fail before any work when ``path`` cannot become a directory we can write files into."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise OutputError(f"{flag} {str(path)!r} is an existing file; give a directory (it is created if missing)")
+    base = _nearest_existing(path)
+    if not base.is_dir():
+        raise OutputError(f"{flag} {str(path)!r} cannot be created: {str(base)!r} is a file")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise OutputError(f"{flag} {str(path)!r} is not writable (no write permission in {str(base)!r})")
+
+
+def check_output_file(path: Path | str, flag: str, inputs: Iterable[Path | str | None] = ()) -> None:
+    """Fail before any work when ``path`` cannot be written as a file (``flag`` names the option)."""
+    path = Path(path)
+    if path.is_dir():
+        raise OutputError(f"{flag} {str(path)!r} is a directory; give a file path")
+    try:
+        check_not_input(path, inputs)
+    except OutputError as exc:
+        raise OutputError(f"{flag}: {exc}") from None
+    base = _nearest_existing(path.parent)
+    if not base.is_dir():
+        raise OutputError(f"{flag} {str(path)!r} cannot be written: {str(base)!r} is a file")
+    if not os.access(base, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise OutputError(f"{flag} {str(path)!r} is not writable")
