@@ -3,8 +3,6 @@ they are found (and measured) even where the inner fusion alone is not kept."""
 
 from __future__ import annotations
 
-from onnxscript.rewriter import pattern
-
 from superkernel.onnx import _util as U
 from superkernel.onnx.rules.activations import GeluErf
 from superkernel.onnx.rules.base import MS, QUIET, _fail
@@ -22,16 +20,7 @@ class SkipRMSNormDecomposed(RMSNormDecomposed):
     def pattern(self, op, a, b, two, axes, eps, scale, one):
         s = op.Add(a, b, _outputs=["s"])
         x = op.Cast(s, _allow_other_attributes=True, _outputs=["x"]) if self.params.get("in_cast") else s
-        sq = pattern.OrValue([op.Pow(x, two), op.Mul(x, x)], tag_var="sform", tag_values=("pow", "mul"))
-        if self.params.get("axes_attr"):
-            ms = op.ReduceMean(sq, _allow_other_attributes=True, _outputs=["ms"])
-        else:
-            ms = op.ReduceMean(sq, axes, _allow_other_attributes=True, _outputs=["ms"])
-        r = op.Sqrt(op.Add(ms, eps))
-        norm = pattern.OrValue([op.Mul(x, op.Reciprocal(r)), op.Div(x, r), op.Mul(x, op.Div(one, r))],
-                               tag_var="rform", tag_values=("reciprocal", "div", "one_over"))
-        if self.params.get("cast"):
-            norm = op.Cast(norm, _allow_other_attributes=True, _outputs=["cast"])
+        norm = self.normalized(op, x, two, axes, eps, one)
         y = op.Mul(scale, norm) if self.params.get("scale_first", True) else op.Mul(norm, scale)
         # the sum used later: the Add output, or with the no-op Cast the Cast output (the
         # TorchScript exporter's residual reads it)

@@ -81,6 +81,10 @@ class RMSNormDecomposed(FusionPattern):
     rule_name = "rmsnorm"
 
     def pattern(self, op, x, two, axes, eps, scale, one):
+        return op.Mul(self.normalized(op, x, two, axes, eps, one), scale)
+
+    def normalized(self, op, x, two, axes, eps, one):
+        """``x / sqrt(mean(x^2) + eps)`` in every form the exporters write it (before the scale)."""
         sq = pattern.OrValue([op.Pow(x, two), op.Mul(x, x)], tag_var="sform", tag_values=("pow", "mul"))
         if self.params.get("axes_attr"):
             ms = op.ReduceMean(sq, _allow_other_attributes=True, _outputs=["ms"])
@@ -91,7 +95,7 @@ class RMSNormDecomposed(FusionPattern):
                                tag_var="rform", tag_values=("reciprocal", "div", "one_over"))
         if self.params.get("cast"):
             norm = op.Cast(norm, _allow_other_attributes=True, _outputs=["cast"])
-        return op.Mul(norm, scale)
+        return norm
 
     def validate(self, context, x, two, axes, eps, scale, ms, one=None, cast=None, rform=None, sform=None, **_):
         if x.dtype not in U.FLOAT_TYPES:
