@@ -44,6 +44,7 @@ from superkernel.static_kernel import trust
 from superkernel.static_kernel.loader import install_kernels
 from superkernel.static_kernel.manifest import PackageError
 from superkernel.static_kernel.package import MANIFEST, SIGNATURE, find_packages, read_manifest, sha256
+from tests._env import environ
 
 SEED = 20261123
 COUNTS: Counter[str] = Counter()
@@ -67,16 +68,9 @@ ODD_NAMES = [
 def fuzz_env(tmp_path_factory):
     """A private trust key, Inductor cache and build settings for this module; restored afterwards."""
     root = tmp_path_factory.mktemp("fuzz_packages")
-    saved = {k: os.environ.get(k) for k in ("XDG_CACHE_HOME", "TORCHINDUCTOR_CACHE_DIR", "SUPERKERNEL_STATIC_VERIFY",
-                                            "SUPERKERNEL_STATIC_PREWARM")}
-    os.environ.update({"XDG_CACHE_HOME": str(root / "xdg"), "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
-                       "SUPERKERNEL_STATIC_VERIFY": "0", "SUPERKERNEL_STATIC_PREWARM": "0"})
-    yield root
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with environ(XDG_CACHE_HOME=str(root / "xdg"), TORCHINDUCTOR_CACHE_DIR=str(root / "inductor"),
+                 SUPERKERNEL_STATIC_VERIFY="0", SUPERKERNEL_STATIC_PREWARM="0"):
+        yield root
 
 
 def _never():

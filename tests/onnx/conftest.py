@@ -11,6 +11,7 @@ import pytest
 
 from superkernel.onnx import catalog, engine, zoo
 from superkernel.onnx import verify as V
+from tests._env import environ
 
 DIMS = zoo.Dims(batch=2, seq=8, hidden=64, heads=4, kv_heads=2, intermediate=128)
 
@@ -18,13 +19,9 @@ DIMS = zoo.Dims(batch=2, seq=8, hidden=64, heads=4, kv_heads=2, intermediate=128
 @pytest.fixture(scope="session", autouse=True)
 def calibration_cache(tmp_path_factory):
     """Micro-benchmark results of the tests go to a temporary cache, not the user's."""
-    old = os.environ.get("SUPERKERNEL_CACHE_DIR")
-    os.environ["SUPERKERNEL_CACHE_DIR"] = str(tmp_path_factory.mktemp("sk_cache"))
-    yield os.environ["SUPERKERNEL_CACHE_DIR"]
-    if old is None:
-        os.environ.pop("SUPERKERNEL_CACHE_DIR", None)
-    else:
-        os.environ["SUPERKERNEL_CACHE_DIR"] = old
+    path = str(tmp_path_factory.mktemp("sk_cache"))
+    with environ(SUPERKERNEL_CACHE_DIR=path):
+        yield path
 
 
 @pytest.fixture(scope="session")

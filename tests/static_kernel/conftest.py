@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -10,6 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests._env import environ
 
 HERE = Path(__file__).resolve().parent
 
@@ -46,31 +47,17 @@ def parse_child(code: int, stdout: str, stderr: str) -> dict:
     raise AssertionError(f"child failed (exit {code}):\n{stdout[-2000:]}\n{stderr[-4000:]}")
 
 
-@contextlib.contextmanager
-def _environ(name: str, value: str):
-    """``os.environ[name] = value`` for the block (children inherit it), then restored."""
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
-
-
 @pytest.fixture(scope="session", autouse=True)
 def _private_trust_key(tmp_path_factory):
     """Packages are signed with a per-user key under $XDG_CACHE_HOME: tests (and their children) use a private one."""
-    with _environ("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg_cache"))):
+    with environ(XDG_CACHE_HOME=str(tmp_path_factory.mktemp("xdg_cache"))):
         yield
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _private_inductor_cache(tmp_path_factory):
     """In-process tests install kernels into TorchInductor's cache dir: use a private one."""
-    with _environ("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor_cache"))):
+    with environ(TORCHINDUCTOR_CACHE_DIR=str(tmp_path_factory.mktemp("inductor_cache"))):
         yield
 
 
