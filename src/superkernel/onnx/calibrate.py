@@ -59,11 +59,25 @@ class Measurement:
 
 
 def cache_dir() -> str:
-    d = os.environ.get("SUPERKERNEL_CACHE_DIR")
-    if not d:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        d = os.path.join(base, "superkernel")
-    return d
+    """The user's private superkernel cache (:func:`superkernel.cache_dir.private_cache_dir`). When it cannot be
+    used safely (another user owns it, others can write it), a private directory for this process only, with
+    a warning: measurements are then not kept between runs."""
+    from superkernel.cache_dir import CacheDirError, private_cache_dir
+
+    try:
+        return str(private_cache_dir())
+    except CacheDirError as exc:
+        global _PROCESS_CACHE
+        if _PROCESS_CACHE is None:
+            import tempfile
+            import warnings
+
+            _PROCESS_CACHE = tempfile.mkdtemp(prefix="superkernel-calibration-")
+            warnings.warn(f"superkernel: {exc}; calibration results are kept for this process only", stacklevel=2)
+        return _PROCESS_CACHE
+
+
+_PROCESS_CACHE: str | None = None
 
 
 def cpu_id() -> str:

@@ -101,25 +101,14 @@ def native_key(source: str) -> str:
 
 
 def cache_dir() -> Path:
-    """The private per-user cache of native modules (created 0700; refused if others can write it)."""
-    base = os.environ.get("SUPERKERNEL_CACHE_DIR")
-    if base:
-        root = Path(base).expanduser()
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME")
-        root = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "superkernel"
-    path = root / "native_cpu"
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for p in (root, path):
-        st = p.stat()
-        if hasattr(os, "getuid") and st.st_uid != os.getuid():
-            raise NativeBuildError(f"cache directory {p} belongs to another user; set SUPERKERNEL_CACHE_DIR")
-        if st.st_mode & 0o022:
-            try:
-                os.chmod(p, st.st_mode & ~0o022)
-            except OSError:
-                raise NativeBuildError(f"cache directory {p} is writable by other users; set SUPERKERNEL_CACHE_DIR") from None
-    return path
+    """The private per-user cache of native modules (``native_cpu/`` of :func:`superkernel.cache_dir.private_cache_dir`:
+    created 0700; refused if another user owns it or others can write it)."""
+    from superkernel.cache_dir import CacheDirError, private_cache_dir
+
+    try:
+        return private_cache_dir("native_cpu")
+    except CacheDirError as exc:
+        raise NativeBuildError(str(exc)) from None
 
 
 _PCH_HEADER = """// superkernel native CPU modules: the torch headers they need (precompiled once).

@@ -1,0 +1,44 @@
+"""One private per-user cache directory for native modules and the ONNX calibration cache."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+
+from superkernel.cache_dir import CacheDirError, private_cache_dir
+from superkernel.runtime.native import NativeBuildError
+from superkernel.runtime.native import build as native_build
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_private_cache_dir_is_0700_and_refuses_other_owners(tmp_path, monkeypatch):
+    monkeypatch.delenv("SUPERKERNEL_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    path = private_cache_dir("native_cpu")
+    assert path == tmp_path / "xdg" / "superkernel" / "native_cpu"
+    assert _mode(path) == 0o700 and _mode(path.parent) == 0o700
+    assert native_build.cache_dir() == path  # the native modules use it
+
+    own = tmp_path / "own"
+    monkeypatch.setenv("SUPERKERNEL_CACHE_DIR", str(own))  # wins over XDG_CACHE_HOME
+    assert private_cache_dir() == own
+    os.chmod(own, 0o777)  # group- and world-writable, but ours: made private
+    assert private_cache_dir("sub") == own / "sub" and not _mode(own) & 0o022
+
+    if os.geteuid() == 0:  # another user's directory: root can make one
+        os.chown(own, 65534, 65534)
+    else:  # without root: a directory that is not ours
+        monkeypatch.setenv("SUPERKERNEL_CACHE_DIR", "/")
+        if os.stat("/").st_uid == os.getuid():
+            pytest.skip("no directory of another user to test with")
+    with pytest.raises(CacheDirError, match="belongs to another user"):
+        private_cache_dir()
+    with pytest.raises(NativeBuildError, match="belongs to another user"):
+        native_build.cache_dir()
+    if os.geteuid() == 0:
+        os.chown(own, os.getuid(), os.getgid())
