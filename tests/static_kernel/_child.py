@@ -1,12 +1,16 @@
 """Child process of the static kernel tests: compile a tiny scoped model with static kernels.
 
     python _child.py BUILD_DIR BATCH OUT.pt [--no-static] [--function] [--graph-break] [--then-batch N]
+                     [--reduce-overhead]
 
 Prints one line ``RESULT {json}`` with the backend's and the static kernel compiler's counters, the
 number of C++ compilations TorchInductor started and the number of frames Dynamo traced
 in this process. ``--function`` compiles a function closing over the model (which gets a
 precompiled frame) instead of the model; ``--graph-break`` puts a graph break in it;
 ``--then-batch N`` also calls it with a batch of N after the two calls with BATCH.
+``--reduce-overhead`` compiles in that mode (CPU: native modules) and also saves the exactness
+reference's output (``debug.run_eagerly``) as ``ref``; the result then names every segment's
+realization and whether this process has a C++ compiler.
 """
 
 from __future__ import annotations
@@ -85,6 +89,9 @@ def main() -> int:
     torch.manual_seed(0)
     model = Tiny().eval()
     cfg = CompilerConfig()
+    reduce_overhead = "--reduce-overhead" in sys.argv
+    if reduce_overhead:
+        cfg.mode = "reduce-overhead"
     if static:
         cfg.experimental_config.static_kernel.enable = True
         cfg.experimental_config.static_kernel.build_dir = build_dir
@@ -112,6 +119,9 @@ def main() -> int:
                 x3 = torch.randn(other, 32, generator=torch.Generator().manual_seed(2))
                 saved = {"y3": compiled(x3), "eager3": target(x3)}
             eager = target(x)
+            if reduce_overhead:
+                ref_cfg = CompilerConfig.from_dict({"mode": "reduce-overhead", "debug": {"run_eagerly": True}})
+                saved["ref"] = superkernel.compile(target, ref_cfg)(x)
     backend = superkernel.pipeline.backend.find_backend(compiled)
     torch.save({"y": y, "eager": eager.detach(), "y2": y2, **saved}, out)
     static = backend.static_kernels
@@ -126,6 +136,11 @@ def main() -> int:
         "warnings": [str(w.message) for w in caught if "static kernels" in str(w.message)],
         "notices": list(static.notices) if static is not None else [],
     }
+    if reduce_overhead:
+        from superkernel.runtime.native import compiler_available
+
+        result["realizations"] = [s.realization for g in superkernel.explain(compiled).graphs for s in g.segments]
+        result["compiler_available"] = compiler_available()
     print("RESULT " + json.dumps(result))
     return 0
 

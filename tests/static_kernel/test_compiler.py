@@ -258,6 +258,7 @@ def test_unreadable_package_never_crashes(pkg_copy):
     (lambda m: m.update(artifacts={"k": 5}), "malformed manifest: artifacts key 'k'"),
     (lambda m: m.update(environment=3), "malformed manifest: environment"),
     (lambda m: next(iter(m["files"].values())).update(size=10 ** 12), "has no valid size"),
+    (lambda m: m.update(native={"../x": {"file": "native/../x.so"}}), "malformed manifest: native key '../x'"),
 ])
 def test_malformed_manifest_is_one_line_even_when_signed(pkg_copy, edit, expect, capsys):
     build_dir, pkg = pkg_copy

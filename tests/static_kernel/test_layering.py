@@ -11,7 +11,7 @@ SRC = Path(superkernel.__file__).resolve().parent
 
 # what static_kernel may use from the rest of the project (all below the pipeline's later stages)
 ALLOWED = {"superkernel", "superkernel.pipeline.ir", "superkernel.util", "superkernel.runtime.inductor",
-           "superkernel.scope_apply"}
+           "superkernel.scope_apply", "superkernel.runtime.native.build"}  # (build: the seam packages use)
 
 
 def _imports(path: Path) -> set[str]:

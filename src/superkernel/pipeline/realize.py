@@ -95,10 +95,7 @@ class Realizer:
             if info is not None:
                 info.realization = "cpu-flat"
             return flat
-        from superkernel.runtime.native import NativeGroup
-
-        if self._native is None:
-            self._native = NativeGroup()
+        self._native_group()
 
         def failed(exc: BaseException) -> None:
             self.counters["segments_native"] -= 1
@@ -124,14 +121,22 @@ class Realizer:
         treatment; the native module only calls those operators from C++ instead of Python (same
         kernels, same order). Anything it cannot express, or a failed build, runs the flat program
         without a warning: no segment was asked for here."""
-        from superkernel.runtime.native import NativeGroup, NativeUnsupported
+        from superkernel.runtime.native import NativeUnsupported
 
-        if self._native is None:
-            self._native = NativeGroup()
+        self._native_group()
         try:
             return self._native.add(module.partition.name, module.gm, flat, inference=self._inference_graph())
         except NativeUnsupported:
             return flat
+
+    def _native_group(self) -> Any:
+        """This graph's NativeGroup; with static kernels, its module comes from the package (or is packaged)."""
+        if self._native is None:
+            from superkernel.runtime.native import NativeGroup
+
+            provider = self.static_kernels.native_provider(self.device) if self.static_kernels is not None else None
+            self._native = NativeGroup(provider=provider)
+        return self._native
 
     @staticmethod
     def _inference_graph() -> bool:

@@ -1,9 +1,9 @@
 """Building a package: compile partitions ahead of time, collect frames, write the zip.
 
 A :class:`Builder` belongs to one build directory of one process. It holds what the next
-package will contain — artifacts and frames carried over from the package it extends, and
-the ones built here — and writes them with the kernel libraries of its private TorchInductor
-cache (``<run_dir>/.inductor_cache``) as one package, atomically.
+package will contain — artifacts, frames and native CPU modules carried over from the package
+it extends, and the ones built here — and writes them with the kernel libraries of its private
+TorchInductor cache (``<run_dir>/.inductor_cache``) as one package, atomically.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ class Builder:
         self.carried_from: Package | None = None
         self.new: dict[str, Artifact] = {}
         self.new_frames: dict[str, Artifact] = {}
+        self.carried_native: dict[str, Artifact] = {}
+        self.new_native: dict[str, Artifact] = {}  # native CPU modules (.native), by source key
 
     @property
     def staging(self) -> Path:
@@ -68,6 +70,8 @@ class Builder:
             self.carried[key] = Artifact(dict(entry), pkg.artifact_bytes(key))
         for key, entry in pkg.frames.items():
             self.carried_frames[key] = Artifact(dict(entry), pkg.frame_bytes(key))
+        for key, entry in pkg.native.items():
+            self.carried_native[key] = Artifact(dict(entry), pkg.native_bytes(key))
         self.carried_graphs.update(pkg.graphs)
 
     def frame(self, key: str) -> Artifact | None:
@@ -104,7 +108,7 @@ class Builder:
 
     def pending(self, holding: bool) -> bool:
         """Whether there is something new to write (new frames count only for the lock holder)."""
-        return bool(self.new) or bool(self.new_frames and holding)
+        return bool(self.new) or bool(self.new_native) or bool(self.new_frames and holding)
 
     def write(self, header: dict[str, Any], graphs: dict[str, dict[str, Any]]) -> tuple[Path, Package]:
         """Write the package (``header``: environment, fingerprint, options); returns its path and the
@@ -112,13 +116,15 @@ class Builder:
         staging = self.staging
         artifacts = {**self.carried, **self.new}
         frames = {**self.carried_frames, **self.new_frames}
+        native = {**self.carried_native, **self.new_native}
         if self.carried_from is not None and self.carried_from.verified:
             install_kernels(self.carried_from, str(staging))
         files = {a.entry["file"]: a.data for a in artifacts.values()}
-        if os.environ.get(ENV_VERIFY, "1") != "0":
+        if files and os.environ.get(ENV_VERIFY, "1") != "0":
             self._load_check(staging, files)
         files.update(collect_kernels(staging))
         files.update({f.entry["file"]: f.data for f in frames.values()})
+        files.update({n.entry["file"]: n.data for n in native.values()})
         merged = {h: {"names": list(g.get("names", [])), "variants": list(g.get("variants", []))}
                   for h, g in self.carried_graphs.items()}
         for h, g in graphs.items():
@@ -134,15 +140,16 @@ class Builder:
             "graphs": merged,
             "artifacts": {k: a.entry for k, a in sorted(artifacts.items())},
             "frames": {k: f.entry for k, f in sorted(frames.items())},
+            "native": {k: n.entry for k, n in sorted(native.items())},
         }
         path = write_package(self._run_dir() / package_name(), manifest, files)
         self.counters["packages_written"] += 1
         pkg = read_manifest(path)
         pkg.files = files
         pkg.verified = True
-        self.carried, self.carried_frames = artifacts, frames
+        self.carried, self.carried_frames, self.carried_native = artifacts, frames, native
         self.carried_graphs, self.carried_from = merged, pkg
-        self.new, self.new_frames = {}, {}
+        self.new, self.new_frames, self.new_native = {}, {}, {}
         return path, pkg
 
     def _load_check(self, staging: Path, files: dict[str, bytes]) -> None:

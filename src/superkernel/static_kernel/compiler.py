@@ -13,8 +13,10 @@ The backend and the realizer reach static kernels only through :class:`StaticCom
 
 plus the backend's hooks: :meth:`~StaticCompiler.record_graph` for every captured ATen
 graph, :meth:`~StaticCompiler.finalize` at the end of a graph's build (writes the package),
-and, for precompiled frames, :meth:`~StaticCompiler.observe_aten_graph` and
-:meth:`~StaticCompiler.wrap_function`. Nothing else of this package is the backend's
+for precompiled frames :meth:`~StaticCompiler.observe_aten_graph` and
+:meth:`~StaticCompiler.wrap_function`, and for CPU reduce-overhead
+:meth:`~StaticCompiler.native_provider` (a graph's native module from the package, or built
+and packaged). Nothing else of this package is the backend's
 business. The state behind it is shared per build directory (:mod:`.workspace`).
 """
 
@@ -55,7 +57,8 @@ class StaticCompiler:
         if ws is None:
             cfg = self.compiler_config
             ws = workspace(self.build_dir, settings.config_fingerprint(cfg, kind), kind,
-                           settings.inductor_patches(cfg, kind), settings.compiles(cfg))
+                           settings.inductor_patches(cfg, kind), settings.compiles(cfg),
+                           settings.packs_native(cfg, kind))
             self._workspaces[kind] = ws
         return ws
 
@@ -96,6 +99,15 @@ class StaticCompiler:
         for ws in self._workspaces.values():
             written = ws.finalize() or written
         return written
+
+    def native_provider(self, device: str) -> Callable[[Any], Any] | None:
+        """For a graph's native CPU module (``NativeGroup(provider=...)``): ``provider(source)`` returns the
+        loaded module from the package (verified, trusted, same ABI) or built here and added to the package
+        being built; None when this config packages no native modules."""
+        ws = self.workspace(device)
+        if not ws.native:
+            return None
+        return lambda source: ws.natives.module(source, extend=self.extend)
 
     def observe_aten_graph(self, gm: fx.GraphModule) -> None:
         """A precompiled frame being built keeps the ATen graph the backend received (if any is)."""

@@ -48,9 +48,24 @@ class ArtifactLoader:
             self.cache_dir = private_cache_dir()
             self.counters["kernels_installed"] += install_kernels(pkg, self.cache_dir)
             self.installed_from = pkg.path
-            if self.device_kind == "cpu":
+            if self.device_kind == "cpu" and pkg.artifacts:  # (a package of native modules only: no Inductor)
                 with compat.inductor_cache_dir_at(str(self.cache_dir)):
                     probe_vec_isa()
+
+    def install_native(self, pkg: Package, key: str) -> Path:
+        """Write native module ``key`` of ``pkg`` (verified and trusted) into the private cache dir as
+        ``native/<key>.so`` (0700); its path, from which it is loaded."""
+        self.install(pkg)
+        name = f"native/{key}.so"
+        if not valid_member_name(name) or self.cache_dir is None:  # (checked when read; never trust a name twice)
+            raise PackageError(f"unsafe native module name {name!r}")
+        dest = self.cache_dir / name
+        if not dest.exists():
+            dest.parent.mkdir(mode=0o700, exist_ok=True)
+            with atomic_target(dest) as tmp:
+                tmp.write_bytes(pkg.native_bytes(key))
+            dest.chmod(0o700)
+        return dest
 
     def forget_install(self) -> None:
         self.installed_from = None

@@ -19,9 +19,11 @@ MAX_TOTAL_BYTES = 4 << 30
 MAX_MEMBERS = 20_000
 
 _KEY = r"[0-9a-f]{16,64}"
-_MEMBER_NAME = re.compile(rf"^(?:(?:artifacts|frames)/{_KEY}\.bin"
+_MEMBER_NAME = re.compile(rf"^(?:(?:artifacts|frames)/{_KEY}\.bin|native/[0-9a-f]{{32}}\.so"
                           r"|kernels/[a-z0-9]{2}/[a-z0-9]{8,128}(?:\.[a-z0-9_]{1,16})?\.(?:so|cubin|fatbin|hsaco|spv))$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_NATIVE_KEY = re.compile(r"^[0-9a-f]{32}$")
+_NATIVE_MODULE = re.compile(r"^sk_native_[0-9a-f]{32}$")
 
 
 class PackageError(RuntimeError):
@@ -29,8 +31,9 @@ class PackageError(RuntimeError):
 
 
 def valid_member_name(name: str) -> bool:
-    """Only the member kinds Inductor needs, under their own folders: no '.', '..', absolute paths or others."""
-    return bool(_MEMBER_NAME.match(name))
+    """Only the member kinds Inductor and the native CPU modules need, under their own folders: no '.', '..',
+    absolute paths or others."""
+    return bool(_MEMBER_NAME.fullmatch(name))  # (not match: "$" would let a final newline through)
 
 
 def _need(ok: bool, what: str) -> None:
@@ -84,3 +87,13 @@ def validate_manifest(m: Any) -> None:
                 sources = entry.get("sources", {})
                 _need(_str_dict(sources) and all(isinstance(v, str) for v in sources.values()),
                       f"frames[{key[:12]}] sources are malformed")
+    native = m.get("native", {})  # (absent in packages written before native modules were carried)
+    _need(_str_dict(native), "native is not an object")
+    for key, entry in native.items():
+        _need(bool(_NATIVE_KEY.fullmatch(key)), f"native key {key[:80]!r} is not a 32-digit hex digest")
+        _need(_str_dict(entry), f"native[{key[:12]}] is not an object")
+        _need(entry.get("file") == f"native/{key}.so" and entry["file"] in files, f"native[{key[:12]}] has no file")
+        _need(isinstance(entry.get("module"), str) and bool(_NATIVE_MODULE.fullmatch(entry["module"])),
+              f"native[{key[:12]}] module name is malformed")
+        abi = entry.get("abi")
+        _need(_str_dict(abi) and all(isinstance(v, str) for v in abi.values()), f"native[{key[:12]}] abi is malformed")

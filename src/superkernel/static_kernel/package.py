@@ -11,10 +11,12 @@ A package is one zip file (members deflated)::
     kernels/<xx>/<name>.so         the compiled C++ kernels those artifacts load, under their
                                    TorchInductor code-cache names (content hashes of source and
                                    compile command), plus Inductor's CPU-ISA probe libraries
+    native/<key>.so                one native CPU module per graph (reduce-overhead,
+                                   :mod:`superkernel.runtime.native`), named by a hash of its source
 
 The manifest records torch/triton/python versions, platform, device kind and capability,
 the compiler-config fingerprint, the captured graphs (structure hash, names, input shapes),
-every artifact and frame, and the sha256 and size of every other member.
+every artifact, frame and native module (with the torch/Python ABI it was built for), and the sha256 and size of every other member.
 
 Reading is defensive: the zip's central directory is checked first (only the member names
 above, no directories, symlinks, duplicates or encrypted members, sizes within limits and
@@ -123,6 +125,11 @@ class Package:
         return self.manifest["frames"]
 
     @property
+    def native(self) -> dict[str, Any]:
+        """Native CPU modules (:mod:`.native`) by source key (none in packages written before they were carried)."""
+        return self.manifest.get("native", {})
+
+    @property
     def kernels(self) -> list[str]:
         return [n for n in self.manifest["files"] if n.startswith("kernels/")]
 
@@ -186,6 +193,9 @@ class Package:
 
     def frame_bytes(self, key: str) -> bytes:
         return self.member(self.frames[key]["file"])
+
+    def native_bytes(self, key: str) -> bytes:
+        return self.member(self.native[key]["file"])
 
 
 def zlib_error() -> type[BaseException]:
@@ -314,6 +324,7 @@ def describe(package: Package) -> dict[str, Any]:
         "artifacts": len(m["artifacts"]),
         "frames": len(m["frames"]),
         "kernels": sum(1 for n in files if n.startswith("kernels/")),
+        "native": len(m.get("native", {})),
         "bytes": sum(int(v["size"]) for v in files.values()),
         "graphs": {h: {"names": g.get("names", []), "variants": len(g.get("variants", []))}
                    for h, g in m["graphs"].items()},

@@ -73,3 +73,10 @@ def compiles(compiler_config: Any) -> bool:
     """Whether partitions are compiled at all (max-autotune, not run_eagerly): else only shapes are recorded."""
     return compiler_config is None or (getattr(compiler_config, "mode", "max-autotune") == "max-autotune"
                                        and not getattr(getattr(compiler_config, "debug", None), "run_eagerly", False))
+
+
+def packs_native(compiler_config: Any, device_kind: str) -> bool:
+    """Whether graphs become native CPU modules a package carries: CPU reduce-overhead with ``cpu.native`` on."""
+    return (device_kind == "cpu" and getattr(compiler_config, "mode", None) == "reduce-overhead"
+            and bool(getattr(getattr(compiler_config, "cpu", None), "native", False))
+            and not getattr(getattr(compiler_config, "debug", None), "run_eagerly", False))

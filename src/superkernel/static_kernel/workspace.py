@@ -5,7 +5,9 @@ by every backend that uses it (:func:`workspace`). It decides once whether a usa
 exists (:class:`~.store.PackageStore`) or this process builds (taking the
 :class:`~.lock.BuildLock`); then, per partition, it loads from the package
 (:class:`~.loader.ArtifactLoader`), builds (:class:`~.builder.Builder`) or lets the normal
-path compile; ``finalize`` writes the package and releases the lock.
+path compile; per graph in CPU reduce-overhead, its native module comes from the package or
+is built and added (:class:`~.native.NativeModules`); ``finalize`` writes the package and
+releases the lock.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from superkernel.static_kernel.constants import constant_values, lift_constants,
 from superkernel.static_kernel.environment import environment
 from superkernel.static_kernel.loader import ArtifactLoader
 from superkernel.static_kernel.lock import BuildLock
+from superkernel.static_kernel.native import NativeModules
 from superkernel.static_kernel.package import OUTPUTS_DIR, Package
 from superkernel.static_kernel.records import ShapeRecorder
 from superkernel.static_kernel.settings import StaticKernelWarning, log
@@ -41,9 +44,10 @@ class Workspace:
     """One build directory as seen by this process (for one config fingerprint and device kind)."""
 
     def __init__(self, build_dir: Path, fingerprint: str, device_kind: str, patches: dict[str, Any],
-                 compiles: bool = True) -> None:
+                 compiles: bool = True, native: bool = False) -> None:
         self.build_dir = build_dir
         self.compiles = compiles  # False: reduce-overhead / run_eagerly, nothing to build: record only, no lock
+        self.native = native  # CPU reduce-overhead with native modules: they are packaged (the lock when one is built)
         self.root = build_dir / OUTPUTS_DIR
         self.fingerprint = fingerprint
         self.device_kind = device_kind
@@ -55,6 +59,7 @@ class Workspace:
         self.store = PackageStore(build_dir, device_kind, self.env, fingerprint, self.counters)
         self.builder = Builder(self.ensure_run_dir, self.counters)
         self.loader = ArtifactLoader(self.counters, device_kind)
+        self.natives = NativeModules(self)
         self.checked = False
         self.package: Package | None = None
         self.deferred = 0  # > 0: a frame is being built; finalize waits for it
@@ -85,7 +90,7 @@ class Workspace:
     def prewarm(self) -> None:
         """Adopt a usable package early (no lock taken) and install its kernels (when the backend is created)."""
         with self.mutex:
-            if self.checked or not self.compiles:
+            if self.checked or not (self.compiles or self.native):
                 return
             pkg = self.store.usable(self.package)
             if pkg is None:
@@ -103,13 +108,14 @@ class Workspace:
             if self.checked:
                 return
             self.checked = True
-            if not self.compiles:
+            if not (self.compiles or self.native):
                 return
             pkg = self.store.usable(self.package)
             if pkg is not None:
                 self.package = pkg
                 return
-            self.become_builder()
+            if self.compiles:  # (native modules only: the lock is taken when one is built, .native)
+                self.become_builder()
 
     def become_builder(self, need_graph: str | None = None, need_key: str | None = None) -> bool:
         """Hold the lock so this process builds; adopts a newer package that already has what is needed."""
@@ -275,17 +281,17 @@ class Workspace:
 
 # --- one workspace per build dir, config and device kind, per process -------------------------
 
-_WORKSPACES: dict[tuple[str, str, str, bool], Workspace] = {}
+_WORKSPACES: dict[tuple[str, str, str, bool, bool], Workspace] = {}
 _GUARD = threading.Lock()
 
 
 def workspace(build_dir: Path, fingerprint: str, device_kind: str, patches: dict[str, Any],
-              compiles: bool = True) -> Workspace:
-    key = (str(build_dir), fingerprint, device_kind, compiles)
+              compiles: bool = True, native: bool = False) -> Workspace:
+    key = (str(build_dir), fingerprint, device_kind, compiles, native)
     with _GUARD:
         ws = _WORKSPACES.get(key)
         if ws is None:
-            ws = _WORKSPACES[key] = Workspace(build_dir, fingerprint, device_kind, patches, compiles)
+            ws = _WORKSPACES[key] = Workspace(build_dir, fingerprint, device_kind, patches, compiles, native)
         return ws
 
 

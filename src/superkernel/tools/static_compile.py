@@ -70,7 +70,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-sizes", type=_batch_sizes, default=None, metavar="1,2,4",
                    help="build one static variant per batch size (default 1)")
     p.add_argument("--mode", default=None, choices=("max-autotune", "reduce-overhead"),
-                   help="override the plan's mode (static kernels are built for max-autotune partitions)")
+                   help="override the plan's mode (static kernels are built for max-autotune partitions; "
+                        "reduce-overhead on CPU packages the native CPU modules)")
     p.add_argument("--prompt-len", type=positive_int("--prompt-len"), default=32, help="prompt tokens prefilled before decoding (default 32)")
     p.add_argument("--max-cache-len", type=positive_int("--max-cache-len"), default=None,
                    help="KV-cache length of the decode step (default prompt-len + 36, as superkernel.tools.decode.prepare)")
@@ -125,11 +126,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"package: {result['package'] or '(none written: nothing new to build)'}")
         print(f"batch sizes {result['batch_sizes']}: {c.get('compiled', 0)} partitions compiled, "
               f"{c.get('loaded', 0)} loaded from an existing package, {c.get('frames_built', 0)} precompiled "
-              f"frames, {c.get('records', 0)} shape records "
+              f"frames, {c.get('native_built', 0)} native CPU modules built, {c.get('native_loaded', 0)} loaded, "
+              f"{c.get('records', 0)} shape records "
               f"in {', '.join(result['record_dirs']) or '-'} ({result['seconds']:.1f}s)")
         for notice in result.get("notices", []):
             print(f"  {notice}")
-    return 0 if result["package"] or result["counters"].get("loaded") else 1
+    return 0 if result["package"] or result["counters"].get("loaded") or result["counters"].get("native_loaded") else 1
 
 
 # --- build -------------------------------------------------------------------------------
@@ -194,7 +196,8 @@ def build(model: str, build_dir: Path, *, batch_sizes: list[int] | None = None, 
         torch._dynamo.reset()
     existing = find_packages(build_dir)
     alive = [p for p in packages if Path(p).exists()]
-    results["package"] = alive[-1] if alive else (str(existing[0]) if existing and counters.get("loaded") else None)
+    held = counters.get("loaded") or counters.get("native_loaded")
+    results["package"] = alive[-1] if alive else (str(existing[0]) if existing and held else None)
     results["counters"] = counters
     results["seconds"] = time.perf_counter() - start
     return results
@@ -268,7 +271,8 @@ def list_packages(build_dir: Path, *, as_json: bool = False) -> int:
             graphs = "; ".join(f"{h[:10]} {','.join(g['names'])} ({g['variants']} shape variant(s))"
                                for h, g in row["graphs"].items())
             print(f"  created {row['created']}  {row['artifacts']} compiled partitions, {row.get('frames', 0)} "
-                  f"precompiled frames, {row['kernels']} kernel libraries, {row['bytes'] / 1e6:.2f} MB")
+                  f"precompiled frames, {row['kernels']} kernel libraries, {row.get('native', 0)} native CPU modules, "
+                  f"{row['bytes'] / 1e6:.2f} MB")
             print(f"  torch {env.get('torch')}  python {env.get('python')}  {env.get('device_kind')} "
                   f"[{env.get('device_capability')}]  config {row.get('config_fingerprint')}")
             print(f"  graphs: {graphs or '-'}")
@@ -297,7 +301,7 @@ def trust_package(path: Path) -> int:
     print(f"{path}")
     print(f"  created {info['created']} by superkernel {by.get('superkernel', '?')} (pid {by.get('pid', '?')})")
     print(f"  {info['artifacts']} compiled partitions, {info['frames']} precompiled frames, {info['kernels']} kernel "
-          f"libraries, {info['bytes'] / 1e6:.2f} MB; manifest sha256 "
+          f"libraries, {info['native']} native CPU modules, {info['bytes'] / 1e6:.2f} MB; manifest sha256 "
           f"{__import__('hashlib').sha256(pkg.manifest_bytes).hexdigest()[:16]}")
     print(f"  built for torch {env.get('torch')}  python {env.get('python')}  {env.get('system')} "
           f"{env.get('machine')}  {env.get('device_kind')} [{env.get('device_capability')}]")

@@ -100,6 +100,22 @@ def native_key(source: str) -> str:
     return h.hexdigest()[:32]
 
 
+def abi_fingerprint() -> dict[str, str]:
+    """What a built module needs of the process that loads it (no compiler needed to tell): the generator,
+    torch (version, git revision, C++ ABI flag), the Python extension ABI. A static package records it
+    beside each module it carries; a module is loaded only where all of it is equal."""
+    return {"generator": GENERATOR_VERSION, "torch": torch.__version__,
+            "torch_git": str(getattr(torch.version, "git_version", "")),
+            "cxx11_abi": str(int(torch._C._GLIBCXX_USE_CXX11_ABI)),
+            "ext_suffix": sysconfig.get_config_var("EXT_SUFFIX") or "", "python": sys.version.split()[0]}
+
+
+def source_key(source: str) -> str:
+    """The name a static package gives a module: a hash of its source alone (the same in a process without a
+    compiler, where :func:`native_key` differs), checked against :func:`abi_fingerprint` when loaded."""
+    return hashlib.sha256(source.encode()).hexdigest()[:32]
+
+
 def cache_dir() -> Path:
     """The private per-user cache of native modules (``native_cpu/`` of :func:`superkernel.cache_dir.private_cache_dir`:
     created 0700; refused if another user owns it or others can write it)."""

@@ -18,9 +18,13 @@ from superkernel.runtime.native.literals import NativeBuildError, NativeUnsuppor
 
 class NativeGroup:
     """The native segments of one graph: emitted together and built as one module at the
-    first call of any of them (or by :meth:`build`), so a graph costs one compiler run."""
+    first call of any of them (or by :meth:`build`), so a graph costs one compiler run.
 
-    def __init__(self) -> None:
+    ``provider(source)``, when given, supplies the loaded module instead of :func:`~.build.load` (a static
+    package's module, or built and added to the package); it raises :class:`NativeBuildError` when it cannot."""
+
+    def __init__(self, provider: Callable[[NativeSource], Any] | None = None) -> None:
+        self.provider = provider
         self.segments: list[NativeSegment] = []
         self.source: NativeSource | None = None
         self.error: BaseException | None = None
@@ -47,14 +51,15 @@ class NativeGroup:
             try:
                 programs = [(s.entry, s.gm, s.inference) for s in self.segments]
                 self.source = native_source(programs)
+                load_module = self.provider or load
                 try:
-                    module = load(self.source)
+                    module = load_module(self.source)
                 except NativeBuildError:
                     if "(typed)" not in self.source.source:
                         raise
                     # a typed call this torch's headers do not take: every operator boxed instead
                     self.source = native_source(programs, typed=False)
-                    module = load(self.source)
+                    module = load_module(self.source)
                 for s in self.segments:
                     s._fn = getattr(module, s.entry)
             except Exception as exc:  # noqa: BLE001 - any build failure: the flat programs run, reported

@@ -1,0 +1,127 @@
+"""Native CPU modules in a package: one per graph in CPU reduce-overhead (:mod:`superkernel.runtime.native`).
+
+A graph's native segments are one generated C++ module, built with the system's C++
+compiler. A package carries the built library as ``native/<key>.so`` (``key``: a hash of
+the module's source, :func:`~superkernel.runtime.native.build.source_key`, the same in a
+process without a compiler), with the module's import name and the torch/Python ABI it was
+built for (:func:`~superkernel.runtime.native.build.abi_fingerprint`). A process that needs
+the module for the same source takes it from the package — only a verified package signed
+by this user, after which the library is written into the package's private 0700 cache
+directory and imported from there — so it runs the native module without a compiler. An ABI
+that differs (another torch or Python build) is never loaded: the module is built here
+instead (or the flat program runs when there is no compiler), with one notice. A builder
+adds every module it builds to the next package.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from superkernel.runtime.native.build import abi_fingerprint, library_path, load, load_library, source_key
+from superkernel.static_kernel.builder import Artifact
+from superkernel.static_kernel.package import Package
+from superkernel.static_kernel.settings import log
+from superkernel.util import exception_summary
+
+if TYPE_CHECKING:
+    from superkernel.static_kernel.workspace import Workspace
+
+
+def abi_difference(recorded: dict[str, Any], here: dict[str, str]) -> str | None:
+    """Why a module built for ``recorded`` must not load here (None when it may)."""
+    for key in sorted(set(recorded) | set(here)):
+        if recorded.get(key) != here.get(key):
+            return f"{key} differs (package: {recorded.get(key)!r}, here: {here.get(key)!r})"
+    return None
+
+
+class NativeModules:
+    """The native modules of one workspace: from its package, or built here (and packaged by a builder)."""
+
+    def __init__(self, ws: "Workspace") -> None:
+        self.ws = ws
+        self.loaded: dict[str, Any] = {}
+        self._notified: set[str] = set()
+
+    def _find(self, key: str) -> tuple[Package, dict[str, Any]] | None:
+        ws = self.ws
+        if ws.package is not None and key in ws.package.native:
+            return ws.package, ws.package.native[key]
+        carried = ws.builder.carried_from
+        if carried is not None and key in carried.native:  # extending a package: its modules load as well
+            return carried, carried.native[key]
+        return None
+
+    def module(self, src: Any, *, extend: bool = False) -> Any:
+        """The loaded module of ``src`` (a NativeSource); raises NativeBuildError when it can be neither
+        taken from the package nor built."""
+        ws = self.ws
+        ws.check()
+        key = source_key(src.source)
+        with ws.mutex:
+            module = self.loaded.get(key)
+            if module is not None:
+                return module
+            found = self._find(key)
+            if found is not None:
+                pkg, entry = found
+                why = abi_difference(entry["abi"], abi_fingerprint())
+                if why is None:
+                    try:
+                        path = ws.loader.install_native(pkg, key)  # (verified and trusted, else PackageError)
+                        module = load_library(path, entry["module"])
+                    except Exception as exc:  # noqa: BLE001 - a package never crashes the run
+                        ws.counters["native_load_failed"] += 1
+                        self._notice(key, f"could not load native module {key[:12]} from {pkg.path.name} "
+                                          f"({exception_summary(exc)}); building it here")
+                    else:
+                        ws.counters["native_loaded"] += 1
+                        self.loaded[key] = module
+                        return module
+                else:
+                    ws.counters["native_abi_mismatch"] += 1
+                    self._notice(key, f"native module {key[:12]} in package {pkg.path.name} was built for another "
+                                      f"torch/Python ABI ({why}); not loading it, building it here "
+                                      "(the flat program runs if there is no C++ compiler)")
+            module = load(src)  # built here (or from this user's cache); NativeBuildError when it cannot be
+            self.loaded[key] = module
+            if found is None and self._may_add(extend):
+                self._add(key, src)
+            elif found is None:
+                ws.counters["native_fallback"] += 1
+                graph = ws.graphs.get(ws.current_graph or "", {}).get("names", [])
+                self._notice(ws.current_graph or key, f"native module of graph {', '.join(graph) or '?'} not in "
+                                                      f"package {ws.package.path.name if ws.package else '-'}; "
+                                                      "built (or loaded from this user's cache) the normal way")
+            return module
+
+    def _may_add(self, extend: bool) -> bool:
+        ws = self.ws
+        if ws.holding:
+            return True
+        if ws.package is not None and not extend:
+            return False
+        return ws.become_builder()
+
+    def _add(self, key: str, src: Any) -> None:
+        path = library_path(src)
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return  # (removed from the cache meanwhile: the next build packages it)
+        ws = self.ws
+        entry = {"file": f"native/{key}.so", "module": src.module_name, "abi": abi_fingerprint(),
+                 "graph": ws.current_graph, "entries": list(src.entries)}
+        ws.builder.new_native[key] = Artifact(entry, data)
+        ws.counters["native_built"] += 1
+
+    def _notice(self, topic: str, message: str) -> None:
+        if topic in self._notified:
+            return
+        self._notified.add(topic)
+        text = f"superkernel static kernels: {message}"
+        self.ws.notices.append(text)
+        log.warning(text)
+
+
+__all__ = ["NativeModules", "abi_difference"]
