@@ -46,6 +46,7 @@ from superkernel.tools.advisor.strategies import plan_for
 from superkernel.tools.advisor.structure import analyze_structure
 from superkernel.tools.decode import DecodeSession, prepare, run_decode, synchronize
 from superkernel.tools.models import load_model
+from superkernel.tools.models.loader import looks_like_path
 from superkernel.util import atomic_write
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -97,11 +98,15 @@ class Plan:
         self.cpu_ms: list[float] = []  # per round: CPU time of this thread per step (not stretched by other processes)
 
 
-def superkernel_plan(label: str, mode: str, scopes: dict[str, list[str]], run_eagerly: bool = False) -> Plan:
+def superkernel_plan(label: str, mode: str, scopes: dict[str, list[str]], run_eagerly: bool = False,
+                     skip_guards: bool = False) -> Plan:
     def make(fn: Callable[..., Any]) -> Callable[..., Any]:
         cfg = sk.CompilerConfig.from_dict({"mode": mode, "debug": {"run_eagerly": run_eagerly}})
         plan.backend = sk.get_backend(cfg)
-        return torch.compile(fn, backend=plan.backend, dynamic=False)
+        # Diagnostic only: with every Dynamo guard dropped, a changed model or input would
+        # silently run the stale graph. It shows how much of a step is Dynamo's guard check.
+        options = {"guard_filter_fn": torch.compiler.skip_all_guards_unsafe} if skip_guards else None
+        return torch.compile(fn, backend=plan.backend, dynamic=False, options=options)
 
     plan = Plan(label, make, scopes, mode)
     return plan
@@ -135,7 +140,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strategies", default="decoder_layer,all_layers")
     parser.add_argument("--quick", action="store_true",
                         help="leave out the slowest baseline to compile (torch.compile max-autotune with freezing)")
+    parser.add_argument("--modes", default="reduce-overhead,max-autotune",
+                        help="superkernel modes to run per strategy (comma-separated)")
+    parser.add_argument("--baselines", default=",".join(BASELINES),
+                        help="baselines to run (comma-separated, from: %s); eager always runs" % ", ".join(BASELINES))
+    parser.add_argument("--guard-diagnostic", action="store_true",
+                        help="add, per strategy, reduce-overhead with every Dynamo guard skipped (unsafe; a "
+                             "diagnostic of how much of a step the guard check takes, never a plan)")
+    parser.add_argument("--output", type=Path, default=RESULTS, help="folder for the .json and .md results")
     args = parser.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    wanted = {b for b in args.baselines.split(",") if b} | {"eager"}
+    unknown = sorted(set(modes) - {"reduce-overhead", "max-autotune"}) + sorted(wanted - set(BASELINES))
+    if unknown:
+        parser.error(f"unknown mode or baseline: {', '.join(unknown)}")
 
     device = torch.device(args.device)
     loaded = load_model(args.model, device=device)
@@ -155,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                                        options={"freezing": True, "max_autotune": True}))
     else:
         plans.append(inductor_plan("torch.compile reduce-overhead", mode="reduce-overhead"))
+    plans = [p for p in plans if p.label in wanted or p.label not in BASELINES]
     references: dict[str, Plan] = {}
     # Scopes wrap module forwards, which Dynamo guards on; so each strategy gets its own scoped
     # copy of the model (same weights), left untouched while every plan's graph stays live.
@@ -163,8 +182,11 @@ def main(argv: list[str] | None = None) -> int:
         scopes = plan_for(strategy, structure).scopes
         scoped[strategy] = copy.deepcopy(model)
         sk.apply_scopes(scoped[strategy], scopes)
-        for mode in ("reduce-overhead", "max-autotune"):
+        for mode in modes:
             plans.append(superkernel_plan(f"superkernel {strategy} {mode}", mode, scopes))
+        if args.guard_diagnostic:
+            plans.append(superkernel_plan(f"superkernel {strategy} reduce-overhead guards-skipped-diagnostic",
+                                          "reduce-overhead", scopes, skip_guards=True))
         references[strategy] = superkernel_plan(f"reference {strategy}", "reduce-overhead", scopes, run_eagerly=True)
 
     # Compile every plan (its first run); each on its own code object.
@@ -266,10 +288,10 @@ def main(argv: list[str] | None = None) -> int:
     if any(r.get("roofline_fraction", 0) > 1 for r in rows):
         lines += ["", "A roofline fraction above 100 % (JSON) means the weights and cache stay in the CPU caches, "
                   "which are faster than the DRAM copy bandwidth the roofline uses."]
-    RESULTS.mkdir(exist_ok=True)
-    stem = f"decode_latency_{args.model}_{device.type}"
-    atomic_write(RESULTS / f"{stem}.json", json.dumps(result, indent=2) + "\n")
-    atomic_write(RESULTS / f"{stem}.md", "\n".join(lines) + "\n")
+    args.output.mkdir(parents=True, exist_ok=True)
+    stem = f"decode_latency_{Path(args.model).name if looks_like_path(args.model) else args.model}_{device.type}"
+    atomic_write(args.output / f"{stem}.json", json.dumps(result, indent=2) + "\n")
+    atomic_write(args.output / f"{stem}.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
     failed = [r["plan"] for r in rows if r.get("bit_exact_vs_reference") is False]
     if failed:

@@ -17,6 +17,13 @@ recompiles during the timed steps of every plan and baseline (measured, from
 ``results.json``), the recommendation (a plan, ``torch.compile``, ``eager`` or none) and
 the recommended choice's speed against plain torch.compile.
 
+Then, per architecture and in another fresh process, ``benchmarks/decode_latency.py`` times
+eager, torch.compile and the reduce-overhead plan *interleaved* (rotating rounds, paired
+ratios), which is what the "reduce-overhead vs eager" column reports: ``optimize`` times its
+plans one after another, so on a shared machine its medians drift apart; the interleaved
+ratio does not. ``--speed-only`` re-runs only that measurement, on the rows of an earlier
+hf_sweep.json.
+
 Writes benchmarks/results/hf_sweep.json and hf_sweep.md.
 """
 
@@ -68,12 +75,37 @@ def run_arch(name: str, work: Path, args: argparse.Namespace) -> dict:
         row["traceback"] = tracebacks
     except subprocess.TimeoutExpired:
         row.update(exit="timeout", message=f"no result within {args.timeout}s")
-    row["seconds"] = round(time.perf_counter() - start, 1)
     results = out / "results.json"
     if results.exists():
         data = json.loads(results.read_text())
         row.update(summarize(data))
+    row.update(interleaved_speed(name, ckpt, work, args))
+    row["seconds"] = round(time.perf_counter() - start, 1)
     return row
+
+
+def interleaved_speed(name: str, ckpt: Path, work: Path, args: argparse.Namespace) -> dict:
+    """Reduce-overhead against eager and torch.compile, timed interleaved (decode_latency.py)."""
+    out = work / f"{name}_latency"
+    cmd = [sys.executable, str(HERE / "decode_latency.py"), "--model", str(ckpt), "--strategies", args.strategy,
+           "--modes", "reduce-overhead", "--baselines", "eager,torch.compile", "--steps", str(args.steps),
+           "--warmup", str(args.warmup), "--prompt-len", str(args.prompt_len), "--rounds", str(args.rounds),
+           "--output", str(out)]
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"speed_error": f"interleaved timing: no result within {args.timeout}s"}
+    found = sorted(out.glob("decode_latency_*.json"))
+    if proc.returncode not in (0, 1) or not found:
+        return {"speed_error": f"interleaved timing failed (exit {proc.returncode}): {proc.stderr.strip()[-300:]}"}
+    rows = json.loads(found[0].read_text())["rows"]
+    ro = next((r for r in rows if r["plan"].endswith(" reduce-overhead")), None)
+    if ro is None or "error" in ro:
+        return {"speed_error": (ro or {}).get("error", "no reduce-overhead row")}
+    return {"ro_vs_eager": ro.get("time_vs_eager"), "ro_vs_torch_compile": ro.get("time_vs_torch_compile"),
+            "ro_cpu_vs_eager": ro.get("cpu_vs_eager"), "ro_interleaved_bit_exact": ro.get("bit_exact_vs_reference"),
+            "speed_rounds": args.rounds}
 
 
 def summarize(data: dict) -> dict:
@@ -122,9 +154,14 @@ def markdown(rows: list[dict], meta: dict) -> str:
              "Eager drift: eager timed again after all plans vs its first median; on a shared machine it is large, "
              "and the recommendation widens its noise threshold by it (a plan must beat torch.compile by more "
              "than max(3%, |drift|)), so read the timing columns as indicative only.", "",
+             f"Reduce-overhead vs eager / vs torch.compile: time ratio of the {meta['strategy']} reduce-overhead plan, "
+             f"timed interleaved with its baselines by decode_latency.py in its own process (median over "
+             f"{meta.get('rounds', '-')} rotating rounds of paired ratios; below 1.00 is faster); CPU: the same with "
+             "this thread's CPU time.", "",
              "| arch | tags | exit | reduce-overhead bit-exact | recompiles (timed, max) | recommendation | "
-             "ratio vs torch.compile | best plan vs torch.compile | eager ms | torch.compile ms | eager drift | note |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "ratio vs torch.compile | best plan vs torch.compile | eager ms | torch.compile ms | eager drift | "
+             "reduce-overhead vs eager (interleaved) | CPU | reduce-overhead vs torch.compile (interleaved) | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         bit = {True: "yes", False: "**no**", None: "-"}[r.get("ro_bit_exact")]
         rec = r.get("recommended") or r.get("recommendation") or "-"
@@ -137,13 +174,25 @@ def markdown(rows: list[dict], meta: dict) -> str:
                    if p.get("status") == "passed" and p.get("decode_ms")]
         best = (f"{r['torch_compile_ms'] / min(plan_ms):.2f}" if plan_ms and r.get("torch_compile_ms") else "-")
         drift = f"{r['eager_drift']:+.0%}" if isinstance(r.get("eager_drift"), (int, float)) else "-"
+        if r.get("speed_error"):
+            note = (note + " timing: " + r["speed_error"][:120].replace("|", "/")).strip()
+        two = lambda v: f"{v:.2f}" if isinstance(v, (int, float)) else "-"  # noqa: E731
         lines.append(f"| {r['arch']} | {', '.join(r.get('tags', []))} | {r.get('exit')} | {bit} | "
                      f"{r.get('recompiles_timed_max', '-')} | {rec} | {ratio} | {best} | {fmt(r.get('eager_ms'))} | "
-                     f"{fmt(r.get('torch_compile_ms'))} | {drift} | {note} |")
+                     f"{fmt(r.get('torch_compile_ms'))} | {drift} | {two(r.get('ro_vs_eager'))} | "
+                     f"{two(r.get('ro_cpu_vs_eager'))} | {two(r.get('ro_vs_torch_compile'))} | {note} |")
     ok = sum(1 for r in rows if r.get("exit") == 0)
     lines += ["", f"{ok}/{len(rows)} architectures exit 0; "
               f"{sum(1 for r in rows if r.get('ro_bit_exact'))} bit-exact; "
               f"{sum(1 for r in rows if r.get('recompiles_timed_max') == 0)} with 0 recompiles in timed steps."]
+    timed = [r for r in rows if isinstance(r.get("ro_vs_eager"), (int, float))]
+    if timed:
+        import math
+
+        slower = [f"{r['arch']} {r['ro_vs_eager']:.2f}" for r in timed if r["ro_vs_eager"] > 1.0]
+        geo = math.exp(sum(math.log(r["ro_vs_eager"]) for r in timed) / len(timed))
+        lines.append(f"Reduce-overhead vs eager, interleaved: {len(timed)} timed, geometric mean {geo:.2f}, worst "
+                     f"{max(r['ro_vs_eager'] for r in timed):.2f}; slower than eager: {', '.join(slower) or 'none'}.")
     return "\n".join(lines) + "\n"
 
 
@@ -160,7 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=int, default=900, help="seconds per architecture")
     p.add_argument("--quick", action="store_true", help="a few archs and steps (smoke run, not for the table)")
     p.add_argument("--output", type=Path, default=RESULTS)
+    p.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (reduce-overhead vs eager)")
     p.add_argument("--render", type=Path, metavar="JSON", help="only rewrite the markdown table from a hf_sweep.json")
+    p.add_argument("--speed-only", type=Path, metavar="JSON",
+                   help="only re-run the interleaved reduce-overhead vs eager timing on the rows of this hf_sweep.json")
     args = p.parse_args(argv)
     if args.render is not None:
         data = json.loads(args.render.read_text())
@@ -183,7 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "hardware": f"{cpu_name()} "
             f"({platform.machine()}, {os.cpu_count()} logical cores)", "torch": torch.__version__,
             "transformers": transformers.__version__, "strategy": args.strategy, "mode": args.mode,
-            "steps": args.steps, "warmup": args.warmup, "prompt_len": args.prompt_len}
+            "steps": args.steps, "warmup": args.warmup, "prompt_len": args.prompt_len, "rounds": args.rounds}
+    if args.speed_only is not None:
+        return speed_only(args.speed_only, names if args.archs != ",".join(ARCHS) else None, args)
     rows = []
     with tempfile.TemporaryDirectory(prefix="sk_sweep_") as tmp:
         for name in names:
@@ -198,6 +252,27 @@ def main(argv: list[str] | None = None) -> int:
     write(rows, meta, args.output)
     print(f"results in {args.output / 'hf_sweep.md'}")
     return 0 if all(r.get("exit") == 0 for r in rows) else 1
+
+
+def speed_only(previous: Path, names: list[str] | None, args: argparse.Namespace) -> int:
+    """Refresh the interleaved reduce-overhead vs eager columns of an earlier sweep's rows."""
+    data = json.loads(previous.read_text())
+    rows, meta = data["rows"], data["meta"]
+    meta.update(rounds=args.rounds, speed_when=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    with tempfile.TemporaryDirectory(prefix="sk_sweep_") as tmp:
+        for row in rows:
+            if names is not None and row["arch"] not in names:
+                continue
+            ckpt = Path(tmp) / f"{row['arch']}_ckpt"
+            build_checkpoint(row["arch"], ckpt)
+            for key in ("ro_vs_eager", "ro_vs_torch_compile", "ro_cpu_vs_eager", "speed_error"):
+                row.pop(key, None)
+            row.update(interleaved_speed(row["arch"], ckpt, Path(tmp), args))
+            print(f"=== {row['arch']}: reduce-overhead vs eager {row.get('ro_vs_eager')} "
+                  f"{row.get('speed_error', '')}", flush=True)
+            write(rows, meta, args.output)
+    write(rows, meta, args.output)
+    return 0 if all(isinstance(r.get("ro_vs_eager"), (int, float)) for r in rows) else 1
 
 
 def write(rows: list[dict], meta: dict, out: Path) -> None:
