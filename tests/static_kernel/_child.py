@@ -92,6 +92,7 @@ def main() -> int:
     reduce_overhead = "--reduce-overhead" in sys.argv
     if reduce_overhead:
         cfg.mode = "reduce-overhead"
+    cfg.inductor.freezing = False  # packaging is tested here; test_freezing.py tests the frozen choice
     if static:
         cfg.experimental_config.static_kernel.enable = True
         cfg.experimental_config.static_kernel.build_dir = build_dir

@@ -42,6 +42,7 @@ class Realizer:
         self._native: Any = None  # NativeGroup of this graph's native CPU segments, built as one module
         self._parent_reals: tuple[Any, Any] | None = None  # (graph, its real inputs) for CPU freezing
         self._frozen_label = ""
+        self._frozen_timings: dict[str, float] = {}
 
     def realize(self, module: PartitionModule, info: SegmentInfo | None) -> Callable[..., Any]:
         from superkernel.runtime.cpu import flat_program
@@ -79,7 +80,7 @@ class Realizer:
                 return self._cuda_graph(module, info, compiled, eager())
             return compiled
 
-        self._frozen_label = ""
+        self._frozen_label, self._frozen_timings = "", {}
         fn = self._guarded(module, info, build, eager, kind + ("+cuda-graph" if self.device == "cuda" else ""))
         if info is not None and info.fallback is None and self._frozen_label:
             info.realization += self._frozen_label  # e.g. inductor-cpp+frozen (CPU, chosen by measurement)
@@ -185,15 +186,36 @@ class Realizer:
         compile_fn = lambda: compile_partition(  # noqa: E731
             module.gm, module.example_inputs, device=self.device,
             cpp_wrapper=self.config.inductor.cpp_wrapper, autotune=self.config.inductor.autotune)
+        may_freeze = self.device == "cpu" and self.config.inductor.freezing is not False and bool(module.inputs)
         if self.static_kernels is not None:
-            fn = self.static_kernels.compile(module.gm, module.example_inputs, compile_fn, name=module.partition.name)
-        elif self.device == "cpu" and self.config.inductor.freezing is not False and module.inputs:
+            fn = self._inductor_static(module, compile_fn, may_freeze)
+        elif may_freeze:
             fn = self._inductor_cpu_best(module, compile_fn)
         else:
             fn = compile_fn()
         self.counters["partitions_compiled"] += 1
         if module.partition.kind == "segment":
             self.counters["segments_compiled"] += 1
+        return fn
+
+    def _inductor_static(self, module: PartitionModule, compile_fn: Callable[[], Callable[..., Any]],
+                         may_freeze: bool) -> Callable[..., Any]:
+        """Static kernels: the plain partition is loaded from the package or built into it. On CPU a
+        partition the package does not hold yet is also compiled frozen and the faster kept, as without
+        static kernels; the choice is recorded in the package. A frozen variant is never packaged (its
+        weights would have to be), so a process loading the partition runs the plain kernel and says so."""
+        sk, gm, inputs, name = self.static_kernels, module.gm, module.example_inputs, module.partition.name
+        static = lambda: sk.compile(gm, inputs, compile_fn, name=name)  # noqa: E731
+        if not may_freeze:
+            return static()
+        if sk.holds(gm, inputs):
+            fn = static()
+            if sk.freezing_choice(gm, inputs, name=name) == "frozen":
+                self._frozen_label = "+plain-from-package"  # the build measured frozen faster; not carried
+            return fn
+        fn = self._inductor_cpu_best(module, static)
+        if self._frozen_label or self._frozen_timings:  # (a frozen variant was compiled: the choice is news)
+            sk.record_freezing_choice(gm, inputs, "frozen" if self._frozen_label else "plain", self._frozen_timings)
         return fn
 
     def _inductor_cpu_best(self, module: PartitionModule, compile_fn: Callable[[], Callable[..., Any]]) -> Callable[..., Any]:
@@ -220,6 +242,7 @@ class Realizer:
         if choice.label:
             self.counters["partitions_frozen"] += 1
         self._frozen_label = choice.label
+        self._frozen_timings = dict(choice.timings_ms)
         return choice.fn
 
     def _multi_stream(self, module: PartitionModule) -> tuple[Callable[..., Any], str]:

@@ -88,6 +88,31 @@ class StaticCompiler:
             return compile_fn()
         return ws.partition(handle, gm, inputs, compile_fn, extend=self.extend, name=name)
 
+    # -- CPU freezing (the plain-vs-frozen choice; only the plain kernel is packaged) ---------------
+    def holds(self, gm: fx.GraphModule, example_inputs: list[Any]) -> bool:
+        """Whether this partition comes from the package (or this process) rather than being compiled now."""
+        inputs = list(example_inputs)
+        ws = self.workspace(device_kind(inputs))
+        handle = partition_key(gm, inputs, ws.fingerprint)
+        return handle is not None and ws.holds(handle)
+
+    def freezing_choice(self, gm: fx.GraphModule, example_inputs: list[Any], *, name: str | None = None) -> str | None:
+        """What the build chose for this partition ("frozen" or "plain"; None: not recorded). A "frozen" choice
+        gets one notice: the package carries the plain kernel only (docs/static_kernel.md)."""
+        inputs = list(example_inputs)
+        ws = self.workspace(device_kind(inputs))
+        handle = partition_key(gm, inputs, ws.fingerprint)
+        return ws.freezing_choice(handle, name=name) if handle is not None else None
+
+    def record_freezing_choice(self, gm: fx.GraphModule, example_inputs: list[Any], choice: str,
+                               timings_ms: dict[str, float]) -> None:
+        """Record in the package being built which variant the build measured faster (and the timings)."""
+        inputs = list(example_inputs)
+        ws = self.workspace(device_kind(inputs))
+        handle = partition_key(gm, inputs, ws.fingerprint)
+        if handle is not None:
+            ws.record_freezing_choice(handle, choice, timings_ms)
+
     # -- backend hooks ----------------------------------------------------------------------------
     def record_graph(self, gm: fx.GraphModule, graph_name: str, device: str | None = None) -> None:
         """Record a captured ATen graph's shapes (``device``: its device kind when the caller knows it)."""

@@ -215,6 +215,45 @@ class Workspace:
             self.loaded_fns[key] = artifact
             return with_constants(artifact, constants)
 
+    # -- CPU freezing: the build's measured choice, recorded beside the plain artifact ----------------
+    def holds(self, key: str) -> bool:
+        """Partition ``key`` comes from a package (the one in use or the one being extended). What this process
+        builds does not count: every call site of it is measured (its weights are its own)."""
+        self.check()
+        with self.mutex:
+            return key in self.builder.carried or (self.package is not None and key in self.package.artifacts)
+
+    def _artifact_entry(self, key: str) -> dict[str, Any] | None:
+        found = self.builder.new.get(key) or self.builder.carried.get(key)
+        if found is not None:
+            return found.entry
+        return self.package.artifacts.get(key) if self.package is not None else None
+
+    def freezing_choice(self, key: str, *, name: str | None = None) -> str | None:
+        with self.mutex:
+            entry = self._artifact_entry(key) or {}
+            record = entry.get("freezing")
+            choice = record.get("chosen") if isinstance(record, dict) else None
+            if choice not in ("frozen", "plain"):
+                return None
+            if choice == "frozen" and key not in self._notified:
+                self._notified.add(key)
+                timings = record.get("timings_ms") if isinstance(record.get("timings_ms"), dict) else {}
+                measured = ", ".join(f"{k} {v:.3f} ms" for k, v in timings.items() if isinstance(v, (int, float)))
+                msg = (f"superkernel static kernels: partition {name or key[:12]}: the build chose the frozen "
+                       f"variant{f' ({measured})' if measured else ''}; the package carries the plain kernel only "
+                       "(a frozen kernel would carry the weights), so it runs plain here")
+                self.notices.append(msg)
+                log.warning(msg)
+            return choice
+
+    def record_freezing_choice(self, key: str, choice: str, timings_ms: dict[str, float]) -> None:
+        with self.mutex:
+            built = self.builder.new.get(key)
+            if built is not None and "freezing" not in built.entry:  # (what this process builds; first call site)
+                built.entry["freezing"] = {"chosen": choice,
+                                           "timings_ms": {k: round(float(v), 4) for k, v in timings_ms.items()}}
+
     def _notice_missing(self, key: str, example_inputs: list[Any], name: str | None) -> None:
         topic = self.current_graph or key
         if topic in self._notified:  # one line per graph, not per partition
