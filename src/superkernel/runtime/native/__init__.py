@@ -31,7 +31,10 @@ without compiling. The torch headers are precompiled once per torch version and 
 (a GCC precompiled header in the same cache) to keep a graph's build to seconds.
 
 :func:`native_source` (source text + key) and :func:`build_library` / :func:`load_library`
-are the seams a static-kernel package uses to carry these objects.
+are the seams a static-kernel package uses to carry these objects: with static kernels on,
+``NativeGroup(provider=...)`` takes a graph's module from the package (named by
+:func:`source_key`, loaded only where :func:`abi_fingerprint` matches) or builds it and adds
+it to the package being built (``superkernel.static_kernel.native``).
 
 Partitions of an inference graph (no output requires grad), called with grad mode off,
 dispatch below the autograd layers (``ExcludeDispatchKeyGuard`` of the autograd keys and
@@ -52,8 +55,8 @@ from __future__ import annotations
 from superkernel.runtime.native.literals import NativeBuildError, NativeUnsupported  # noqa: F401
 from superkernel.runtime.native.codegen import NativeSource, native_source  # noqa: F401
 from superkernel.runtime.native.build import (  # noqa: F401
-    GENERATOR_VERSION, build_fingerprint, build_library, cache_dir, compiler, compiler_available, library_path, load,
-    load_library, native_key,
+    GENERATOR_VERSION, abi_fingerprint, build_fingerprint, build_library, cache_dir, compiler, compiler_available,
+    library_path, load, load_library, native_key, source_key,
 )
 from superkernel.runtime.native.typed import _INT_OPS  # noqa: F401
 from superkernel.runtime.native.segment import NativeGroup, NativeSegment  # noqa: F401
