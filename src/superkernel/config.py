@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -59,8 +60,8 @@ class Section:
 
     def __init__(self, path: str = "config") -> None:
         object.__setattr__(self, "_path", path)
-        for name, field in self._fields.items():
-            object.__setattr__(self, name, field.default)
+        for name, field in self._fields.items():  # a list default is copied: instances never share one
+            object.__setattr__(self, name, list(field.default) if isinstance(field.default, list) else field.default)
         for name, cls in self._sections.items():
             object.__setattr__(self, name, cls(f"{path}.{name}"))
 
@@ -166,6 +167,32 @@ class CpuConfig(Section):
     }
 
 
+def _regex_list(value: Any) -> str | None:
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v and "," not in v for v in value):
+        return "expected a list of regular expressions over Dynamo source names (no commas), e.g. [\".*\\\\.step_int$\"]"
+    for v in value:
+        try:
+            re.compile(v)
+        except re.error as exc:
+            return f"{v!r} is not a regular expression: {exc}"
+    return None
+
+
+#: Python ints that grow with every decode step: transformers' sliding-window caches keep the
+#: position in ``cumulative_length_int``. Specialized, each new value would recompile.
+GROWING_INTS = [r".*\.cumulative_length_int$"]
+
+
+class DynamoConfig(Section):
+    _fields = {
+        "dynamic_sources": Field(list(GROWING_INTS), "Python values Dynamo traces as dynamic instead of specializing on "
+                                 "them (regular expressions over source names, added to torch.compiler.config."
+                                 "dynamic_sources while a superkernel compile traces); the default covers the position "
+                                 "int of transformers' sliding-window caches, so a decode loop compiles once; [] adds "
+                                 "none", check=_regex_list),
+    }
+
+
 class CompilerConfig(Section):
     """Configuration of the superkernel backend. See docs/api.md for every field."""
 
@@ -177,7 +204,7 @@ class CompilerConfig(Section):
         ),
     }
     _sections = {"debug": DebugConfig, "experimental_config": ExperimentalConfig, "inductor": InductorConfig,
-                 "cpu": CpuConfig}
+                 "cpu": CpuConfig, "dynamo": DynamoConfig}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "CompilerConfig":

@@ -54,3 +54,46 @@ def test_from_dict_round_trip_and_fingerprint():
     assert again.fingerprint() != cfg.fingerprint()
     with pytest.raises(AttributeError, match="unknown field config.bogus"):
         sk.CompilerConfig.from_dict({"bogus": 1})
+
+
+def test_dynamic_sources_field():
+    cfg = sk.CompilerConfig()
+    assert cfg.dynamo.dynamic_sources == [r".*\.cumulative_length_int$"]
+    cfg.dynamo.dynamic_sources.append(r".*\.mine$")
+    assert sk.CompilerConfig().dynamo.dynamic_sources == [r".*\.cumulative_length_int$"]  # defaults are not shared
+    with pytest.raises(ValueError, match="not a regular expression"):
+        cfg.dynamo.dynamic_sources = ["("]
+    with pytest.raises(ValueError, match="no commas"):
+        cfg.dynamo.dynamic_sources = ["a,b"]
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.step_int = 0
+
+
+@pytest.mark.parametrize("sources, compiles", [([r".*\.step_int$"], 1), ([], 3)])
+def test_dynamic_sources_apply_while_dynamo_traces(sources, compiles):
+    """A Python int that grows every call compiles once when it is a configured dynamic source;
+    torch's own config is left as it was outside the compile."""
+    import torch
+
+    from superkernel.pipeline.backend import find_backend
+
+    state = _Counter()
+
+    def step(x):
+        with sk.super_kernel("s"):
+            y = x * state.step_int + 1
+        state.step_int += 1
+        return y
+
+    cfg = sk.CompilerConfig.from_dict({"mode": "reduce-overhead", "dynamo": {"dynamic_sources": sources}})
+    before = torch.compiler.config.dynamic_sources
+    fn = sk.compile(step, cfg)
+    x = torch.ones(4)
+    for i in range(3):
+        assert torch.equal(fn(x), x * i + 1)
+        assert torch.compiler.config.dynamic_sources == before
+        assert not torch._dynamo.config.capture_scalar_outputs
+    assert len(sk.explain(find_backend(fn)).graphs) == compiles

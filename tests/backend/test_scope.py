@@ -195,7 +195,8 @@ def test_backend_string_superkernel_captures_the_scope_by_default():
     f = _data_dependent("nonzero")
     fn = torch.compile(f, backend="superkernel", dynamic=False)
     x = torch.randn(16)
-    assert torch.equal(fn(x), f(x))
+    # the registered backend runs the default mode, max-autotune: TorchInductor may round differently
+    torch.testing.assert_close(fn(x), f(x))
     ex = sk.explain(backend)
     assert len(ex.graphs) == 1 and any(c.op.startswith("aten::nonzero") for c in ex.cuts), str(ex)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+import threading
 from typing import Any
 
 import torch
@@ -20,15 +21,14 @@ import torch
 # makes Dynamo graph-break inside ``torch.fx.traceback.annotate``, which it cannot resume:
 # the whole frame would run eagerly and the scope vanish. With these two settings Dynamo
 # captures those ops instead, and the segmentation cuts the scope around them.
+# The backend's ``dynamo.dynamic_sources`` (config.py; by default the growing position int of
+# transformers' sliding-window caches) are added to torch.compiler.config.dynamic_sources,
+# so a decode loop compiles once instead of once per position.
 # Dynamo enters ``backend_ctx_ctor`` around every call of an object compiled with the
 # backend (torch.compile(backend=get_backend(cfg)), superkernel.compile and
 # backend="superkernel"), so tracing and recompiles see the settings; already-set flags
-# (the decode harness, a user's global setting) cost two attribute reads per call.
+# (the decode harness, a user's global setting) cost a few attribute reads per call.
 CAPTURE_SETTINGS = {"capture_scalar_outputs": True, "capture_dynamic_output_shape_ops": True}
-#: Python ints of transformers' caches that grow with every decode step (a sliding window's
-#: ``cumulative_length_int``): Dynamo would specialize on them and recompile at every
-#: position until its recompile limit; as dynamic sources, decode compiles once.
-GROWING_CACHE_INTS = r".*\.cumulative_length_int$"
 
 
 class SuperKernelScopeBreakWarning(UserWarning):
@@ -119,51 +119,99 @@ def _break_count() -> int:
     return sum(breaks.values()) if breaks else 0
 
 
-def _override(module: Any, key: str) -> Any:
-    """A config value as explicitly set (patch / assignment); cheap, for the per-call fast path."""
-    try:
-        return module._config[key].user_override.get()
-    except Exception:  # other torch versions: the public (slower) read
-        return getattr(module, key)
+class _Active(threading.local):
+    """The superkernel calls running on this thread, innermost last (see CaptureContext)."""
+
+    def __init__(self) -> None:
+        self.stack: list["CaptureContext"] = []
+
+
+_active = _Active()
 
 
 class CaptureContext:
-    """What Dynamo enters around each call of a compiled object (see CAPTURE_SETTINGS)."""
+    """What Dynamo enters around each call of a compiled object.
+
+    The settings (CAPTURE_SETTINGS and the backend's ``dynamo.dynamic_sources``) only matter
+    while Dynamo traces, which a warm call never does; setting and restoring torch's config
+    around every call cost ~70 us per decode step. So a call only marks itself active
+    (a list append), and Dynamo's compile-start callback applies the settings of the
+    innermost active call for exactly the duration of a compile (:func:`_on_compile_start`).
+    """
 
     __slots__ = ("backend", "saved", "saved_sources", "breaks", "log_mark")
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
         self.saved: dict[str, Any] = {}
+        self.saved_sources: str | None = None
 
     def __enter__(self) -> None:
-        cfg, compiler_cfg, _ = _modules()
-        self.saved_sources = None
+        _install_compile_callbacks()
         self.breaks = _break_count()
         self.log_mark = len(_break_log.records) if _break_log is not None else 0
-        if _override(cfg, "capture_scalar_outputs") is True and \
-                _override(cfg, "capture_dynamic_output_shape_ops") is True and \
-                GROWING_CACHE_INTS in str(_override(compiler_cfg, "dynamic_sources")):
-            return  # already in place (the decode harness, an outer call): nothing to set or restore
-        for key, value in CAPTURE_SETTINGS.items():
-            if getattr(cfg, key) != value:
-                self.saved[key] = getattr(cfg, key)
-                setattr(cfg, key, value)
-        sources = torch.compiler.config.dynamic_sources
-        if GROWING_CACHE_INTS not in sources:
-            self.saved_sources = sources
-            torch.compiler.config.dynamic_sources = f"{sources},{GROWING_CACHE_INTS}" if sources else GROWING_CACHE_INTS
+        _active.stack.append(self)
 
     def __exit__(self, *exc: Any) -> None:
+        stack = _active.stack
+        if stack and stack[-1] is self:
+            stack.pop()
+        elif self in stack:  # pragma: no cover - exits out of order
+            stack.remove(self)
+        self.restore()
+        if _break_count() != self.breaks and _break_log is not None:
+            records = _break_log.records[self.log_mark:] if self.log_mark <= len(_break_log.records) else []
+            self.backend._scope_breaks(records)
+
+    def apply(self) -> None:
+        """Put this call's Dynamo settings in place (for one compile; :meth:`restore` undoes it)."""
+        cfg = torch._dynamo.config
+        for key, value in CAPTURE_SETTINGS.items():
+            if getattr(cfg, key) != value:
+                self.saved.setdefault(key, getattr(cfg, key))
+                setattr(cfg, key, value)
+        sources = torch.compiler.config.dynamic_sources
+        present = sources.split(",") if sources else []
+        missing = [s for s in self.backend.config.dynamo.dynamic_sources if s not in present]
+        if missing:
+            if self.saved_sources is None:
+                self.saved_sources = sources
+            torch.compiler.config.dynamic_sources = ",".join([*present, *missing])
+
+    def restore(self) -> None:
         cfg = torch._dynamo.config
         for key, value in self.saved.items():
             setattr(cfg, key, value)
         self.saved = {}
         if self.saved_sources is not None:
             torch.compiler.config.dynamic_sources = self.saved_sources
-        if _break_count() != self.breaks and _break_log is not None:
-            records = _break_log.records[self.log_mark:] if self.log_mark <= len(_break_log.records) else []
-            self.backend._scope_breaks(records)
+            self.saved_sources = None
+
+
+_applied: list[CaptureContext] = []  # the call whose settings the running compile uses
+
+
+def _on_compile_start(_args: Any = None) -> None:
+    if _active.stack:
+        ctx = _active.stack[-1]
+        ctx.apply()
+        _applied.append(ctx)
+
+
+def _on_compile_end(_args: Any = None) -> None:
+    while _applied:
+        _applied.pop().restore()
+
+
+def _install_compile_callbacks() -> None:
+    """Register the compile start/end callbacks with Dynamo (again after ``torch._dynamo.reset()``,
+    which clears them); a membership test of a short list per call."""
+    handler = torch._dynamo.callback_handler
+    if _on_compile_start in handler.start_callbacks:
+        return
+    handler.register_start_callback(_on_compile_start)
+    if _on_compile_end not in handler.end_callbacks:
+        handler.register_end_callback(_on_compile_end)
 
 GRAPH_BREAK_IN_SCOPE = "graph break inside the scope (Dynamo could not capture it; its operators run uncompiled)"
 
