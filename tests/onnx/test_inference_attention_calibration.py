@@ -238,6 +238,88 @@ def test_attention_fused_and_verified_when_the_estimate_is_positive(fuse, tmp_pa
     assert f.verify().ok
 
 
+class DecodeStep(nn.Module):
+    """One decode step as Hugging Face writes it: rotary on q and k from position_ids, K/V
+    concatenated with the past, grouped-query attention (eager: repeat_kv; SDPA: q regrouped
+    per kv head, the form of the TorchScript export of Llama), an additive padding mask from
+    attention_mask, present K/V returned."""
+
+    def __init__(self, heads=4, kv_heads=2, sdpa=False):
+        super().__init__()
+        self.attn = HFEagerAttention(heads, kv_heads, sdpa)
+        self.register_buffer("inv_freq", 1.0 / (10000 ** (torch.arange(0, 16, 2).float() / 16)))
+
+    def forward(self, x, attention_mask, position_ids, past_k, past_v):
+        a = self.attn
+        b, s, _ = x.shape
+        freqs = (self.inv_freq[None, :, None] @ position_ids[:, None, :].float()).transpose(1, 2)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().unsqueeze(1), emb.sin().unsqueeze(1)
+        q = a.q(x).view(b, s, -1, a.hd).transpose(1, 2)
+        k = a.k(x).view(b, s, -1, a.hd).transpose(1, 2)
+        v = a.v(x).view(b, s, -1, a.hd).transpose(1, 2)
+        q, k = q * cos + zoo.rotate_half(q) * sin, k * cos + zoo.rotate_half(k) * sin
+        k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+        bias = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+        if a.sdpa:  # grouped as Hugging Face's Llama exports through TorchScript: q as [B, kv_heads, rep*S, hd]
+            qg = q.reshape(b, a.kvh, a.h // a.kvh * s, a.hd)
+            o = F.scaled_dot_product_attention(qg, k, v, attn_mask=bias, scale=a.hd ** -0.5).reshape(b, a.h, s, a.hd)
+        else:
+            rep = a.h // a.kvh
+            kr, vr = k, v
+            if rep > 1:
+                t = k.shape[2]
+                kr = k[:, :, None].expand(b, a.kvh, rep, t, a.hd).reshape(b, a.h, t, a.hd)
+                vr = v[:, :, None].expand(b, a.kvh, rep, t, a.hd).reshape(b, a.h, t, a.hd)
+            w = torch.matmul(q, kr.transpose(2, 3)) * a.hd ** -0.5 + bias
+            o = torch.matmul(torch.softmax(w, dim=-1), vr)
+        return o.transpose(1, 2).reshape(b, s, -1), k, v
+
+
+def _decode_args(past=6, kvh=2, s=1):
+    return (torch.randn(1, s, 64), torch.ones(1, past + s, dtype=torch.int64),
+            torch.arange(past, past + s)[None], torch.randn(1, kvh, past, 16), torch.randn(1, kvh, past, 16))
+
+
+DECODE_NAMES = ["x", "attention_mask", "position_ids", "past_k", "past_v"]
+
+
+@pytest.mark.parametrize("exporter,sdpa,kvh,opset", [("legacy", True, 2, 17), ("dynamo", True, 2, 18),
+                                                     ("dynamo", False, 2, 18), ("legacy", False, 4, 17),
+                                                     ("legacy", False, 2, 12)])
+def test_decode_step_becomes_group_query_attention(export_module, fuse, tmp_path, exporter, sdpa, kvh, opset):
+    """Opset 12: Unsqueeze (repeat_kv) and ReduceMean take axes as attributes, Softmax has
+    its pre-13 semantics; the contrib ops do not depend on the default opset."""
+    torch.manual_seed(0)
+    module, args = DecodeStep(kv_heads=kvh, sdpa=sdpa), _decode_args(kvh=kvh)
+    if exporter == "dynamo":
+        p = export_module(f"decode_{sdpa}_{kvh}", module, args, input_names=DECODE_NAMES)
+    else:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(module.eval(), args, str(tmp_path / "dec.onnx"), input_names=DECODE_NAMES,
+                              output_names=["out", "present_k", "present_v"], opset_version=opset, dynamo=False)
+        p = str(tmp_path / "dec.onnx")
+    f = fuse(p, "rotary,gqa", 3, dims={})
+    assert f.applied("gqa"), [c.to_dict() for c in f.result.candidates] + f.result.near_misses
+    (g,) = f.nodes("GroupQueryAttention")
+    assert (g.attributes["num_heads"].value, g.attributes["kv_num_heads"].value) == (4, kvh)
+    assert g.inputs[3].name == "past_k" and g.inputs[10] is not None  # the past, the mask as attention_bias
+    outs = [o.name for o in f.model.graph.outputs]
+    assert g.outputs[1].name == outs[1] and g.outputs[2].name == outs[2]  # present K/V written by GQA
+    assert not f.nodes("Concat") and len(f.nodes("RotaryEmbedding")) == 2
+    # verification feeds random 0/1 padding masks (zeros anywhere but the first key)
+    assert f.verify().ok and f.verify(seed=3).ok
+
+
+def test_two_new_tokens_are_not_a_decode_step(export_module, fuse):
+    torch.manual_seed(0)
+    p = export_module("decode_s2", DecodeStep(sdpa=False), _decode_args(s=2), input_names=DECODE_NAMES)
+    f = fuse(p, "rotary,gqa", 3, dims={})
+    assert not f.applied("gqa")
+    assert any("one static token" in m.reason for m in f.near("gqa")), f.result.near_misses
+
+
 def test_attention_whose_key_is_not_a_transpose_is_a_near_miss(export_module, fuse):
     class NoTranspose(nn.Module):
         def forward(self, q, kt, v):
@@ -361,7 +443,7 @@ def _ln_model(opset, symbolic=False):
     return m
 
 
-@pytest.mark.parametrize("opset", [11, 12, 13, 14, 16, 17, 18, 21, 23])
+@pytest.mark.parametrize("opset", [10, 11, 12, 13, 14, 16, 17, 18, 21, 23])
 def test_opsets_give_a_clear_outcome(tmp_path, capsys, opset):
     p = tmp_path / f"ln{opset}.onnx"
     onnx.save(_ln_model(opset), p)
@@ -369,16 +451,38 @@ def test_opsets_give_a_clear_outcome(tmp_path, capsys, opset):
     code = main(["--input", str(p), "--output", str(out), "--fusion-rules", "layernorm", "--no-calibrate",
                  "--opt-level", "1"])
     o, err = capsys.readouterr()
-    if opset < 13:
-        assert code == 2 and "unsupported opset" in err and not out.exists()
+    if opset < 11:
+        assert code == 2 and "unsupported opset 10 (supported: 11-" in err and not out.exists()
         return
     assert code == 0, err
     ops = [n.op_type for n in onnx.load(out).graph.node]
-    if opset >= 17:
-        assert ops == ["LayerNormalization"], ops  # axes attribute (17) and input (18+) forms
-    else:
-        assert "LayerNormalization" not in ops  # needs opset 17: left alone, near miss printed
-        assert "verification: passed" in o
+    # axes attribute (< 18) and input (18+) forms; below 17 ONNX Runtime's own LayerNormalization
+    assert ops == ["LayerNormalization"], ops
+    assert "verification: passed" in o
+
+
+def test_legacy_export_at_opset_12_fuses_like_17(fuse, tmp_path):
+    # TorchScript export at opset 12: LayerNorm decomposed with ReduceMean axes attributes,
+    # Softmax with an explicit last axis, Unsqueeze/Split with attributes
+    torch.manual_seed(0)
+    p = legacy_export(zoo.BertLayer(DIMS), zoo.example_inputs("bert", DIMS), tmp_path / "bert12.onnx",
+                      zoo.INPUT_NAMES["bert"], opset=12)
+    assert next(o.version for o in onnx.load(p).opset_import if o.domain in ("", "ai.onnx")) == 12
+    f = fuse(p, "all", 3)
+    kinds = {c.rule for c in f.result.applied}
+    assert {"layernorm", "skip_layernorm", "packed_attention", "bias_gelu"} <= kinds, (kinds, f.result.near_misses)
+    assert f.nodes("SkipLayerNormalization") and f.nodes("Attention")
+    assert f.verify().ok
+
+
+def test_softmax_default_axis_below_opset_13_is_not_the_last_axis():
+    from superkernel.onnx.rules.base import softmax_on_last_axis
+
+    node = ir.Node("", "Softmax", [ir.Value(name="x")])
+    assert softmax_on_last_axis(node, 4, 13) is None  # default -1
+    assert softmax_on_last_axis(node, 4, 12) == 1  # default 1: softmax over the flattened axes 1..3
+    node.attributes["axis"] = ir.AttrInt64("axis", 3)
+    assert softmax_on_last_axis(node, 4, 12) is None
 
 
 def test_symbolic_dims_without_value_info(tmp_path, capsys):

@@ -124,6 +124,17 @@ def attr_ints(node: ir.Node, name: str) -> list[int] | None:
     return None if a is None else [int(v) for v in a.value]
 
 
+def axes_of(node: ir.Node, index: int = 1) -> list[int] | None:
+    """The ``axes`` of a Squeeze / Unsqueeze / Reduce* node: the attribute (opset < 13, or
+    < 18 for the Reduce ops) or the constant input ``index`` (later opsets), else None."""
+    a = attr_ints(node, "axes")
+    if a is not None:
+        return a
+    if len(node.inputs) > index and node.inputs[index] is not None:
+        return ints(node.inputs[index])
+    return None
+
+
 def np_dtype(dtype: ir.DataType | None):
     """numpy dtype of an ONNX element type (float32 when unknown)."""
     try:
@@ -189,6 +200,14 @@ def _eval_node(value: ir.Value, depth: int, memo: dict) -> np.ndarray | None:
         attrs = {k: a.value if not isinstance(a.value, ir.TensorProtocol) else onnx.numpy_helper.from_array(
             a.value.numpy()) for k, a in node.attributes.items()}
         proto = onnx.helper.make_node(node.op_type, names, outs, **attrs)
+        opset = None
+        if node.graph is not None:
+            opset = node.graph.opset_imports.get("", node.graph.opset_imports.get("ai.onnx"))
+        if opset:  # evaluate with the model's opset (axes as attributes below 13)
+            g = onnx.helper.make_graph([proto], "eval", [onnx.helper.make_empty_tensor_value_info(n) for n in names
+                                                          if n], [onnx.helper.make_empty_tensor_value_info(o)
+                                                                   for o in outs])
+            proto = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", int(opset))])
         res = ReferenceEvaluator(proto).run(None, {n: f for n, f in zip(names, feeds) if n})
     except Exception:  # noqa: BLE001 - not evaluable: not a constant for the rules
         return None

@@ -218,6 +218,7 @@ def _micro(nodes, outputs, opsets, dims, default_dim, names: dict[int, str], lik
     """A standalone model of ``nodes``: values produced outside become inputs (constants
     become initializers), ``outputs`` become outputs. Returns (bytes, input names in
     order, structural signature) or a reason."""
+    nodes = _with_producers(nodes)
     produced = {v for n in nodes for v in n.outputs}
 
     def name(v: ir.Value) -> str:
@@ -278,6 +279,33 @@ def _micro(nodes, outputs, opsets, dims, default_dim, names: dict[int, str], lik
     m.ir_version = 10
     blob = m.SerializeToString()
     return blob, [_orig_name(v) for v, _ in graph_inputs], "\n".join(sig)
+
+
+MAX_PULLED = 16
+
+
+def _with_producers(nodes: list) -> list:
+    """``nodes`` preceded by the graph nodes computing those of their inputs whose dtype or
+    shape is not annotated (helper values an earlier fusion added after shape inference, e.g.
+    a rotary cos/sin cache), recursively up to ``MAX_PULLED`` nodes: both micro-models then
+    compute them the same way from values of known shape."""
+    produced = {v for n in nodes for v in n.outputs}
+    pulled: list = []
+    frontier = [v for n in nodes for v in n.inputs if v is not None and v not in produced]
+    while frontier:
+        v = frontier.pop()
+        if v in produced or U.const_array(v) is not None or (v.dtype is not None and v.shape is not None):
+            continue
+        p = v.producer()
+        if p is None or p.graph is None or len(pulled) >= MAX_PULLED:
+            continue
+        pulled.append(p)
+        produced.update(p.outputs)
+        frontier.extend(x for x in p.inputs if x is not None and x not in produced)
+    if not pulled:
+        return nodes
+    order = {n: i for i, n in enumerate(pulled[0].graph)}
+    return sorted(pulled, key=lambda n: order.get(n, -1)) + list(nodes)
 
 
 def _orig_name(v: ir.Value) -> str:

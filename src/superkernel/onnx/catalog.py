@@ -92,12 +92,17 @@ CATALOG: tuple[RuleSpec, ...] = (
              "Half-rotation rotary embedding q*cos + rotate_half(q)*sin (Llama); cos/sin from "
              "Cos/Sin(Concat(freqs, freqs)) or constants.", _v(R.Rotary)),
     RuleSpec("gqa", "Reshape,Transpose,[RotaryEmbedding],[Unsqueeze,Expand,Reshape],MatMul,Div|Mul,Add causal,"
-             "Softmax,MatMul,Transpose,Reshape", "com.microsoft GroupQueryAttention", 3, 40,
-             "Causal (grouped-query or multi-head) attention with a constant causal mask, rotary folded "
-             "into 3-D RotaryEmbedding.",
+             "Softmax,MatMul,Transpose,Reshape; or a decode step: the 'attention' pattern on Concat(past, new) K/V",
+             "com.microsoft GroupQueryAttention", 3, 40,
+             "Causal (grouped-query or multi-head) attention with a constant causal mask, or a decode step "
+             "(one new token, static shapes) with past K/V inputs and present outputs and any additive mask "
+             "(as attention_bias); rotary folded into 3-D RotaryEmbedding.",
              lambda: [v for v in _v(R.CausalGQA, rotary=(True, False), repeat=(True, False),
                                     kt=("double", "direct"), op=("div", "mul"))()
-                      if v.params["kt"] == "double" or not (v.params["rotary"] or v.params["repeat"])]),
+                      if v.params["kt"] == "double" or not (v.params["rotary"] or v.params["repeat"])]
+             + [v for v in _v(R.DecodeGQA, scale=("qk", "mul", "div", "none"), mask=(True, False),
+                              guard=(True, False), casts=(0, 1), tail=(True, False))()
+                if not (v.params["guard"] and v.params["casts"])]),
     RuleSpec("mha", "Reshape,Transpose,MatMul,Div|Mul,[Add mask],Softmax,MatMul,Transpose,Reshape",
              "com.microsoft MultiHeadAttention", 3, 40,
              "Bidirectional attention with an optional additive mask [B,1,1|S,T] (BERT).",
@@ -120,6 +125,11 @@ CATALOG: tuple[RuleSpec, ...] = (
     RuleSpec("bias_gelu", "Add bias,Gelu|FastGelu", "com.microsoft BiasGelu / FastGelu(bias)", 2, 50,
              "Bias add (the MatMul epilogue) folded into the GELU.",
              lambda: _v(R.BiasGelu, form=("ms_gelu", "ms_fast", "onnx"))() + _v(R.BiasGeluErf, form=("a", "b", "c"))()),
+    RuleSpec("matmul_concat", "MatMul x2+ (same input, constant 2-D weights of one dtype)",
+             "MatMul (concatenated weights) + Split", 2, 50,
+             "MatMuls sharing their input (Q/K/V projections where attention is not fused, gate + up of a "
+             "SwiGLU MLP) as one MatMul on the weights concatenated along N, then Split; ONNX Runtime's CPU "
+             "provider has no such fusion.", _v(R.MatMulConcat)),
     RuleSpec("gemm", "MatMul,Add", "Gemm", 2, 50,
              "2-D MatMul plus a broadcastable bias (Gemm is only valid for 2-D operands).", _v(R.Gemm)),
     RuleSpec("fused_matmul_scale", "MatMul,Mul|Div scalar", "com.microsoft FusedMatMul(alpha)", 2, 50,

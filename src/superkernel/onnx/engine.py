@@ -149,16 +149,19 @@ class _Estimator:
                 shape.append(int(self.dims.get(d, self.default_dim)) if isinstance(d, str) else self.default_dim)
         return B.TensorTraffic(tuple(shape), dtype, reads)
 
-    def estimate(self, inst: FusionPattern, match, new_nodes, extras=()) -> tuple[B.Benefit, list[str]]:
+    def estimate(self, inst: FusionPattern, match, new_nodes, extras=(), extra_outputs=()) -> tuple[B.Benefit, list[str]]:
         """``extras``: nodes outside the pattern that die with it (e.g. the projections a
-        packed attention absorbs); their outputs count as removed intermediates."""
+        packed attention absorbs); their outputs count as removed intermediates, except
+        ``extra_outputs`` (values the replacement provides anew, e.g. the Split outputs
+        standing for the MatMuls a weight concatenation absorbs)."""
         notes: list[str] = []
         all_nodes = list(dict.fromkeys([*extras, *match.nodes]))  # a node matched twice counts once
         matched = set(all_nodes)
+        outputs = [*match.outputs, *extra_outputs]
         removed, dynamic = [], False
         for n in all_nodes:
             for v in n.outputs:
-                if v in match.outputs or not (v.uses() or v.is_graph_output()):
+                if v in outputs or not (v.uses() or v.is_graph_output()):
                     continue
                 t, sym = self.traffic(v)
                 dynamic |= sym
@@ -173,7 +176,7 @@ class _Estimator:
                     continue
                 boundary.append(v)
         io = []
-        for v in [*boundary, *match.outputs]:
+        for v in [*boundary, *outputs]:
             t, sym = self.traffic(v, 1)
             dynamic |= sym
             if t is not None:
@@ -283,11 +286,13 @@ def fuse(model: ir.Model, specs: list[RuleSpec], *, dims: Mapping[str, int] | No
                     cand = Candidate(spec.name, inst.variant, spec.fused_op, node.name or "",
                                      [n.name or n.op_type for n in dict.fromkeys(match.nodes)])
                     extras = [n for n in inst.state.get("extra_nodes", []) if n not in match.nodes]
-                    cand.benefit, cand.notes = est.estimate(inst, match, delta.new_nodes, extras)
+                    also = inst.state.get("also_replaces", [])
+                    cand.benefit, cand.notes = est.estimate(inst, match, delta.new_nodes, extras,
+                                                            [old for old, _new in also])
                     if extras:
                         cand.nodes = [n.name or n.op_type for n in extras] + cand.nodes
                     if calibrator is not None:
-                        _calibrate(calibrator, cand, model, match, delta, extras)
+                        _calibrate(calibrator, cand, model, match, delta, extras, also)
                     _detach(delta.new_nodes)
                     found.append((cand, spec, inst, rw, node, set(match.nodes) | set(extras)))
             for spec, inst, rw in built:
@@ -335,10 +340,11 @@ def fuse(model: ir.Model, specs: list[RuleSpec], *, dims: Mapping[str, int] | No
                         _detach(delta.new_nodes)
                     cand.status, cand.reason = "skipped", "no longer matches after an earlier fusion in this stage"
                     continue
-                main = next((n for n in delta.new_nodes if n.domain == MS), None) or delta.new_outputs[0].producer()
+                main = _main_node(delta)
                 if main is not None:
                     cand.fused_op = (f"{main.domain}::" if main.domain not in ("", "ai.onnx") else "") + main.op_type
-                _apply(model, graph, node, match, delta, spec, counter, debug, cand.nodes)
+                _apply(model, graph, node, match, delta, spec, counter, debug, cand.nodes,
+                       inst.state.get("also_replaces", []))
                 cand.status = "applied"
                 cand.reason = "measured faster" if cand.measured is not None else "positive net benefit"
                 applied_now += 1
@@ -360,12 +366,32 @@ def fuse(model: ir.Model, specs: list[RuleSpec], *, dims: Mapping[str, int] | No
     return result
 
 
-def _calibrate(calibrator, cand: Candidate, model: ir.Model, match, delta, extras=()) -> None:
+def _main_node(delta) -> ir.Node | None:
+    """The fused operator a replacement stands for: the contrib-domain node nearest to its
+    first output (a Reshape/Transpose after it or a RotaryEmbedding before it are helpers)."""
+    new = set(delta.new_nodes)
+    seen, frontier = set(), [delta.new_outputs[0].producer()]
+    while frontier:
+        n = frontier.pop(0)
+        if n is None or n in seen or n not in new:
+            continue
+        if n.domain == MS:
+            return n
+        seen.add(n)
+        frontier.extend(v.producer() for v in n.inputs if v is not None)
+    return next((n for n in delta.new_nodes if n.domain == MS), None) or delta.new_outputs[0].producer()
+
+
+def _calibrate(calibrator, cand: Candidate, model: ir.Model, match, delta, extras=(), also=()) -> None:
+    """``also``: (old value, new value) pairs replaced besides the match's outputs."""
     opsets = {d: v for d, v in model.opset_imports.items() if d not in ("ai.onnx",)}
     opsets.setdefault("", 17)
     opsets.setdefault(MS, 1)
-    built = calibrator.micro_models(list(dict.fromkeys([*extras, *match.nodes])), match.outputs, delta.new_nodes,
-                                    delta.new_outputs, opsets)
+    order = {n: i for i, n in enumerate(model.graph)}
+    nodes = sorted(dict.fromkeys([*extras, *match.nodes]), key=lambda n: order.get(n, -1))  # topological
+    built = calibrator.micro_models(nodes,
+                                    [*match.outputs, *(old for old, _ in also)], delta.new_nodes,
+                                    [*delta.new_outputs, *(new for _, new in also)], opsets)
     if isinstance(built, str):
         cand.notes.append(f"not calibrated: {built}; the estimate decides")
         return
@@ -376,7 +402,10 @@ def _calibrate(calibrator, cand: Candidate, model: ir.Model, match, delta, extra
                           "the estimate decides")
 
 
-def _apply(model, graph, root, match, delta, spec: RuleSpec, counter, debug: bool, replaced: list[str]) -> None:
+def _apply(model, graph, root, match, delta, spec: RuleSpec, counter, debug: bool, replaced: list[str],
+           also=()) -> None:
+    """Insert the replacement; ``also``: (old, new) values replaced besides the match's
+    outputs (their producers, absorbed nodes outside the pattern, are removed)."""
     onnxscript.optimizer.basic_constant_propagation(delta.new_nodes)
     counter[spec.name] += 1
     for i, n in enumerate(delta.new_nodes):
@@ -392,6 +421,14 @@ def _apply(model, graph, root, match, delta, spec: RuleSpec, counter, debug: boo
             n.doc_string = f"graph-autofusion {spec.name}: replaces {', '.join(replaced)}"
     ir.convenience.replace_nodes_and_values(graph, root, match.nodes, delta.new_nodes, match.outputs,
                                             delta.new_outputs)
+    for old, new in also:
+        new.type = old.type if old.type is not None else new.type
+        new.shape = old.shape if old.shape is not None else new.shape
+        ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
+        producer = old.producer()
+        if producer is not None and producer.graph is graph:
+            graph.remove(producer, safe=True)
+        new.name = old.name
 
 
 def _cleanup(model: ir.Model) -> None:
@@ -414,7 +451,11 @@ def _cleanup(model: ir.Model) -> None:
     irp.NameFixPass()(model)
     # Optional outputs nobody reads get no name, so ONNX Runtime does not compute them
     # (mean / inv_std_dev of the Skip*Normalization ops, present_key/value of GQA).
+    # GroupQueryAttention with past_key/past_value must keep its present outputs: ONNX Runtime's
+    # CPU kernel gives wrong results without them.
     for n in model.graph:
+        if n.domain == MS and n.op_type == "GroupQueryAttention" and len(n.inputs) > 3 and n.inputs[3] is not None:
+            continue
         if n.domain == MS and n.op_type in _OPTIONAL_OUTPUT_OPS:
             for v in n.outputs[1:]:
                 if not v.uses() and not v.is_graph_output():

@@ -15,7 +15,8 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-MIN_OPSET = 13   # Softmax/Split/Squeeze semantics the rules assume
+MIN_OPSET = 11   # the rules read axes / split sizes from attributes (11-12) or inputs (13+); below 11
+                 # is untested (Slice before 10, Clip/Pad before 11 take attributes) and refused
 MAX_OPSET = 25   # newest default-domain opset verified to load in the ONNX Runtime we test with
 
 

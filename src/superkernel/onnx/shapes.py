@@ -175,6 +175,17 @@ def _fold_small_constants(proto: onnx.ModelProto) -> onnx.ModelProto:
     for init in g.initializer:
         if init.data_location != onnx.TensorProto.EXTERNAL and _numel(init.dims) <= FOLD_MAX_ELEMENTS:
             known[init.name] = numpy_helper.to_array(init)
+    opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+
+    def evaluate(node, feeds):  # with the model's opset (axes / split as attributes below 13)
+        if not opset:
+            return ReferenceEvaluator(node).run(None, feeds)
+        gr = onnx.helper.make_graph([node], "eval", [onnx.helper.make_empty_tensor_value_info(i) for i in feeds],
+                                    [onnx.helper.make_empty_tensor_value_info(o) for o in node.output if o])
+        m = onnx.helper.make_model(gr, opset_imports=[onnx.helper.make_opsetid("", int(opset))])
+        got = iter(ReferenceEvaluator(m).run(None, feeds))
+        return [next(got) if o else None for o in node.output]  # aligned with node.output
+
     nodes = []
     changed = False
     for node in g.node:
@@ -197,11 +208,11 @@ def _fold_small_constants(proto: onnx.ModelProto) -> onnx.ModelProto:
             continue
         try:
             feeds = {i: known[i] for i in node.input if i}
-            res = ReferenceEvaluator(node).run(None, feeds)
+            res = evaluate(node, feeds)
         except Exception:  # noqa: BLE001 - not evaluable here; inference treats it as usual
             nodes.append(node)
             continue
-        if any(getattr(r, "size", FOLD_MAX_ELEMENTS + 1) > FOLD_MAX_ELEMENTS for r in res):
+        if any(getattr(r, "size", FOLD_MAX_ELEMENTS + 1) > FOLD_MAX_ELEMENTS for r in res if r is not None):
             nodes.append(node)
             continue
         import numpy as np

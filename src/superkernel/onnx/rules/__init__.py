@@ -13,10 +13,10 @@ from __future__ import annotations
 from superkernel.onnx.rules.base import FusionPattern, MS, QUIET, _fail, _opset  # noqa: F401
 from superkernel.onnx.rules.norms import LayerNormDecomposed, RMSNormDecomposed, SkipNorm, SkipRMSNorm, _same_shape  # noqa: F401
 from superkernel.onnx.rules.activations import GeluErf, GeluTanh, QuickGelu, SiLU, _close, _half_times  # noqa: F401
-from superkernel.onnx.rules.matmul import BiasGelu, Gemm, MatMulScale, MatMulTranspose, _bias_ok  # noqa: F401
+from superkernel.onnx.rules.matmul import BiasGelu, Gemm, MatMulConcat, MatMulScale, MatMulTranspose, _bias_ok  # noqa: F401
 from superkernel.onnx.rules.rotary import Rotary, _cos_sin_source, _through_identity, rotary_cache  # noqa: F401
 from superkernel.onnx.rules.attention import (  # noqa: F401
-    AttentionCore, CausalGQA, PackedAttention, PaddedMHA, _heads_view, _is_causal_mask, _k_of_kt, _kt_chain, _mask_value,
+    AttentionCore, CausalGQA, DecodeGQA, PackedAttention, PaddedMHA, _heads_view, _is_causal_mask, _k_of_kt, _kt_chain, _mask_value,
     _projection,
 )
 from superkernel.onnx.rules.embedding import EmbedLayerNorm  # noqa: F401

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 from onnxscript.rewriter import pattern
 from onnxscript.rewriter._basics import MatchResult
 
 from superkernel.onnx import _util as U
-from superkernel.onnx.rules.base import FusionPattern, MS, _fail
+from superkernel.onnx.rules.base import FusionPattern, MS, QUIET, _fail
 
 
 def _bias_ok(x: ir.Value, bias: ir.Value) -> str | None:
@@ -142,3 +143,90 @@ class MatMulTranspose(FusionPattern):
 
     def rewrite(self, op, a, b, **_):
         return op.FusedMatMul(a, b, _domain=MS, **self.state["attrs"])
+
+
+def _concat_operand(x: ir.Value, w: ir.Value, like: ir.Value | None = None) -> str | None:
+    """Why ``MatMul(x, w)`` cannot take part in a weight concatenation (None when it can)."""
+    p = w.producer()
+    if p is not None and p.op_type == "Transpose" and p.domain in ("", "ai.onnx"):
+        return f"weight {w.name} is a Transpose output (transposed B), not a stored matrix"
+    arr = U.const_array(w)
+    if arr is None:
+        return f"weight {w.name} is not a constant (initializer or Constant)"
+    if arr.ndim != 2:
+        return f"weight {w.name} of shape {list(arr.shape)} is not a 2-D matrix"
+    if x.dtype not in U.FLOAT_TYPES:
+        return f"input {x.name} dtype {x.dtype} is not a float type"
+    if w.dtype is not None and w.dtype != x.dtype or arr.dtype != np.dtype(U.np_dtype(x.dtype)):
+        return f"weight {w.name} dtype {arr.dtype} differs from the input's {U.dtype_name(x.dtype)}"
+    if like is not None:
+        ref = U.const_array(like)
+        if ref is None or ref.dtype != arr.dtype or ref.shape[0] != arr.shape[0]:
+            return f"weight {w.name} ({arr.dtype} {list(arr.shape)}) does not concatenate with {like.name}"
+    return None
+
+
+class MatMulConcat(FusionPattern):
+    """MatMuls reading the same input with constant 2-D weights of one dtype (Q/K/V projections
+    where attention is not fused, gate + up of a SwiGLU MLP) -> one MatMul on the weights
+    concatenated along N, then Split (ONNX Runtime's CPU provider has no such fusion).
+
+    The pattern roots at the group's first MatMul in graph order; the others (``siblings``)
+    die with the fusion and their outputs are replaced by the Split's outputs (the engine
+    reads ``state["also_replaces"]``)."""
+
+    rule_name = "matmul_concat"
+    commute_rule = False
+
+    def pattern(self, op, x, w):
+        return op.MatMul(x, w, _outputs=["y"])
+
+    def validate(self, context, x, w, y, **_):
+        root = y.producer()
+        why = _concat_operand(x, w)
+        if why:
+            return _fail(QUIET + why)  # every lone MatMul would say this: not a near miss
+        group, rejected = [root], []
+        for user, idx in x.uses():
+            if user is root or idx != 0 or user.op_type != "MatMul" or user.domain not in ("", "ai.onnx") \
+                    or user in group or len(user.inputs) != 2:
+                continue
+            why = _concat_operand(x, user.inputs[1], like=w)
+            if why:
+                rejected.append((user, why))
+            else:
+                group.append(user)
+        if len(group) < 2:
+            if rejected:
+                return _fail(f"the other MatMul of {x.name} cannot join: {rejected[0][1]}", rejected[0][0])
+            return _fail(QUIET + f"no other MatMul reads {x.name}")
+        graph = root.graph
+        order = {n: i for i, n in enumerate(graph)} if graph is not None else {}
+        group.sort(key=lambda n: order.get(n, 0))
+        if group[0] is not root:
+            return _fail(QUIET + "not the first MatMul of its group (the group is matched at its first)")
+        self.state.update(siblings=group[1:], extra_nodes=group[1:],
+                          sizes=[int(U.const_array(n.inputs[1]).shape[1]) for n in group])
+        return MatchResult()
+
+    def rewrite(self, op, x, w, **_):
+        st = self.state
+        weights = [U.const_array(w)] + [U.const_array(n.inputs[1]) for n in st["siblings"]]
+        wc = op.Constant(value=ir.tensor(np.ascontiguousarray(np.concatenate(weights, axis=1))))
+        y = op.MatMul(x, wc)
+        k = len(weights)
+        if st["opset"] >= 13:
+            sizes = op.Constant(value=ir.tensor(np.array(st["sizes"], dtype=np.int64)))
+            outs = op.Split(y, sizes, axis=-1, _outputs=k)
+        else:  # opset 11-12: the sizes are an attribute
+            outs = op.Split(y, axis=-1, split=st["sizes"], _outputs=k)
+        st["also_replaces"] = [(n.outputs[0], o) for n, o in zip(st["siblings"], outs[1:])]
+        return outs[0]
+
+    def benefit_hints(self, b):
+        # the concatenated product is written once and read by the Split
+        y = b["y"]
+        d = U.dims(y)
+        if d is None:
+            return {}
+        return {"added": [([*d[:-1], sum(self.state.get("sizes", [0]))], U.dtype_name(y.dtype), 1)]}

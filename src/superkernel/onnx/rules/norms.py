@@ -34,8 +34,6 @@ class LayerNormDecomposed(FusionPattern):
         return y
 
     def validate(self, context, x, axes1, axes2, two, eps, scale, bias, mean, var, **_):
-        if self.state["opset"] < 17:
-            return _fail(f"LayerNormalization needs opset 17, model has {self.state['opset']}")
         if x.dtype not in U.FLOAT_TYPES:
             return _fail(f"input dtype {x.dtype} is not a float type", x)
         r = U.rank(x)
@@ -66,6 +64,9 @@ class LayerNormDecomposed(FusionPattern):
         return MatchResult()
 
     def rewrite(self, op, x, scale, bias=None, **_):
+        # Below opset 17 this is ONNX Runtime's own LayerNormalization schema (ONNX domain,
+        # since version 1; its optimizer writes the same node): it runs in ONNX Runtime, while
+        # onnx.checker only knows LayerNormalization from opset 17 on.
         args = [x, scale] + ([bias] if bias is not None else [])
         return op.LayerNormalization(*args, axis=-1, epsilon=self.state["epsilon"], stash_type=1)
 

@@ -8,7 +8,7 @@ from onnxscript.rewriter import pattern
 from onnxscript.rewriter._basics import MatchResult
 
 from superkernel.onnx import _util as U
-from superkernel.onnx.rules.base import FusionPattern, MS, _fail
+from superkernel.onnx.rules.base import FusionPattern, MS, _fail, shape_range
 
 
 def _through_identity(v: ir.Value) -> tuple[ir.Value, float]:
@@ -47,7 +47,7 @@ def _cos_sin_source(cos_u: ir.Value, sin_u: ir.Value):
     srcs, scales, consts = [], [], []
     for v, trig in ((cos_u, "Cos"), (sin_u, "Sin")):
         un = v.producer()
-        if un is None or un.op_type != "Unsqueeze" or U.ints(un.inputs[1]) not in ([1], [-3]):
+        if un is None or un.op_type != "Unsqueeze" or U.axes_of(un) not in ([1], [-3]):
             return None, f"{trig.lower()} is not Unsqueeze(..., axis 1) of a computed cache"
         src, sc = _through_identity(un.inputs[0])
         tn = src.producer()
@@ -156,7 +156,7 @@ def rotary_cache(op, state):
     if fd is not None and isinstance(fd[0], int) and isinstance(fd[1], int):
         pos = op.Constant(value=ir.tensor(np.arange(fd[0] * fd[1], dtype=np.int64).reshape(fd[0], fd[1])))
     else:
-        bs = op.Shape(f, start=0, end=2)
+        bs = shape_range(op, f, 0, 2, state["opset"])
         n = op.ReduceProd(bs, keepdims=0)
         pos = op.Reshape(op.Range(op.Constant(value_int=0), n, op.Constant(value_int=1)), bs)
     return pos, cc, sc
