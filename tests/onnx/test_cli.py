@@ -223,8 +223,24 @@ def test_same_path_as_input_is_an_error(exported, tmp_path, capsys):
     shutil.copy(exported("ln_mlp"), src)
     before = src.read_bytes()
     code, _, err = run(capsys, "--input", src, "--output", src)
-    assert code == 2 and "same file" in err
+    assert code == 2 and "refusing to write" in err and "it is an input of this run" in err
     assert src.read_bytes() == before
+
+
+def test_output_paths_checked_before_any_work(exported, tmp_path, capsys):
+    src = exported("ln_mlp")
+    _bad(capsys, tmp_path, "--input", src, "--output", tmp_path, expect="is a directory")
+    missing = tmp_path / "no" / "such" / "m.onnx"
+    code, _, err = run(capsys, "--input", src, "--output", missing)
+    assert code == 2 and "output directory does not exist" in err and not missing.parent.exists()
+    # the external-data twin of the output (fused.onnx.data) may not replace a file of the input
+    model = onnx.load(src)
+    onnx.save(model, tmp_path / "ext.onnx", save_as_external_data=True, location="fused.onnx.data",
+              size_threshold=0)
+    before = (tmp_path / "fused.onnx.data").read_bytes()
+    code, _, err = run(capsys, "--input", tmp_path / "ext.onnx", "--output", tmp_path / "fused.onnx")
+    assert code == 2 and "external data" in err and "it is an input of this run" in err, err
+    assert (tmp_path / "fused.onnx.data").read_bytes() == before and not (tmp_path / "fused.onnx").exists()
 
 
 def test_bad_dim_and_missing_arguments(exported, tmp_path, capsys):
@@ -253,5 +269,5 @@ def test_report_may_not_replace_the_output_or_the_input(exported, tmp_path, caps
     code, stdout, err = run(capsys, "--input", model, "--output", out, "--report", json_named_like_output)
     assert code == 0, (stdout, err)
     code, stdout, err = run(capsys, "--input", model, "--output", tmp_path / "again.onnx", "--report", model)
-    assert code == 2 and "refusing to overwrite the input" in err, (stdout, err)
+    assert code == 2 and "refusing to write" in err and "it is an input of this run" in err, (stdout, err)
     assert open(model, "rb").read() == before

@@ -15,6 +15,8 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
+from superkernel.util import OutputError, check_not_input, check_output_file
+
 MIN_OPSET = 11   # the rules read axes / split sizes from attributes (11-12) or inputs (13+); below 11
                  # is untested (Slice before 10, Clip/Pad before 11 take attributes) and refused
 MAX_OPSET = 25   # newest default-domain opset verified to load in the ONNX Runtime we test with
@@ -81,25 +83,24 @@ def load(path: str) -> LoadedModel:
 def check_output_path(input_path: str, output_path: str, external_files: list[str], *, flag: str = "--output") -> None:
     """Refuse, before any work, an output that could lose data or cannot be written.
 
-    The output (and, for ``--output``, its external-data twin) may not be any file the input
-    consists of; its directory must exist and be writable.
+    The shared check (:func:`superkernel.util.check_output_file`: not a directory, not a file
+    of the input, writable) plus what an ONNX output needs: its folder must exist (the model
+    is staged inside it and moved into place), and for ``--output`` its external-data twin
+    ``PATH.data`` may not be a file of the input either.
     """
     if not output_path:
         raise InputError(f"{flag} is required")
-    op_ = os.path.realpath(output_path)
-    inputs = {os.path.realpath(f): f for f in [input_path, *external_files]}
-    targets = [op_] + ([os.path.realpath(external_data_path(output_path))] if flag == "--output" else [])
-    for target in targets:
-        if target in inputs:
-            raise InputError(f"{flag} {output_path} is the same file as {inputs[target]}, part of the input model; "
-                             "refusing to overwrite the input (choose another path)")
-    if os.path.isdir(op_):
-        raise InputError(f"{flag} is a directory: {output_path}")
-    out_dir = os.path.dirname(op_)
-    if not os.path.isdir(out_dir):
+    inputs = [input_path, *external_files]
+    out_dir = os.path.dirname(os.path.abspath(output_path))
+    if not os.path.isdir(output_path) and not os.path.isdir(out_dir):
         raise InputError(f"{flag}: output directory does not exist: {out_dir}")
-    if not os.access(out_dir, os.W_OK | os.X_OK):
-        raise InputError(f"{flag}: output directory is not writable: {out_dir}")
+    check_output_file(output_path, flag, inputs)
+    if flag == "--output":
+        twin = external_data_path(output_path)
+        try:
+            check_not_input(twin, inputs)
+        except OutputError as exc:
+            raise OutputError(f"{flag}: its external data file would be written to {twin}: {exc}") from None
 
 
 def external_data_path(output_path: str) -> str:
