@@ -156,8 +156,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
              "than max(3%, |drift|)), so read the timing columns as indicative only.", "",
              f"Reduce-overhead vs eager / vs torch.compile: time ratio of the {meta['strategy']} reduce-overhead plan, "
              f"timed interleaved with its baselines by decode_latency.py in its own process (median over "
-             f"{meta.get('rounds', '-')} rotating rounds of paired ratios; below 1.00 is faster); CPU: the same with "
-             "this thread's CPU time.", "",
+             f"{meta.get('rounds', '-')} rotating rounds of paired ratios; below 1.00 is faster; timed "
+             f"{meta.get('speed_when', meta['when'])}); CPU: the same with this thread's CPU time.", "",
              "| arch | tags | exit | reduce-overhead bit-exact | recompiles (timed, max) | recommendation | "
              "ratio vs torch.compile | best plan vs torch.compile | eager ms | torch.compile ms | eager drift | "
              "reduce-overhead vs eager (interleaved) | CPU | reduce-overhead vs torch.compile (interleaved) | note |",
