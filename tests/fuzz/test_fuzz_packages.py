@@ -59,6 +59,8 @@ ODD_NAMES = [
     "artifacts/0123456789abcdef.pkl", "frames/0123456789abcdef.bin.py", "frames/", "frames/0123", "manifest.json/",
     "MANIFEST.JSON", "signature.bak", "kernels/ab/" + "c" * 300 + ".so", "__init__.py", "setup.py", ".", "..", "",
     "kernels/ab/cabcdefgh.main.so", "kernels/zz/c0123456789.cubin", "frames/0123456789abcdef0123.bin",
+    "native/../evil.so", "native/" + "0" * 31 + ".so", "native/" + "F" * 32 + ".so", "native/ab/" + "0" * 32 + ".so",
+    "native/" + "0" * 32 + ".so\n", "native/" + "0" * 32 + ".py", "native/" + "0" * 32 + ".so",
 ]
 
 

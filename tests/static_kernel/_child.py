@@ -91,8 +91,9 @@ def main() -> int:
     cfg = CompilerConfig()
     reduce_overhead = "--reduce-overhead" in sys.argv
     if reduce_overhead:
-        cfg.mode = "reduce-overhead"
-    cfg.inductor.freezing = False  # packaging is tested here; test_freezing.py tests the frozen choice
+        cfg.mode = "reduce-overhead"  # (the config test_native.py builds with: same fingerprint)
+    else:
+        cfg.inductor.freezing = False  # packaging is tested here; test_freezing.py tests the frozen choice
     if static:
         cfg.experimental_config.static_kernel.enable = True
         cfg.experimental_config.static_kernel.build_dir = build_dir
