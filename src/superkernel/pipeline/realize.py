@@ -208,9 +208,10 @@ class Realizer:
         static = lambda: sk.compile(gm, inputs, compile_fn, name=name)  # noqa: E731
         if not may_freeze:
             return static()
-        if sk.holds(gm, inputs):
+        held, choice = sk.packaged_choice(gm, inputs, name=name)
+        if held:
             fn = static()
-            if sk.freezing_choice(gm, inputs, name=name) == "frozen":
+            if choice == "frozen":
                 self._frozen_label = "+plain-from-package"  # the build measured frozen faster; not carried
             return fn
         fn = self._inductor_cpu_best(module, static)

@@ -89,20 +89,17 @@ class StaticCompiler:
         return ws.partition(handle, gm, inputs, compile_fn, extend=self.extend, name=name)
 
     # -- CPU freezing (the plain-vs-frozen choice; only the plain kernel is packaged) ---------------
-    def holds(self, gm: fx.GraphModule, example_inputs: list[Any]) -> bool:
-        """Whether this partition comes from the package (or this process) rather than being compiled now."""
+    def packaged_choice(self, gm: fx.GraphModule, example_inputs: list[Any], *,
+                        name: str | None = None) -> tuple[bool, str | None]:
+        """(whether this partition comes from a package rather than being compiled now, what its build chose:
+        "frozen", "plain" or None). A loaded partition whose build chose "frozen" gets one notice: the package
+        carries the plain kernel only (docs/static_kernel.md)."""
         inputs = list(example_inputs)
         ws = self.workspace(device_kind(inputs))
         handle = partition_key(gm, inputs, ws.fingerprint)
-        return handle is not None and ws.holds(handle)
-
-    def freezing_choice(self, gm: fx.GraphModule, example_inputs: list[Any], *, name: str | None = None) -> str | None:
-        """What the build chose for this partition ("frozen" or "plain"; None: not recorded). A "frozen" choice
-        gets one notice: the package carries the plain kernel only (docs/static_kernel.md)."""
-        inputs = list(example_inputs)
-        ws = self.workspace(device_kind(inputs))
-        handle = partition_key(gm, inputs, ws.fingerprint)
-        return ws.freezing_choice(handle, name=name) if handle is not None else None
+        if handle is None or not ws.holds(handle):
+            return False, None
+        return True, ws.freezing_choice(handle, name=name)
 
     def record_freezing_choice(self, gm: fx.GraphModule, example_inputs: list[Any], choice: str,
                                timings_ms: dict[str, float]) -> None:
