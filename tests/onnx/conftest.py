@@ -24,6 +24,50 @@ def calibration_cache(tmp_path_factory):
         yield path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def short_measurements():
+    """Real micro-benchmarks and end-to-end checks run in the tests to prove the path works;
+    which fusion a measurement keeps is tested through the ``measure=`` / ``timer=`` seams, so
+    fewer rounds suffice here (the product defaults stay)."""
+    from superkernel.onnx import calibrate, e2e
+
+    saved = calibrate.MICRO_WARMUP, calibrate.MICRO_ROUNDS, e2e.WARMUP, e2e.ROUNDS
+    calibrate.MICRO_WARMUP, calibrate.MICRO_ROUNDS, e2e.WARMUP, e2e.ROUNDS = 1, 8, 1, 8
+    try:
+        yield
+    finally:
+        calibrate.MICRO_WARMUP, calibrate.MICRO_ROUNDS, e2e.WARMUP, e2e.ROUNDS = saved
+
+
+@pytest.fixture(scope="session", autouse=True)
+def onnx_registry_built_once():
+    """torch.onnx.export(dynamo=True) rebuilds its operator registry from torchlib on every
+    call (about 1 s, most of a small export); the tests export dozens of small modules, so
+    the registry is built once per opset and reused. It is only read during an export (the
+    tests pass no custom translation table), so what is exported does not change."""
+    try:
+        from torch.onnx._internal.exporter import _registration as reg
+
+        original = reg.ONNXRegistry.__dict__["from_torchlib"]
+        build = original.__func__
+    except (ImportError, KeyError, AttributeError):  # another torch: export as usual
+        yield
+        return
+    built: dict = {}
+
+    def from_torchlib(cls, *args, **kw):
+        key = (cls, args, tuple(sorted(kw.items())))
+        if key not in built:
+            built[key] = build(cls, *args, **kw)
+        return built[key]
+
+    reg.ONNXRegistry.from_torchlib = classmethod(from_torchlib)
+    try:
+        yield
+    finally:
+        reg.ONNXRegistry.from_torchlib = original
+
+
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("gaf_models")

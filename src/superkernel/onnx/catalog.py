@@ -26,14 +26,24 @@ class RuleSpec:
     variants: Callable[[], list[R.FusionPattern]] = field(repr=False, compare=False)
 
     def build(self) -> list[tuple[R.FusionPattern, pattern.RewriteRule]]:
-        """Fresh rule instances (they carry per-run state) with their onnxscript rules."""
-        out = []
-        for inst in self.variants():
-            # bind the rule to this instance so its near misses and state land on it
-            rule = pattern.RewriteRule(inst.pattern, inst.rewrite, inst.check, name=inst.name)
-            variants = rule.commute() if inst.commute_rule else [rule]
-            out.extend((inst, r) for r in variants)
-        return out
+        """The rule instances with their onnxscript rules, built (and commuted, which is the
+        slow part) once per process; their per-run state (near misses, match state) is reset."""
+        hit = _BUILT.get(id(self))
+        if hit is None or hit[0] is not self:
+            out = []
+            for inst in self.variants():
+                # bind the rule to this instance so its near misses and state land on it
+                rule = pattern.RewriteRule(inst.pattern, inst.rewrite, inst.check, name=inst.name)
+                variants = rule.commute() if inst.commute_rule else [rule]
+                out.extend((inst, r) for r in variants)
+            hit = _BUILT[id(self)] = (self, out)
+        for inst, _rule in hit[1]:
+            inst.near_misses.clear()
+            inst.state = {}
+        return list(hit[1])
+
+
+_BUILT: dict[int, tuple[RuleSpec, list]] = {}
 
 
 def _v(cls, **grid):

@@ -21,12 +21,15 @@ WARMUP = 5
 ROUNDS = 40
 
 
-def time_pair(original: str, fused: str, feeds: dict, *, threads: int = 1, rounds: int = ROUNDS,
-              warmup: int = WARMUP) -> tuple[float, float, float]:
+def time_pair(original: str, fused: str, feeds: dict, *, threads: int = 1, rounds: int | None = None,
+              warmup: int | None = None) -> tuple[float, float, float]:
     """Median ms of the original and the fused model (ORT_ENABLE_ALL, interleaved) and the
     median of the per-round ratios fused/original (paired, so load changes between rounds
-    on a shared machine cancel out)."""
+    on a shared machine cancel out). ``rounds`` / ``warmup``: ROUNDS / WARMUP when None."""
     import onnxruntime as ort
+
+    rounds = ROUNDS if rounds is None else rounds
+    warmup = WARMUP if warmup is None else warmup
 
     from .verify import session
 

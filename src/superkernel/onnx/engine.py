@@ -227,6 +227,31 @@ def _fresh_replacement(rw: pattern.RewriteRule, model: ir.Model, graph: ir.Graph
     return match, delta
 
 
+def _root_op(rw: pattern.RewriteRule) -> str | None:
+    """The op type a rule's pattern is rooted at (the node the matcher starts from), or None
+    when the pattern does not fix it."""
+    try:
+        op = rw._target_pattern.output_nodes[0].op
+    except (AttributeError, IndexError):
+        return None
+    value = getattr(op, "value", None)
+    return value() if callable(value) and type(op).__name__ == "StringConstantPattern" else None
+
+
+def _by_root_op(built: list) -> Callable[[str], list]:
+    """``for_op(op_type)``: the rules that can match at a node of that type, in catalog order
+    (the matcher would reject the others at the root; trying them costs most of the time)."""
+    roots = [_root_op(item[2]) for item in built]
+    cache: dict[str, list] = {}
+
+    def for_op(op_type: str) -> list:
+        if op_type not in cache:
+            cache[op_type] = [item for item, r in zip(built, roots) if r is None or r == op_type]
+        return cache[op_type]
+
+    return for_op
+
+
 def _detach(nodes) -> None:
     """Drop the uses that replacement nodes built but not inserted hold on graph values
     (otherwise they look like extra consumers to later matches)."""
@@ -261,10 +286,11 @@ def fuse(model: ir.Model, specs: list[RuleSpec], *, dims: Mapping[str, int] | No
         if progress:
             progress(", ".join(s.name for s in stage_specs), si, len(stages))
         built = [(spec, inst, rw) for spec in stage_specs for inst, rw in spec.build()]
+        for_op = _by_root_op(built)
         for _round in range(4):
             found: list[tuple[Candidate, RuleSpec, FusionPattern, pattern.RewriteRule, ir.Node, set]] = []
             for node in list(graph):
-                for spec, inst, rw in built:
+                for spec, inst, rw in for_op(node.op_type):
                     match, delta = _fresh_replacement(rw, model, graph, node)
                     if match is None:
                         continue
