@@ -535,6 +535,13 @@ def _head_chain(v: ir.Value, what: str):
     return (r.inputs[0], r.inputs[1], rot, nodes), ""
 
 
+def _rotary_3d(rot: ir.Node, heads: int) -> dict:
+    """The attributes of a 4-D RotaryEmbedding for its 3-D form ([B, S, heads*hd] input)."""
+    attrs = {k: a.value for k, a in rot.attributes.items()}
+    attrs.update(num_heads=heads, interleaved=attrs.get("interleaved", 0))
+    return attrs
+
+
 class DecodeGQA(AttentionCore):
     """A decode step (one new token, static shapes) whose K/V are the concatenation of past
     K/V inputs and the new K/V -> com.microsoft GroupQueryAttention with past_key/past_value
@@ -642,9 +649,9 @@ class DecodeGQA(AttentionCore):
         st = self.state
         q3, k3 = st["q3"], st["k3"]
         if st["qrot"] is not None:
-            q3 = op.RotaryEmbedding(q3, *st["qrot"].inputs[1:4], num_heads=st["heads"], interleaved=0, _domain=MS)
+            q3 = op.RotaryEmbedding(q3, *st["qrot"].inputs[1:4], **_rotary_3d(st["qrot"], st["heads"]), _domain=MS)
         if st["krot"] is not None:
-            k3 = op.RotaryEmbedding(k3, *st["krot"].inputs[1:4], num_heads=st["kv_heads"], interleaved=0, _domain=MS)
+            k3 = op.RotaryEmbedding(k3, *st["krot"].inputs[1:4], **_rotary_3d(st["krot"], st["kv_heads"]), _domain=MS)
         seqlens = op.Constant(value=ir.tensor(np.full((st["batch"],), st["total"] - 1, dtype=np.int32)))
         total = op.Constant(value=ir.tensor(np.array(st["total"], dtype=np.int32)))
         outs = op.GroupQueryAttention(q3, k3, st["v3"], st["past_k"], st["past_v"], seqlens, total, None, None, None,
