@@ -19,7 +19,7 @@ demo: $(STAMP)
 	$(VENV)/bin/superkernel optimize
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

@@ -2,8 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+
+def pytest_configure(config):
+    # pytest-xdist workers get COLUMNS=80/LINES=24; a terminal may export others. The CLI's
+    # console follows COLUMNS, so tests that read its output see one layout everywhere.
+    for name in ("COLUMNS", "LINES"):
+        os.environ.pop(name, None)
 
 
 def pytest_collection_modifyitems(config, items):
