@@ -1,5 +1,6 @@
-"""graph-autofusion on tiny Hugging Face models from both PyTorch exporters, against the
-baselines users would otherwise run, all measured in one process run.
+"""graph-autofusion on tiny Hugging Face models from both PyTorch exporters, against ORT's own optimizers.
+
+The baselines are what users would otherwise run, all measured in one process run.
 
     .venv/bin/python benchmarks/onnx_autofusion.py [--quick] [--repeat N] [--cases bert,llama_decode]
 
