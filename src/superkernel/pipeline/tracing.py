@@ -100,22 +100,16 @@ def scope_of_break(message: str) -> tuple[str, str] | None:
     return ("?", "")
 
 
-_configs: tuple[Any, Any, Any] | None = None  # (dynamo config, compiler config, dynamo counters), looked up once
-
-
-def _modules() -> tuple[Any, Any, Any]:
-    global _configs
-    if _configs is None:
-        import torch._dynamo.config
-        import torch.compiler.config
-        from torch._dynamo.utils import counters
-
-        _configs = (torch._dynamo.config, torch.compiler.config, counters)
-    return _configs
+_dynamo_counters: Any = None  # torch._dynamo.utils.counters, looked up once
 
 
 def _break_count() -> int:
-    breaks = _modules()[2].get("graph_break")
+    global _dynamo_counters
+    if _dynamo_counters is None:
+        from torch._dynamo.utils import counters
+
+        _dynamo_counters = counters
+    breaks = _dynamo_counters.get("graph_break")
     return sum(breaks.values()) if breaks else 0
 
 
@@ -188,19 +182,23 @@ class CaptureContext:
             self.saved_sources = None
 
 
-_applied: list[CaptureContext] = []  # the call whose settings the running compile uses
+# The call whose settings the running compile uses. Dynamo runs the start callbacks only for
+# the outermost of nested compiles, and the end callbacks when it finishes: one at a time.
+_applied: CaptureContext | None = None
 
 
 def _on_compile_start(_args: Any = None) -> None:
+    global _applied
     if _active.stack:
-        ctx = _active.stack[-1]
-        ctx.apply()
-        _applied.append(ctx)
+        _applied = _active.stack[-1]
+        _applied.apply()
 
 
 def _on_compile_end(_args: Any = None) -> None:
-    while _applied:
-        _applied.pop().restore()
+    global _applied
+    if _applied is not None:
+        _applied.restore()
+        _applied = None
 
 
 def _install_compile_callbacks() -> None:
