@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from superkernel.runtime.native.literals import NativeBuildError
+from superkernel.util import atomic_target, atomic_write
 
 if TYPE_CHECKING:  # the generated source; codegen imports this module for its cache key
     from superkernel.runtime.native.codegen import NativeSource
@@ -80,11 +81,11 @@ def _link_flags() -> list[str]:
 
 
 def build_fingerprint() -> str:
-    """What besides the source decides the binary: torch, Python ABI, compiler, flags."""
-    cxx = compiler()
-    parts = [GENERATOR_VERSION, torch.__version__, str(getattr(torch.version, "git_version", "")),
-             sysconfig.get_config_var("EXT_SUFFIX") or "", sys.version.split()[0], _compiler_id(cxx),
-             " ".join(_compile_flags()), " ".join(_link_flags())]
+    """What besides the source decides the binary: the ABI a module needs (:func:`abi_fingerprint`; its
+    C++ ABI flag is in the compile flags), the compiler and the flags."""
+    abi = abi_fingerprint()
+    parts = [abi["generator"], abi["torch"], abi["torch_git"], abi["ext_suffix"], abi["python"],
+             _compiler_id(compiler()), " ".join(_compile_flags()), " ".join(_link_flags())]
     return "\n".join(parts)
 
 
@@ -159,32 +160,16 @@ def _pch_dir(root: Path) -> Path:
         return directory
     directory.mkdir(exist_ok=True, mode=0o700)
     if not header.exists():
-        _atomic_bytes(header, _PCH_HEADER.encode())
+        atomic_write(header, _PCH_HEADER)
     if "g++" not in os.path.basename(cxx) and "gcc" not in _compiler_id(cxx).lower():
         return directory  # only GCC's precompiled headers are used; other compilers read the header
-    fd, tmp = tempfile.mkstemp(prefix=".gch.", dir=directory)
-    os.close(fd)
     try:
-        _run([cxx, *_compile_flags(), "-x", "c++-header", str(header), "-o", tmp], "precompiling the torch headers")
-        os.replace(tmp, gch)
+        with atomic_target(gch) as tmp:
+            _run([cxx, *_compile_flags(), "-x", "c++-header", str(header), "-o", str(tmp)],
+                 "precompiling the torch headers")
     except NativeBuildError:
         failed.write_text("the precompiled header failed to build; modules include the header instead\n")
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return directory
-
-
-def _atomic_bytes(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def library_path(src: NativeSource, directory: Path | None = None) -> Path:
