@@ -84,6 +84,11 @@ def run_arch(name: str, work: Path, args: argparse.Namespace) -> dict:
     return row
 
 
+#: What :func:`interleaved_speed` adds to a row.
+SPEED_KEYS = ("ro_vs_eager", "ro_vs_torch_compile", "ro_cpu_vs_eager", "ro_interleaved_bit_exact", "speed_rounds",
+              "speed_error")
+
+
 def interleaved_speed(name: str, ckpt: Path, work: Path, args: argparse.Namespace) -> dict:
     """Reduce-overhead against eager and torch.compile, timed interleaved (decode_latency.py)."""
     out = work / f"{name}_latency"
@@ -265,7 +270,7 @@ def speed_only(previous: Path, names: list[str] | None, args: argparse.Namespace
                 continue
             ckpt = Path(tmp) / f"{row['arch']}_ckpt"
             build_checkpoint(row["arch"], ckpt)
-            for key in ("ro_vs_eager", "ro_vs_torch_compile", "ro_cpu_vs_eager", "speed_error"):
+            for key in SPEED_KEYS:  # an earlier run's figures never survive a failed re-run
                 row.pop(key, None)
             row.update(interleaved_speed(row["arch"], ckpt, Path(tmp), args))
             print(f"=== {row['arch']}: reduce-overhead vs eager {row.get('ro_vs_eager')} "
