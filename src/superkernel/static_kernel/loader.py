@@ -45,7 +45,7 @@ class ArtifactLoader:
         run TorchInductor's ISA probe there (the package holds its probe libraries: nothing compiles)."""
         if self.installed_from != pkg.path:
             pkg.require_loadable()
-            self.cache_dir = private_cache_dir()
+            self.cache_dir = private_kernel_dir()
             self.counters["kernels_installed"] += install_kernels(pkg, self.cache_dir)
             self.installed_from = pkg.path
             if self.device_kind == "cpu" and pkg.artifacts:  # (a package of native modules only: no Inductor)
@@ -76,7 +76,7 @@ class ArtifactLoader:
             if pkg is not None:
                 self.install(pkg)
             if self.cache_dir is None:
-                self.cache_dir = private_cache_dir()
+                self.cache_dir = private_kernel_dir()
             with tempfile.TemporaryDirectory(prefix="sk_artifact_") as tmp:
                 path = os.path.join(tmp, f"{key}.bin")
                 with open(path, "wb") as f:
@@ -119,7 +119,7 @@ def install_kernels(package: Package, cache_dir: str | Path) -> int:
 _PRIVATE_DIRS: list[Path] = []
 
 
-def private_cache_dir() -> Path:
+def private_kernel_dir() -> Path:
     """A new TorchInductor cache directory only this user can read or write (removed at exit)."""
     path = Path(tempfile.mkdtemp(prefix="superkernel-kernels-"))
     _PRIVATE_DIRS.append(path)
