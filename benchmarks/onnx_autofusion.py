@@ -125,17 +125,8 @@ def within_tol(ref: list, out: list) -> bool:
 
 def time_all(paths: dict[str, str], feeds: dict, repeat: int, warmup: int) -> dict[str, list[float]]:
     sessions = {k: V.session(p, ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads=1) for k, p in paths.items()}
-    for _ in range(warmup):
-        for s in sessions.values():
-            s.run(None, feeds)
-    xs: dict[str, list[float]] = {k: [] for k in sessions}
-    order = list(sessions)
-    for r in range(repeat):
-        for k in order[r % len(order):] + order[:r % len(order)]:  # rotate who runs first each round
-            t0 = time.perf_counter()
-            sessions[k].run(None, feeds)
-            xs[k].append((time.perf_counter() - t0) * 1e3)
-    return xs
+    xs = V.time_interleaved([(s, feeds) for s in sessions.values()], repeat, warmup)  # order rotated every round
+    return {k: [t * 1e3 for t in ts] for k, ts in zip(sessions, xs)}
 
 
 def paired(xs: dict[str, list[float]], a: str, b: str) -> float:

@@ -171,6 +171,8 @@ class Calibrator:
     def _time_pair(self, unfused: bytes, fused: bytes) -> tuple[float, float]:
         import onnxruntime as ort
 
+        from .verify import time_interleaved
+
         sessions, feeds = [], None
         for blob in (unfused, fused):
             so = ort.SessionOptions()
@@ -180,15 +182,7 @@ class Calibrator:
             sessions.append(ort.InferenceSession(blob, so, providers=["CPUExecutionProvider"]))
         feeds = {**random_feeds(sessions[1]), **random_feeds(sessions[0])}
         per = [{i.name: feeds[i.name] for i in s.get_inputs()} for s in sessions]
-        for _ in range(MICRO_WARMUP):
-            for s, f in zip(sessions, per):
-                s.run(None, f)
-        xs: list[list[float]] = [[], []]
-        for r in range(MICRO_ROUNDS):
-            for i in ((0, 1) if r % 2 == 0 else (1, 0)):  # alternate who runs first
-                t0 = time.perf_counter()
-                sessions[i].run(None, per[i])
-                xs[i].append((time.perf_counter() - t0) * 1e6)
+        xs = [[t * 1e6 for t in ts] for ts in time_interleaved(list(zip(sessions, per)), MICRO_ROUNDS, MICRO_WARMUP)]
         return statistics.median(xs[0]), statistics.median(xs[1])
 
 

@@ -13,7 +13,6 @@ this repeats until the fused model is not slower or no fusion is left.
 from __future__ import annotations
 
 import statistics
-import time
 from typing import Callable, Mapping
 
 TOLERANCE = 0.01   # fused may be at most 1 % slower than the original before kinds are dropped
@@ -31,18 +30,10 @@ def time_pair(original: str, fused: str, feeds: dict, *, threads: int = 1, round
     rounds = ROUNDS if rounds is None else rounds
     warmup = WARMUP if warmup is None else warmup
 
-    from .verify import session
+    from .verify import session, time_interleaved
 
     ss = [session(p, ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads) for p in (original, fused)]
-    for _ in range(warmup):
-        for s in ss:
-            s.run(None, feeds)
-    xs: list[list[float]] = [[], []]
-    for r in range(rounds):
-        for i in ((0, 1) if r % 2 == 0 else (1, 0)):  # alternate who runs first
-            t0 = time.perf_counter()
-            ss[i].run(None, feeds)
-            xs[i].append((time.perf_counter() - t0) * 1e3)
+    xs = [[t * 1e3 for t in ts] for ts in time_interleaved([(s, feeds) for s in ss], rounds, warmup)]
     return statistics.median(xs[0]), statistics.median(xs[1]), statistics.median(
         f / o for o, f in zip(xs[0], xs[1]))
 
