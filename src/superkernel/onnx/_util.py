@@ -193,7 +193,6 @@ def _eval_node(value: ir.Value, depth: int, memo: dict) -> np.ndarray | None:
         return np.ascontiguousarray(np.broadcast_to(feeds[0], shape))
     try:
         import onnx
-        from onnx.reference import ReferenceEvaluator
 
         names = [f"i{i}" if v is not None else "" for i, v in enumerate(node.inputs)]
         outs = [f"o{i}" for i in range(len(node.outputs))]
@@ -203,13 +202,25 @@ def _eval_node(value: ir.Value, depth: int, memo: dict) -> np.ndarray | None:
         opset = None
         if node.graph is not None:
             opset = node.graph.opset_imports.get("", node.graph.opset_imports.get("ai.onnx"))
-        if opset:  # evaluate with the model's opset (axes as attributes below 13)
-            g = onnx.helper.make_graph([proto], "eval", [onnx.helper.make_empty_tensor_value_info(n) for n in names
-                                                          if n], [onnx.helper.make_empty_tensor_value_info(o)
-                                                                   for o in outs])
-            proto = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", int(opset))])
-        res = ReferenceEvaluator(proto).run(None, {n: f for n, f in zip(names, feeds) if n})
+        res = reference_run(proto, {n: f for n, f in zip(names, feeds) if n}, opset)
     except Exception:  # noqa: BLE001 - not evaluable: not a constant for the rules
         return None
     out = np.asarray(res[list(node.outputs).index(value)])
     return out if out.size <= EVAL_MAX_ELEMENTS else None
+
+
+def reference_run(proto, feeds: dict, opset: int | None) -> list:
+    """The outputs of one default-domain ``onnx.NodeProto`` on ``feeds`` by ONNX's reference
+    implementation. With ``opset`` (the model's; axes / split are attributes below 13) the node
+    is evaluated in a one-node model of that opset and the result is aligned with
+    ``proto.output`` (None for an unnamed output)."""
+    import onnx
+    from onnx.reference import ReferenceEvaluator
+
+    if not opset:
+        return ReferenceEvaluator(proto).run(None, feeds)
+    g = onnx.helper.make_graph([proto], "eval", [onnx.helper.make_empty_tensor_value_info(i) for i in feeds],
+                               [onnx.helper.make_empty_tensor_value_info(o) for o in proto.output if o])
+    m = onnx.helper.make_model(g, opset_imports=[onnx.helper.make_opsetid("", int(opset))])
+    got = iter(ReferenceEvaluator(m).run(None, feeds))
+    return [next(got) if o else None for o in proto.output]

@@ -22,6 +22,8 @@ import onnx_ir as ir
 
 from superkernel.util import exception_summary
 
+from ._util import reference_run
+
 SYMBOLIC_MAX_BYTES = 1 << 30  # symbolic inference needs the weights in memory; skip above 1 GiB of proto
 
 
@@ -166,7 +168,6 @@ def _fold_small_constants(proto: onnx.ModelProto) -> onnx.ModelProto:
     reference implementation). Only small tensors (shapes, masks of a few elements) are
     evaluated; weights are never read."""
     from onnx import numpy_helper
-    from onnx.reference import ReferenceEvaluator
 
     out = onnx.ModelProto()
     out.CopyFrom(proto)
@@ -176,16 +177,6 @@ def _fold_small_constants(proto: onnx.ModelProto) -> onnx.ModelProto:
         if init.data_location != onnx.TensorProto.EXTERNAL and _numel(init.dims) <= FOLD_MAX_ELEMENTS:
             known[init.name] = numpy_helper.to_array(init)
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
-
-    def evaluate(node, feeds):  # with the model's opset (axes / split as attributes below 13)
-        if not opset:
-            return ReferenceEvaluator(node).run(None, feeds)
-        gr = onnx.helper.make_graph([node], "eval", [onnx.helper.make_empty_tensor_value_info(i) for i in feeds],
-                                    [onnx.helper.make_empty_tensor_value_info(o) for o in node.output if o])
-        m = onnx.helper.make_model(gr, opset_imports=[onnx.helper.make_opsetid("", int(opset))])
-        got = iter(ReferenceEvaluator(m).run(None, feeds))
-        return [next(got) if o else None for o in node.output]  # aligned with node.output
-
     nodes = []
     changed = False
     for node in g.node:
@@ -208,7 +199,7 @@ def _fold_small_constants(proto: onnx.ModelProto) -> onnx.ModelProto:
             continue
         try:
             feeds = {i: known[i] for i in node.input if i}
-            res = evaluate(node, feeds)
+            res = reference_run(node, feeds, opset)  # with the model's opset
         except Exception:  # noqa: BLE001 - not evaluable here; inference treats it as usual
             nodes.append(node)
             continue
