@@ -56,6 +56,13 @@ def _heads_view(reshape_shape: ir.Value, src: ir.Value) -> tuple[int, int] | Non
     return heads, hd
 
 
+def _rotary_3d_ok(rot: ir.Node) -> bool:
+    """Whether a 4-D RotaryEmbedding can be applied in the 3-D form before GroupQueryAttention
+    (not interleaved, the whole head rotated, no packed batching)."""
+    a = {k: x.value for k, x in rot.attributes.items()}
+    return not (a.get("interleaved", 0) or a.get("rotary_embedding_dim", 0) or a.get("is_packed_batching", 0))
+
+
 class CausalGQA(FusionPattern):
     """Causal attention (optionally grouped, optionally with rotary) -> GroupQueryAttention."""
 
@@ -113,10 +120,8 @@ class CausalGQA(FusionPattern):
         if osd is None or len(osd) != 3 or osd[2] not in (hq[0] * hq[1], -1):
             return _fail(f"output reshape {osd} is not [B, S, heads*head_dim]", os_)
         for rot in (qrot, krot):
-            if rot is not None:
-                a = {k: v.value for k, v in rot.producer().attributes.items()}
-                if a.get("interleaved", 0) or a.get("rotary_embedding_dim", 0) or a.get("is_packed_batching", 0):
-                    return _fail("rotary embedding attributes not supported in the 3-D form", rot.producer())
+            if rot is not None and not _rotary_3d_ok(rot.producer()):
+                return _fail("rotary embedding attributes not supported in the 3-D form", rot.producer())
         self.state.update(heads=hq[0], kv_heads=hk[0], head=hq[1],
                           scale=float(1.0 / sv if self.params["op"] == "div" else sv))
         return MatchResult()
@@ -515,8 +520,7 @@ def _head_chain(v: ir.Value, what: str):
     nodes, rot = [], None
     p = v.producer()
     if p is not None and p.op_type == "RotaryEmbedding" and p.domain == MS:
-        a = {k: x.value for k, x in p.attributes.items()}
-        if a.get("interleaved", 0) or a.get("rotary_embedding_dim", 0) or a.get("is_packed_batching", 0):
+        if not _rotary_3d_ok(p):
             return None, f"{what}: rotary embedding attributes not supported in the 3-D form"
         rot = p
         nodes.append(p)
