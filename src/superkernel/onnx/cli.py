@@ -136,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         calibrator = Calibrator(threads=args.threads or 1, cache_path=args.calibration_cache, dims=dims,
                                 default_dim=ESTIMATE_DEFAULT_DIM)
-    status, code, message, written = "ok", EXIT_OK, "", []
+    status, code, message = "ok", EXIT_OK, ""
     progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
                         transient=True, disable=args.quiet)
     try:
@@ -184,29 +184,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                 feeds = V.make_inputs(s, dims, V.VERIFY_DEFAULT_DIM, args.seed)
                 bench = benchmark(args.input, staged.model_path, feeds, warmup=args.bench_warmup,
                                   repeat=args.bench_repeat, threads=args.threads)
-            def build_report(written_paths: list[str]) -> dict:
-                return report.build(input_path=args.input, output_path=args.output, opset=loaded.opset,
-                                    opt_level=args.opt_level, rules=[s.name for s in specs], dims=dims,
-                                    fusion=fusion, verification=verification, benchmark=bench, status=status,
-                                    exit_code=code, written=written_paths, cost_model=dataclasses.asdict(cost_model),
-                                    message=message, calibration=_calibration_info(calibrator), e2e=e2e)
-
-            if code == EXIT_OK:
-                # The report is written before the model is moved into place: a report that
-                # cannot be written leaves nothing written, as the exit code says.
-                planned = [args.output] + ([modelio.external_data_path(args.output)] if staged.has_external_data else [])
-                data = build_report(planned)
-                if args.report and not _write_report(args, loaded, data, err):
-                    return EXIT_BAD_INPUT
+            data = report.build(input_path=args.input, output_path=args.output, opset=loaded.opset,
+                                opt_level=args.opt_level, rules=[s.name for s in specs], dims=dims, fusion=fusion,
+                                verification=verification, benchmark=bench, status=status, exit_code=code,
+                                written=staged.targets if code == EXIT_OK else [],
+                                cost_model=dataclasses.asdict(cost_model), message=message,
+                                calibration=_calibration_info(calibrator), e2e=e2e)
+            # The report is written before the model is moved into place: a report that
+            # cannot be written leaves nothing written, as the exit code says.
+            if args.report:
                 try:
-                    written = staged.commit()
+                    _write_report(args, loaded, data)
+                except OSError as e:
+                    return fail(f"--report: cannot write {args.report}: {exception_summary(e)}; nothing written")
+            if code == EXIT_OK:
+                try:
+                    staged.commit()
                 except OSError as e:
                     return fail(f"--output: cannot write {args.output}: {exception_summary(e)}; nothing written "
                                 "(the report describes the run)")
-            else:
-                data = build_report([])
-                if args.report and not _write_report(args, loaded, data, err):
-                    return EXIT_BAD_INPUT
     finally:
         if staged is not None:
             staged.discard()
@@ -218,18 +214,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
-def _write_report(args: argparse.Namespace, loaded: modelio.LoadedModel, data: dict, err: Console) -> bool:
-    """Write ``--report`` and its JSON twin (each atomically); False, with one error line, if that fails."""
+def _write_report(args: argparse.Namespace, loaded: modelio.LoadedModel, data: dict) -> None:
+    """Write ``--report`` and its JSON twin (each atomically; OSError when that fails)."""
     import json
 
-    try:
-        atomic_write(args.report, report.markdown(data), report_inputs(args, loaded))
-        atomic_write(report.json_twin(args.report), json.dumps(data, indent=2, default=str), report_inputs(args, loaded))
-    except OSError as e:
-        err.print(f"graph-autofusion: error: --report: cannot write {args.report}: {exception_summary(e)}; "
-                  "nothing written", markup=False)
-        return False
-    return True
+    atomic_write(args.report, report.markdown(data), report_inputs(args, loaded))
+    atomic_write(report.json_twin(args.report), json.dumps(data, indent=2, default=str), report_inputs(args, loaded))
 
 
 def _calibration_info(calibrator) -> dict | None:

@@ -117,18 +117,19 @@ class StagedModel:
     output_path: str
 
     @property
-    def has_external_data(self) -> bool:
-        return bool(self.data_path) and os.path.exists(self.data_path)
+    def targets(self) -> list[str]:
+        """The paths :meth:`commit` writes: the output, then its external data file when there is one."""
+        has_data = bool(self.data_path) and os.path.exists(self.data_path)
+        return [self.output_path] + ([external_data_path(self.output_path)] if has_data else [])
 
     def commit(self) -> list[str]:
-        """Move the model and its external data into place together, or leave both as they were.
+        """Move the model and its external data into place together, or leave both as they were;
+        returns :attr:`targets`.
 
         Files already at the targets are first renamed aside inside the staging folder;
         if a move fails, what was moved is taken back and the old files are restored.
         """
-        pairs = [(self.model_path, self.output_path)]
-        if self.has_external_data:
-            pairs.insert(0, (self.data_path, external_data_path(self.output_path)))
+        pairs = list(zip((self.model_path, self.data_path), self.targets))[::-1]  # the external data first
         backups: list[tuple[str, str]] = []
         moved: list[tuple[str, str]] = []
         try:
