@@ -367,3 +367,23 @@ def test_rule_selection():
         catalog.select_rules("all,-nope", 3)
     with pytest.raises(catalog.RuleSelectionError, match="no fusion rule"):
         catalog.select_rules("rotary", 2)
+
+
+def test_gqa_keeps_the_rotary_attributes(exported, fuse, tmp_path):
+    """A RotaryEmbedding that already carries a scale keeps it when GQA moves it to the 3-D form."""
+    import onnx_ir as ir
+
+    f = fuse(exported("llama"), "rotary", 3)
+    rots = f.nodes("RotaryEmbedding")
+    assert len(rots) == 2
+    model = ir.load(f.out_path)
+    for node in model.graph:
+        if node.op_type == "RotaryEmbedding":
+            node.attributes["scale"] = ir.AttrFloat32("scale", 0.5)
+    path = tmp_path / "rotary_scaled.onnx"
+    ir.save(model, path)
+    g = fuse(str(path), "gqa", 3)
+    assert g.nodes("GroupQueryAttention")
+    rots = g.nodes("RotaryEmbedding")
+    assert len(rots) == 2 and all(_attr(r, "scale") == pytest.approx(0.5) for r in rots)
+    assert {_attr(r, "num_heads") for r in rots} == {4, 2}

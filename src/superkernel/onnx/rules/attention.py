@@ -123,15 +123,18 @@ class CausalGQA(FusionPattern):
             if rot is not None and not _rotary_3d_ok(rot.producer()):
                 return _fail("rotary embedding attributes not supported in the 3-D form", rot.producer())
         self.state.update(heads=hq[0], kv_heads=hk[0], head=hq[1],
-                          scale=float(1.0 / sv if self.params["op"] == "div" else sv))
+                          scale=float(1.0 / sv if self.params["op"] == "div" else sv),
+                          qrot=qrot.producer() if qrot is not None else None,
+                          krot=krot.producer() if krot is not None else None)
         return MatchResult()
 
     def rewrite(self, op, q3, k3, v3, qpos=None, qcc=None, qsc=None, kpos=None, kcc=None, ksc=None, **_):
         st = self.state
         qd = U.dims(q3)
         if self.params["rotary"]:
-            q3 = op.RotaryEmbedding(q3, qpos, qcc, qsc, num_heads=st["heads"], interleaved=0, _domain=MS)
-            k3 = op.RotaryEmbedding(k3, kpos, kcc, ksc, num_heads=st["kv_heads"], interleaved=0, _domain=MS)
+            # the 4-D nodes' own attributes (scale) carry over; only the head count changes
+            q3 = op.RotaryEmbedding(q3, qpos, qcc, qsc, **_rotary_3d(st["qrot"], st["heads"]), _domain=MS)
+            k3 = op.RotaryEmbedding(k3, kpos, kcc, ksc, **_rotary_3d(st["krot"], st["kv_heads"]), _domain=MS)
         if qd is not None and len(qd) == 3 and isinstance(qd[0], int) and isinstance(qd[1], int):
             seqlens = op.Constant(value=ir.tensor(np.full((qd[0],), qd[1] - 1, dtype=np.int32)))
             total = op.Constant(value=ir.tensor(np.array(qd[1], dtype=np.int32)))
