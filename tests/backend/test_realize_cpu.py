@@ -144,7 +144,7 @@ def test_failing_segment_under_strict_abort_raises():
 
 
 def test_cuda_realizations_are_wired_without_a_gpu():
-    """The CUDA branches of the Realizer build their CUDA-graph callables (capture happens at the
+    """The CUDA rows of the realization table build their CUDA-graph callables (capture happens at the
     first call, so construction runs anywhere); a wiring error would surface as a fallback."""
     from collections import Counter
 
@@ -152,6 +152,7 @@ def test_cuda_realizations_are_wired_without_a_gpu():
 
     from superkernel.pipeline.partition import split_partitions
     from superkernel.pipeline.realize import Realizer
+    from superkernel.runtime.realizations import GraphContext
     from superkernel.runtime.cuda_graph import CudaGraphSegment
     from superkernel.pipeline.segments import build_segments
 
@@ -172,10 +173,10 @@ def test_cuda_realizations_are_wired_without_a_gpu():
 
     torch.compile(f, backend=backend)(torch.randn(2))
     gm = graphs[0]
-    modules = split_partitions(gm, build_segments(gm, "cpu").partitions)
+    modules = split_partitions(gm, build_segments(gm).partitions)
     cfg = sk.CompilerConfig.from_dict({"mode": "reduce-overhead"})
     counters = Counter()
-    realizer = Realizer(cfg, "cuda", counters)
+    realizer = Realizer(GraphContext(cfg, "cuda", counters))  # the CUDA row, on a CPU graph
     with warnings.catch_warnings():
         warnings.simplefilter("error", SuperKernelFallbackWarning)
         realized = [realizer.realize(m, None) for m in modules if m.partition.kind == "segment"]

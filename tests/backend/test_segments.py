@@ -138,7 +138,7 @@ def test_build_segments_on_a_graph_directly():
         return x.exp()
 
     torch.compile(f, backend=backend)(torch.randn(2))
-    seg = build_segments(graphs[0], "cpu")
+    seg = build_segments(graphs[0])
     assert [(p.kind, p.name) for p in seg.partitions] == [("segment", "a"), ("segment", "b"), ("unscoped", "unscoped_3_3")]
 
 
@@ -185,10 +185,14 @@ def test_cpu_work_inside_a_cuda_scope_is_a_cut():
     # Trace with FakeTensors that claim to live on CUDA; annotations need preserve_node_meta.
     with FakeTensorMode(), torch.fx.traceback.preserve_node_meta():
         gm = make_fx(f, tracing_mode="fake")(torch.empty(4, device="cuda"), torch.empty(4))
-    seg = build_segments(gm, "cuda")
-    reasons = {c.op: c.reason for c in seg.cuts}
-    assert any("reads the CPU tensor" in r for r in reasons.values())
-    assert any("computes on the CPU" in r for r in reasons.values())
+    from superkernel.runtime.realizations import REALIZATIONS
+
+    assert build_segments(gm).cuts == []  # a rule of the CUDA rows, not of segmentation
+    for mode in ("reduce-overhead", "max-autotune"):
+        seg = build_segments(gm, cut_rule=REALIZATIONS[(mode, "cuda")].cut_reason)
+        reasons = {c.op: c.reason for c in seg.cuts}
+        assert any("reads the CPU tensor" in r for r in reasons.values())
+        assert any("computes on the CPU" in r for r in reasons.values())
 
 
 def test_graph_break_between_two_graphs_of_one_scope_is_a_cut():

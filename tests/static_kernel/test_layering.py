@@ -11,7 +11,8 @@ SRC = Path(superkernel.__file__).resolve().parent
 
 # what static_kernel may use from the rest of the project (all below the pipeline's later stages)
 ALLOWED = {"superkernel", "superkernel.pipeline.ir", "superkernel.util", "superkernel.runtime.inductor",
-           "superkernel.scope_apply", "superkernel.runtime.native.build"}  # (build: the seam packages use)
+           "superkernel.scope_apply", "superkernel.runtime.native.build",  # (build: the seam packages use)
+           "superkernel.config", "superkernel.runtime.realizations"}  # (settings: the realization row decides)
 
 
 def _imports(path: Path) -> set[str]:

@@ -5,7 +5,8 @@ Each stage is a separate module so it can be tested alone:
 * :func:`superkernel.pipeline.capture.capture` (AOTAutograd) turns Dynamo's graph into an
   inference ATen graph and hands it to :meth:`SuperKernelBackend.compile_aten`;
 * :func:`superkernel.pipeline.segments.build_segments` cuts scopes into segments;
-* :mod:`superkernel.pipeline.realize` turns every partition into one callable;
+* :mod:`superkernel.pipeline.realize` turns every partition into one callable, by the graph's
+  row of the realization table (:mod:`superkernel.runtime.realizations`);
 * :func:`superkernel.pipeline.partition.assemble` stitches them into one step.
 
 Also here: the backend registry (``backend="superkernel"``), :func:`compile` and
@@ -25,11 +26,11 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from superkernel.config import MAX_AUTOTUNE, CompilerConfig
+from superkernel.config import CompilerConfig
 from superkernel.pipeline.capture import break_text, capture, dynamo_graph_breaks
 from superkernel.pipeline.graph_dump import dump_graph
 from superkernel.pipeline.ir import (
-    Cut, Explanation, GraphInfo, SegmentInfo, SuperKernelScopeError, graph_device, parse_options,
+    Cut, Explanation, GraphInfo, SegmentInfo, SuperKernelScopeError, device_kind, graph_device, parse_options,
 )
 from superkernel.pipeline.partition import assemble, named_callable, split_partitions
 from superkernel.pipeline.passes import reinplace_input_updates
@@ -39,6 +40,7 @@ from superkernel.pipeline.tracing import (
     BREAK_AT, GRAPH_BREAK_IN_SCOPE, CaptureContext, SuperKernelScopeBreakWarning, forward_backend_context,
     install_break_log, scope_of_break,
 )
+from superkernel.runtime.realizations import GraphContext, NullStaticCompiler, StaticCompilerSeam, realization_for
 
 
 class SuperKernelBackend:
@@ -62,7 +64,8 @@ class SuperKernelBackend:
         self.scope_breaks: list[Cut] = []
         install_break_log()
         self.backend_ctx_ctor = functools.partial(CaptureContext, self)  # read by Dynamo (see CAPTURE_SETTINGS)
-        self.static_kernels = None
+        #: the static-kernel compiler (a NullStaticCompiler, which just builds, when static kernels are off)
+        self.static_kernels: StaticCompilerSeam = NullStaticCompiler()
         if self.config.experimental_config.static_kernel.enable:
             from superkernel.static_kernel.compiler import open_compiler
 
@@ -73,23 +76,21 @@ class SuperKernelBackend:
         name = f"graph_{len(self._graphs)}"
         reason = getattr(gm, "compile_subgraph_reason", None)  # why Dynamo ended this graph
         self._pending_break = break_text(reason) if getattr(reason, "graph_break", False) else None
-        return capture(gm, example_inputs, functools.partial(self.compile_aten, name=name),
-                       decompositions=self._decompositions())
-
-    def _decompositions(self) -> dict[Any, Any] | None:
-        if self.config.mode == MAX_AUTOTUNE and not self.config.debug.run_eagerly:
-            from torch._inductor.decomposition import select_decomp_table
-
-            return select_decomp_table()
-        return None
+        row = realization_for(self.config, device_kind(example_inputs))
+        # the real inputs travel with the graph (CPU freezing matches them to the ATen graph's inputs)
+        return capture(gm, example_inputs, functools.partial(self.compile_aten, name=name, real_inputs=example_inputs),
+                       decompositions=row.decompositions(self.config))
 
     # -- ATen graph -> one step ----------------------------------------------------
-    def compile_aten(self, gm: fx.GraphModule, example_inputs: list[Any], *, name: str) -> Callable[..., Any]:
+    def compile_aten(self, gm: fx.GraphModule, example_inputs: list[Any], *, name: str,
+                     real_inputs: list[Any] | None = None) -> Callable[..., Any]:
+        """``real_inputs``: the real example inputs Dynamo gave :meth:`__call__` (None when unknown)."""
         start = time.perf_counter()
         cfg = self.config
-        if self.static_kernels is not None:  # a precompiled frame being built keeps this graph
-            self.static_kernels.observe_aten_graph(gm)
+        self.static_kernels.observe_aten_graph(gm)  # a precompiled frame being built keeps this graph
         device = graph_device(gm)
+        context = GraphContext(cfg, device, self.counters, self.static_kernels, real_inputs)
+        row = realization_for(cfg, device)
         # A graph that starts in the scope the previous graph ended in, right after Dynamo
         # broke the previous graph, continues that scope: the break is a cut.
         prev_scope, prev_break = self._previous
@@ -98,8 +99,8 @@ class SuperKernelBackend:
             dump_graph(gm, cfg.debug.graph_dump, f"{name}_captured")
         if not cfg.debug.run_eagerly:  # the exactness reference keeps the graph as captured
             self.counters["inputs_updated_in_place"] += reinplace_input_updates(gm)
-        segmentation = build_segments(gm, device, continues_scope=prev_scope if prev_break else None,
-                                      break_reason=prev_break)
+        segmentation = build_segments(gm, continues_scope=prev_scope if prev_break else None,
+                                      break_reason=prev_break, cut_rule=row.cut_reason)
         num_ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
         info = GraphInfo(name=name, num_ops=num_ops, mode=cfg.mode, device=device, cuts=segmentation.cuts,
                          unscoped_ops=sum(p.num_ops for p in segmentation.partitions if p.kind == "unscoped"))
@@ -108,8 +109,7 @@ class SuperKernelBackend:
         self.counters["cuts"] += len(segmentation.cuts)
         if cfg.debug.graph_dump.type:
             dump_graph(gm, cfg.debug.graph_dump, f"{name}_segments", segmentation)
-        if self.static_kernels is not None:
-            self.static_kernels.record_graph(gm, name, device)
+        self.static_kernels.record_graph(gm, name, device)
 
         if cfg.debug.run_eagerly:  # the exactness reference: the captured graph as it is
             for p in segmentation.segments:
@@ -118,7 +118,7 @@ class SuperKernelBackend:
             return gm
 
         modules = split_partitions(gm, segmentation.partitions)
-        realizer = Realizer(cfg, device, self.counters, static_kernels=self.static_kernels)
+        realizer = Realizer(context, row)
         callables = []
         for module in modules:
             part = module.partition
@@ -130,8 +130,7 @@ class SuperKernelBackend:
             callables.append(named_callable(realizer.realize(module, seg_info), part.name))
         realizer.finish()  # the graph's native module is built now, inside compile_seconds
         step = assemble(gm, modules, callables)
-        if self.static_kernels is not None:
-            self.static_kernels.finalize()  # end of this graph's build: write the package, release the lock
+        self.static_kernels.finalize()  # end of this graph's build: write the package, release the lock
         if cfg.debug.graph_dump.type:
             dump_graph(step, cfg.debug.graph_dump, f"{name}_segmented", segmentation, modules)
         info.compile_seconds = time.perf_counter() - start
@@ -231,7 +230,7 @@ def compile(model: Any, compiler_config: CompilerConfig | None = None, **torch_c
     backend = get_backend(compiler_config)
     torch_compile_kwargs.setdefault("dynamic", False)
     compiled = torch.compile(model, backend=backend, **torch_compile_kwargs)
-    if backend.static_kernels is not None and _frames_apply(model, torch_compile_kwargs):
+    if _frames_apply(model, torch_compile_kwargs):  # (the null static compiler returns ``compiled``)
         compiled = backend.static_kernels.wrap_function(model, backend, compiled)
     _COMPILED[id(compiled)] = (weakref.ref(compiled), backend)
     return compiled

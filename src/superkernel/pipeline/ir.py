@@ -128,10 +128,12 @@ def tensor_values(val: Any) -> list[torch.Tensor]:
 def device_kind(values: Iterable[Any]) -> str:
     """``"cuda"`` when any tensor among ``values`` lives on a CUDA device, else ``"cpu"``
     (or, when only another device type is present, the first such type). Meta tensors
-    say nothing."""
+    say nothing beside others; only meta tensors (a graph without data) say ``"meta"``."""
     kinds = {t.device.type for v in values for t in tensor_values(v)}
     if "cuda" in kinds:
         return "cuda"
+    if kinds == {"meta"}:
+        return "meta"
     kinds.discard("meta")
     return "cpu" if not kinds or "cpu" in kinds else sorted(kinds)[0]
 

@@ -2,8 +2,9 @@
 
 Operators are visited in execution order. Consecutive operators of one scope form
 a segment. An operator that cannot run inside a superkernel (data-dependent output
-shape, host synchronization, CPU work in a CUDA scope, user-registered) ends the
-current segment, runs alone, and is recorded as a :class:`~superkernel.pipeline.ir.Cut`.
+shape, host synchronization, user-registered, or a rule of the graph's realization such
+as CPU work in a CUDA-graph scope) ends the current segment, runs alone, and is recorded
+as a :class:`~superkernel.pipeline.ir.Cut`.
 Operators of another scope or unscoped operators in between also end a segment.
 """
 
@@ -11,14 +12,17 @@ from __future__ import annotations
 
 import operator
 import re
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
 
 from superkernel.pipeline.ir import (
-    Cut, Partition, ScopeOptions, Segmentation, SuperKernelScopeError, graph_device, node_scope, tensor_values,
+    Cut, Partition, ScopeOptions, Segmentation, SuperKernelScopeError, node_scope, tensor_values,
 )
+
+#: an extra reason an operator cannot run inside a segment (a realization's ``cut_reason``), or None
+CutRule = Callable[[fx.Node], "str | None"]
 
 # --- fusability rules -------------------------------------------------------------
 
@@ -26,7 +30,6 @@ _aten = torch.ops.aten
 
 DATA_DEPENDENT_SHAPE = "data-dependent output shape"
 HOST_SYNC = "host synchronization"
-CPU_IN_CUDA = "CPU work inside a CUDA scope"
 GRAPH_BREAK = "graph break (Dynamo split the model here; the scope continues in the next graph)"
 
 
@@ -102,8 +105,9 @@ def is_host_scalar(node: fx.Node) -> bool:
     return not tensor_values(val) and not isinstance(val, (list, tuple))
 
 
-def unfusable_reason(node: fx.Node, graph_device: str) -> str | None:
-    """Why ``node`` cannot run inside a superkernel, or None when it can."""
+def unfusable_reason(node: fx.Node, cut_rule: CutRule | None = None) -> str | None:
+    """Why ``node`` cannot run inside a superkernel, or None when it can (``cut_rule``: the
+    realization's own rule, asked last)."""
     if node.op != "call_function":
         return None
     target = node.target
@@ -125,14 +129,7 @@ def unfusable_reason(node: fx.Node, graph_device: str) -> str | None:
     val = node.meta.get("val")
     if val is not None and _has_unbacked_symbols(val):
         return f"{DATA_DEPENDENT_SHAPE}: {name} produces a shape only known at run time"
-    if graph_device == "cuda":
-        if any(t.device.type == "cpu" for t in tensor_values(val)):
-            return f"{CPU_IN_CUDA}: {name} computes on the CPU"
-        for arg in node.all_input_nodes:
-            if any(t.device.type == "cpu" for t in tensor_values(arg.meta.get("val"))):
-                # A CUDA graph would bake the CPU value in at capture time.
-                return f"{CPU_IN_CUDA}: {name} reads the CPU tensor {arg.name} (host-to-device transfer)"
-    return None
+    return cut_rule(node) if cut_rule is not None else None
 
 
 # --- partitions ---------------------------------------------------------------------
@@ -154,18 +151,20 @@ def source_line(node: fx.Node) -> str | None:
 
 def build_segments(
     gm: fx.GraphModule,
-    device: str | None = None,
     *,
     continues_scope: str | None = None,
     break_reason: str | None = None,
+    cut_rule: CutRule | None = None,
 ) -> Segmentation:
     """Partition ``gm``'s operators into segments, unscoped runs and cut operators.
 
     ``continues_scope``: the scope the previous graph ended in when Dynamo ended that graph
     with a graph break (``break_reason``); if this graph starts in the same scope, the
-    break split the scope, which is recorded as a cut. ``strict-scope-check=abort`` raises :class:`SuperKernelScopeError`.
+    break split the scope, which is recorded as a cut. ``cut_rule``: the graph's realization's extra
+    rule (``Realization.cut_reason``; the backend passes its row's), e.g. no CPU work in a
+    CUDA-graph segment.
+    ``strict-scope-check=abort`` raises :class:`SuperKernelScopeError`.
     """
-    device = device or graph_device(gm)
     partitions: list[Partition] = []
     cuts: list[Cut] = []
     owner: dict[fx.Node, Partition] = {}
@@ -201,7 +200,7 @@ def build_segments(
             if scope and continues_scope == scope:
                 reason = GRAPH_BREAK + (f": {break_reason}" if break_reason else "")
                 record_cut(Cut(scope, index, _op_name(node.target), reason, source_line(node)), options)
-        reason = unfusable_reason(node, device) if scope else None
+        reason = unfusable_reason(node, cut_rule) if scope else None
         if reason is not None:
             record_cut(Cut(scope, index, _op_name(node.target), reason, source_line(node)), options)
             current = Partition("cut", scope, options, [node], [index])

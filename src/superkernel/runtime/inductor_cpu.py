@@ -46,27 +46,14 @@ class Choice:
     timings_ms: dict[str, float]     # variant -> median time per call (empty when not measured)
 
 
-def graph_real_inputs(parent: fx.GraphModule) -> list[Any] | None:
-    """The real tensors behind the parent graph's placeholders, in order, when they can be found.
+def graph_real_inputs(parent: fx.GraphModule, found: Sequence[Any] | None) -> list[Any] | None:
+    """The real tensors behind the parent graph's placeholders, in order, when they line up.
 
-    Dynamo hands the backend real example inputs (parameters included, with inlined
-    nn.Modules); AOTAutograd traces a graph with one placeholder per input. They are matched
-    by position and checked by shape/stride/dtype; ``None`` if anything does not line up.
+    ``found``: the real example inputs Dynamo handed the backend (parameters included, with
+    inlined nn.Modules; the backend passes them down in its ``GraphContext``); AOTAutograd
+    traces a graph with one placeholder per input. They are matched by position and checked by
+    shape/stride/dtype; ``None`` if anything does not line up.
     """
-    import inspect
-
-    frame = inspect.currentframe()
-    found = None
-    depth = 0
-    while frame is not None and depth < 200:
-        code = frame.f_code
-        if code.co_name == "__call__" and "example_inputs" in frame.f_locals and \
-                type(frame.f_locals.get("self")).__name__ == "SuperKernelBackend":
-            found = frame.f_locals["example_inputs"]
-            break
-        frame = frame.f_back
-        depth += 1
-    del frame
     if found is None:
         return None
     placeholders = [n for n in parent.graph.nodes if n.op == "placeholder"]

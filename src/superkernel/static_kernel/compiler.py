@@ -39,6 +39,8 @@ from superkernel.static_kernel.workspace import CompileFn, Workspace, workspace
 class StaticCompiler:
     """Static kernels of one backend (``backend.static_kernels``); state is shared per build dir."""
 
+    enabled = True  # (with static kernels off the backend holds runtime.realizations.NullStaticCompiler)
+
     def __init__(self, compiler_config: Any, *, extend: bool = False) -> None:
         self.compiler_config = compiler_config
         self.build_dir = settings.resolve_build_dir(compiler_config.experimental_config.static_kernel.build_dir)
@@ -57,7 +59,7 @@ class StaticCompiler:
         if ws is None:
             cfg = self.compiler_config
             ws = workspace(self.build_dir, settings.config_fingerprint(cfg, kind), kind,
-                           settings.inductor_patches(cfg, kind), settings.compiles(cfg),
+                           settings.inductor_patches(cfg, kind), settings.compiles(cfg, kind),
                            settings.packs_native(cfg, kind))
             self._workspaces[kind] = ws
         return ws

@@ -13,6 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from superkernel.config import CompilerConfig
+from superkernel.runtime.realizations import realization_for
+
 ENV_VERIFY = "SUPERKERNEL_STATIC_VERIFY"  # "0": skip the fresh-process load check when a package is written
 ENV_LOCK_TIMEOUT = "SUPERKERNEL_STATIC_LOCK_TIMEOUT"  # seconds to wait for another builder (default 3600)
 ENV_PREWARM = "SUPERKERNEL_STATIC_PREWARM"  # "0": no early package check / ISA probe thread
@@ -47,7 +50,7 @@ def resolve_build_dir(build_dir: str | os.PathLike[str] | None) -> Path:
     return path.resolve()
 
 
-def inductor_patches(compiler_config: Any, device_kind: str) -> dict[str, Any]:
+def inductor_patches(compiler_config: CompilerConfig, device_kind: str) -> dict[str, Any]:
     """The TorchInductor options a static build uses: those of runtime/inductor.compile_partition, plus one.
 
     ``cpp_cache_precompile_headers`` is off: the precompiled-header flag enters the kernel's
@@ -55,28 +58,23 @@ def inductor_patches(compiler_config: Any, device_kind: str) -> dict[str, Any]:
     """
     from superkernel.runtime.inductor import inductor_patches as partition_patches
 
-    inductor = getattr(compiler_config, "inductor", None)
-    patches = partition_patches(device_kind, cpp_wrapper=bool(getattr(inductor, "cpp_wrapper", True)),
-                                autotune=bool(getattr(inductor, "autotune", False)))
+    inductor = compiler_config.inductor
+    patches = partition_patches(device_kind, cpp_wrapper=bool(inductor.cpp_wrapper), autotune=bool(inductor.autotune))
     patches["cpp_cache_precompile_headers"] = False
     return patches
 
 
-def config_fingerprint(compiler_config: Any, device_kind: str) -> str:
+def config_fingerprint(compiler_config: CompilerConfig, device_kind: str) -> str:
     """The compiler config's fingerprint plus a hash of the Inductor options a static build uses."""
-    base = compiler_config.fingerprint() if hasattr(compiler_config, "fingerprint") else "none"
     patches = json.dumps(inductor_patches(compiler_config, device_kind), sort_keys=True)
-    return f"{base}-{hashlib.sha256(patches.encode()).hexdigest()[:8]}"
+    return f"{compiler_config.fingerprint()}-{hashlib.sha256(patches.encode()).hexdigest()[:8]}"
 
 
-def compiles(compiler_config: Any) -> bool:
-    """Whether partitions are compiled at all (max-autotune, not run_eagerly): else only shapes are recorded."""
-    return compiler_config is None or (getattr(compiler_config, "mode", "max-autotune") == "max-autotune"
-                                       and not getattr(getattr(compiler_config, "debug", None), "run_eagerly", False))
+def compiles(compiler_config: CompilerConfig, device_kind: str) -> bool:
+    """Whether partitions are compiled at all (else only shapes are recorded): the realization's answer."""
+    return realization_for(compiler_config, device_kind).compiles(compiler_config)
 
 
-def packs_native(compiler_config: Any, device_kind: str) -> bool:
-    """Whether graphs become native CPU modules a package carries: CPU reduce-overhead with ``cpu.native`` on."""
-    return (device_kind == "cpu" and getattr(compiler_config, "mode", None) == "reduce-overhead"
-            and bool(getattr(getattr(compiler_config, "cpu", None), "native", False))
-            and not getattr(getattr(compiler_config, "debug", None), "run_eagerly", False))
+def packs_native(compiler_config: CompilerConfig, device_kind: str) -> bool:
+    """Whether graphs become native CPU modules a package carries: the realization's answer."""
+    return realization_for(compiler_config, device_kind).packs_native(compiler_config, device_kind)

@@ -1,0 +1,122 @@
+"""max-autotune: TorchInductor compiles each segment, and each unscoped run, as one unit."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from superkernel.config import CompilerConfig
+from superkernel.runtime.realizations.base import Job, Program, Realization
+
+
+class Inductor(Realization):
+    """What every Inductor row shares: Inductor's decompositions, one compile per partition
+    (through the static-kernel compiler, which may load it from a package instead)."""
+
+    summary = "TorchInductor compiles the segment as one unit"
+
+    @classmethod
+    def decompositions(cls, config: CompilerConfig) -> dict[Any, Any] | None:
+        if config.debug.run_eagerly:  # the exactness reference keeps the graph as captured
+            return None
+        from torch._inductor.decomposition import select_decomp_table
+
+        return select_decomp_table()
+
+    @classmethod
+    def compiles(cls, config: CompilerConfig) -> bool:
+        return not config.debug.run_eagerly
+
+    def unscoped(self, job: Job) -> Program:
+        return job.guarded(lambda: (self.compile(job)[0], "inductor"), job.flat)
+
+    def segment(self, job: Job) -> Program:
+        def build() -> tuple[Program, str]:
+            fn, suffix = self.compile(job)
+            return fn, self.segment_label() + suffix
+
+        return job.guarded(build, job.flat)
+
+    def segment_label(self) -> str:
+        return "inductor"
+
+    def compile(self, job: Job) -> tuple[Program, str]:
+        """(the partition compiled by Inductor, a label suffix such as ``+frozen``)."""
+        fn, suffix = self._compile(job, self._compile_fn(job))
+        self.counters["partitions_compiled"] += 1
+        if job.module.partition.kind == "segment":
+            self.counters["segments_compiled"] += 1
+        return fn, suffix
+
+    def _compile_fn(self, job: Job) -> Callable[[], Program]:
+        from superkernel.runtime.inductor import compile_partition
+
+        module, inductor = job.module, self.config.inductor
+        return lambda: compile_partition(module.gm, module.example_inputs, device=self.context.device,
+                                         cpp_wrapper=inductor.cpp_wrapper, autotune=inductor.autotune)
+
+    def _compile(self, job: Job, compile_fn: Callable[[], Program]) -> tuple[Program, str]:
+        module = job.module
+        return self.context.static.compile(module.gm, module.example_inputs, compile_fn, name=module.partition.name), ""
+
+
+class InductorCpu(Inductor):
+    """CPU: C++ (one entry point with ``inductor.cpp_wrapper``); a partition whose weights may be
+    frozen is also compiled frozen and the faster at the real shapes kept
+    (:mod:`superkernel.runtime.inductor_cpu`)."""
+
+    summary = "TorchInductor C++ per segment, plain or frozen by measurement"
+
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
+        self._reals: tuple[Any, list[Any] | None] | None = None  # (parent graph, its freezable real inputs)
+
+    def segment_label(self) -> str:
+        return "inductor-cpp" if self.config.inductor.cpp_wrapper else "inductor-cpu"
+
+    def _compile(self, job: Job, compile_fn: Callable[[], Program]) -> tuple[Program, str]:
+        """Static kernels: the plain partition is loaded from the package or built into it. A partition
+        the package does not hold is also compiled frozen where allowed and the faster kept; the choice
+        is recorded in the package. A frozen variant is never packaged (its weights would have to be), so
+        a process loading the partition runs the plain kernel and says so (``+plain-from-package``)."""
+        module, static = job.module, self.context.static
+        gm, inputs, name = module.gm, module.example_inputs, module.partition.name
+        plain = lambda: static.compile(gm, inputs, compile_fn, name=name)  # noqa: E731
+        may_freeze = self.context.device == "cpu" and self.config.inductor.freezing is not False and bool(module.inputs)
+        if not may_freeze:
+            return plain(), ""
+        held, choice = static.packaged_choice(gm, inputs, name=name)
+        if held:
+            return plain(), "+plain-from-package" if choice == "frozen" else ""
+        best = self._best(job, plain)
+        if best.label or best.timings_ms:  # (a frozen variant was compiled: the choice is news)
+            static.record_freezing_choice(gm, inputs, "frozen" if best.label else "plain", best.timings_ms)
+        return best.fn, best.label
+
+    def _best(self, job: Job, compile_plain: Callable[[], Program]) -> Any:
+        """The partition compiled plainly and, where the weights may be frozen, frozen too; the faster kept."""
+        from superkernel.runtime.inductor_cpu import choose
+
+        module, inductor = job.module, self.config.inductor
+        parent = module.inputs[0].graph.owning_module
+        static = self.context.static_input_indices()
+        reals = None if self.context.training_graph() else self._freezable_reals(parent, static)
+        choice = choose(module, parent, reals, static, compile_plain, freezing=inductor.freezing,
+                        cpp_wrapper=inductor.cpp_wrapper, autotune=inductor.autotune,
+                        gemm_templates=inductor.gemm_templates)
+        if choice.label:
+            self.counters["partitions_frozen"] += 1
+        return choice
+
+    def _freezable_reals(self, parent: Any, static: list[int]) -> list[Any] | None:
+        """The real tensors behind the parent graph's inputs that may be frozen (parameters and
+        static inputs; None elsewhere, so nothing keeps a reference to the call's other inputs)."""
+        import torch
+
+        from superkernel.runtime.inductor_cpu import graph_real_inputs
+
+        if self._reals is None or self._reals[0] is not parent:
+            reals = graph_real_inputs(parent, self.context.real_inputs)
+            if reals is not None:
+                reals = [r if isinstance(r, torch.nn.Parameter) or i in static else None for i, r in enumerate(reals)]
+            self._reals = (parent, reals)
+        return self._reals[1]
