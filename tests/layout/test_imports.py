@@ -22,7 +22,8 @@ def _module_name(path: Path) -> str:
 
 
 def project_imports() -> dict[str, set[str]]:
-    """module -> project modules it imports (at module level or inside functions)."""
+    """module -> project modules it imports (at module level, inside functions, or only for type
+    checkers under ``if TYPE_CHECKING:``: a type-only import is an arrow of the structure too)."""
     modules = {_module_name(p): p for p in PACKAGE_ROOT.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
@@ -30,9 +31,6 @@ def project_imports() -> dict[str, set[str]]:
         package = name if is_pkg else name.rpartition(".")[0]
         edges: set[str] = set()
         tree = ast.parse(path.read_text(), str(path))
-        for block in ast.walk(tree):  # imports only for type checkers are no run-time arrows
-            if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test):
-                block.body = []
         for node in ast.walk(tree):
             targets: list[str] = []
             if isinstance(node, ast.Import):

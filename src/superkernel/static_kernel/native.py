@@ -15,16 +15,37 @@ adds every module it builds to the next package.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections import Counter
+from typing import Any, Protocol
 
 from superkernel.runtime.native.build import abi_fingerprint, library_path, load, load_library, source_key
-from superkernel.static_kernel.builder import Artifact
+from superkernel.static_kernel.builder import Artifact, Builder
+from superkernel.static_kernel.loader import ArtifactLoader
 from superkernel.static_kernel.package import Package
 from superkernel.static_kernel.settings import log
 from superkernel.util import exception_summary
 
-if TYPE_CHECKING:
-    from superkernel.static_kernel.workspace import Workspace
+
+
+class WorkspaceView(Protocol):
+    """What the native modules use of their :class:`~superkernel.static_kernel.workspace.Workspace`
+    (which owns them: the workspace imports this module, not the other way round)."""
+
+    package: Package | None
+    builder: Builder
+    loader: ArtifactLoader
+    mutex: Any  # a threading.RLock
+    counters: Counter[str]
+    graphs: dict[str, dict[str, Any]]
+    current_graph: str | None
+    notices: list[str]
+
+    @property
+    def holding(self) -> bool: ...
+
+    def check(self) -> None: ...
+
+    def become_builder(self, need_graph: str | None = None, need_key: str | None = None) -> bool: ...
 
 
 def abi_difference(recorded: dict[str, Any], here: dict[str, str]) -> str | None:
@@ -38,7 +59,7 @@ def abi_difference(recorded: dict[str, Any], here: dict[str, str]) -> str | None
 class NativeModules:
     """The native modules of one workspace: from its package, or built here (and packaged by a builder)."""
 
-    def __init__(self, ws: "Workspace") -> None:
+    def __init__(self, ws: WorkspaceView) -> None:
         self.ws = ws
         self.loaded: dict[str, Any] = {}
         self._notified: set[str] = set()

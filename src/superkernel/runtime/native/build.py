@@ -11,16 +11,27 @@ import sys
 import sysconfig
 import tempfile
 import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from superkernel.runtime.native.literals import NativeBuildError
 from superkernel.util import atomic_target, atomic_write
 
-if TYPE_CHECKING:  # the generated source; codegen imports this module for its cache key
-    from superkernel.runtime.native.codegen import NativeSource
+
+@dataclass(frozen=True)
+class NativeSource:
+    """Generated C++ for the native segments of one graph (made by :mod:`.codegen`), and its cache key."""
+
+    source: str
+    key: str
+    entries: tuple[str, ...]  # entry point names, one per segment, in the order given
+
+    @property
+    def module_name(self) -> str:
+        return f"sk_native_{self.key}"
 
 
 #: Bumped whenever the code generator changes what it emits for the same graph.

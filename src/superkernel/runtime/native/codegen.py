@@ -4,32 +4,18 @@ from __future__ import annotations
 
 import functools
 import operator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 import torch.fx as fx
 
-from superkernel.runtime.native.build import GENERATOR_VERSION, _torch_include, native_key
+from superkernel.runtime.native.build import GENERATOR_VERSION, NativeSource, _torch_include, native_key
 from superkernel.runtime.native.literals import NativeUnsupported, _DTYPES, _LAYOUTS, _MEMORY_FORMATS, _double_literal, _int_literal, _string_literal
 from superkernel.runtime.native.typed import _INT_OPS, _TypedMixin, _is_int_value, _type_kind
 
 
 # --- code generation -----------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class NativeSource:
-    """Generated C++ for the native segments of one graph, and its cache key."""
-
-    source: str
-    key: str
-    entries: tuple[str, ...]  # entry point names, one per segment, in the order given
-
-    @property
-    def module_name(self) -> str:
-        return f"sk_native_{self.key}"
-
 
 class _Module:
     """Tables shared by all functions of one translation unit."""
