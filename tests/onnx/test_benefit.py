@@ -68,11 +68,3 @@ def test_extra_penalties_are_added_and_reported():
     assert b.penalties_us["slow_kernel"] == 5.0
     assert not b.positive
     assert b.to_dict()["net_us"] == pytest.approx(b.net_us)
-
-
-def test_pair_form_of_the_seed():
-    op1 = {"hbm_read": 4.3, "hbm_write": 4.3, "schedule_cost": 0.015}
-    op2 = {"hbm_read": 2.1, "hbm_write": 2.1, "schedule_cost": 0.015}
-    # fused: read and write once (the larger of each), schedule once
-    assert B.estimate_pair_benefit(op1, op2) == pytest.approx(4.2 + 0.015)
-    assert B.estimate_pair_benefit(op1, op2, tiling_loss=5.0) < 0

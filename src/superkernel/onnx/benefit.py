@@ -178,20 +178,3 @@ def estimate_benefit(
         scheduling_saved_us=(ops_removed - ops_added) * model.dispatch_overhead_us,
         penalties_us=penalties,
     )
-
-
-def estimate_pair_benefit(op1: Mapping[str, float], op2: Mapping[str, float], tiling_loss: float = 0.0) -> float:
-    """The seed's two-operator form, kept for the planner's pairwise decisions.
-
-    ``op`` has ``hbm_read``, ``hbm_write`` (bytes or GB, same unit for both ops) and
-    ``schedule_cost``. Fused, the pair reads and writes memory once (the larger of the
-    two) and is scheduled once::
-
-        hbm_save = sum(reads + writes) - max(reads) - max(writes)
-        schedule_save = sum(schedule) - max(schedule)
-        net = hbm_save + schedule_save - tiling_loss
-    """
-    hbm = (op1["hbm_read"] + op1["hbm_write"] + op2["hbm_read"] + op2["hbm_write"]
-           - max(op1["hbm_read"], op2["hbm_read"]) - max(op1["hbm_write"], op2["hbm_write"]))
-    sched = op1["schedule_cost"] + op2["schedule_cost"] - max(op1["schedule_cost"], op2["schedule_cost"])
-    return hbm + sched - tiling_loss

@@ -18,11 +18,6 @@ import torch
 import torch.fx as fx
 
 
-def _tensor_like(node: fx.Node) -> bool:
-    val = node.meta.get("val")
-    return isinstance(val, torch.Tensor) or (isinstance(val, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in val))
-
-
 def assign_streams(gm: fx.GraphModule, max_streams: int = 4) -> dict[fx.Node, int]:
     """Map every ``call_function`` node to a stream index (0 = the capturing stream).
 
