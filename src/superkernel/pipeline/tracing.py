@@ -217,10 +217,24 @@ GRAPH_BREAK_IN_SCOPE = "graph break inside the scope (Dynamo could not capture i
 def forward_backend_context() -> None:
     """Make ``torch.compile(..., backend=X)`` honour ``X.backend_ctx_ctor`` like ``torch._dynamo.optimize`` does.
 
-    torch.compile wraps a custom backend in ``torch._TorchCompileWrapper``, which drops the
-    backend's ``backend_ctx_ctor``; Dynamo then never enters it. The wrapper is given the
-    attribute of the backend it wraps (only backends that define one are affected), so
-    ``torch.compile(model, backend="superkernel")`` traces with CAPTURE_SETTINGS as well.
+    Why a patch (checked against torch 2.13's sources): ``backend_ctx_ctor`` is Dynamo's one
+    documented hook for a context around every call of a compiled object
+    (``torch._dynamo.eval_frame.optimize`` reads ``getattr(backend, "backend_ctx_ctor", null_context)``;
+    its docstring names the attribute). ``torch.compile`` does not hand Dynamo the backend
+    itself: ``torch/__init__.py`` wraps any non-Inductor backend in ``_TorchCompileWrapper``,
+    whose ``__init__`` keeps only ``compiler_fn`` (and ``kwargs``) and defines no
+    ``__getattr__``, so ``optimize`` finds no ``backend_ctx_ctor`` on it and enters a null
+    context. The alternatives do not serve: ``torch._dynamo.optimize(backend)`` keeps the
+    attribute but is not what users call (``torch.compile(model, backend=get_backend(cfg))``
+    and ``backend="superkernel"`` are the documented entry points); the compile-start
+    callbacks (``torch._dynamo.callback_handler``, used by :class:`CaptureContext`) run for
+    every backend's compiles and do not say which backend is compiling; a backend's
+    ``get_compiler_config`` only reaches Dynamo through ``optimize`` as well. No upstream
+    torch issue for the dropped attribute could be found from this (offline) environment.
+
+    So the wrapper is given the attribute of the backend it wraps (only backends that define
+    one are affected; idempotent), and ``torch.compile(model, backend="superkernel")`` traces
+    with CAPTURE_SETTINGS as well.
     """
     wrapper = getattr(torch, "_TorchCompileWrapper", None)
     if wrapper is None or getattr(wrapper.__init__, "_superkernel_forwarding", False):
