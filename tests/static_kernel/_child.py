@@ -129,14 +129,14 @@ def main() -> int:
     static = backend.static_kernels
     result = {
         "backend": dict(backend.counters),
-        "static": dict(static.counters) if static is not None else {},
+        "static": dict(static.counters),  # (none with static kernels off: the null compiler)
         "cpp_builds": len(builds),
         "cpp_build_targets": builds[:20],
         "dynamo_traces": sum(1 for t in traced if t != "aot"),
         "aot_captures": traced.count("aot"),
-        "packages": [str(p) for p in static.packages_written] if static is not None else [],
+        "packages": [str(p) for p in static.packages_written] if static.enabled else [],
         "warnings": [str(w.message) for w in caught if "static kernels" in str(w.message)],
-        "notices": list(static.notices) if static is not None else [],
+        "notices": list(static.notices) if static.enabled else [],
     }
     if reduce_overhead:
         from superkernel.runtime.native import compiler_available
