@@ -99,6 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--output", type=Path, default=Path("superkernel_out"), metavar="DIR",
                      help="directory for the report, chart, plan and results (default ./superkernel_out)")
     opt.add_argument("--quiet", action="store_true", help="no progress bars, only the table and the result line")
+    _add_distributed_args(opt)
     opt.set_defaults(func=_cmd_optimize)
 
     ana = sub.add_parser("analyze", help="model structure, prefill/decode, KV cache, graph breaks and cuts per scope plan",
@@ -131,6 +132,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     _register_static_compile(sub)
     return parser
+
+
+def _add_distributed_args(p: argparse.ArgumentParser) -> None:
+    from superkernel.tools.distributed.cli import add_arguments
+
+    add_arguments(p)
 
 
 def _register_static_compile(sub) -> None:
@@ -182,6 +189,10 @@ def _cmd_optimize(args) -> int:
                            device=args.device, tolerance=args.tolerance, threads=args.threads,
                            quiet=args.quiet, inputs=[p for p in (args.scopes_file,) if p is not None],
                            dtype=args.dtype, batch_size=args.batch_size)
+    from superkernel.tools.distributed import cli as distributed
+
+    if distributed.wanted(args):
+        return distributed.optimize(args, opts)
     outcome = optimize(opts, Reporter(quiet=args.quiet))
     console = _console()
     marked = outcome.recommended
@@ -289,8 +300,9 @@ def _expected_errors() -> tuple[type[BaseException], ...]:
     from superkernel.tools.advisor.strategies import StrategyError
     from superkernel.tools.models import ModelLoadError
     from superkernel.scope_apply import ScopeGlobError
+    from superkernel.tools.distributed.launcher import LaunchError
 
-    return (ModelLoadError, StrategyError, ScopeGlobError, PlanFileError, OutputError, ValueError, OSError)
+    return (LaunchError, ModelLoadError, StrategyError, ScopeGlobError, PlanFileError, OutputError, ValueError, OSError)
 
 
 def _no_result_errors() -> tuple[type[BaseException], ...]:
@@ -302,6 +314,7 @@ def _no_result_errors() -> tuple[type[BaseException], ...]:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.argv = list(argv) if argv is not None else sys.argv[1:]  # --nproc starts ranks of the same command
     if getattr(args, "func", None) is None:
         parser.print_help()
         return EXIT_USAGE

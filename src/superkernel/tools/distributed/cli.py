@@ -1,0 +1,53 @@
+"""``--nproc N`` / ``--tp-plan FILE`` of the ``superkernel`` commands: launch a job or run as one rank.
+
+Without ``RANK``/``WORLD_SIZE`` in the environment the command checks its input, then
+starts N ranks of itself (:func:`.launcher.launch`) and waits; each rank (or each process
+torchrun started) runs the distributed workflow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from superkernel.util import positive_int
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nproc", type=positive_int("--nproc"), default=None, metavar="N",
+                   help="tensor-parallel decode over N processes on this node (gloo on CPU, NCCL on CUDA); under "
+                        "torchrun the command joins the job and --nproc may be left out (docs/distributed.md)")
+    p.add_argument("--tp-plan", type=Path, default=None, metavar="FILE",
+                   help="tensor-parallel plan as YAML/JSON {module or parameter glob: style} (default: the model's "
+                        "transformers tp_plan)")
+    p.add_argument("--no-torch-compile-baseline", action="store_true",
+                   help="with --nproc: skip the torch.compile baseline of the tensor-parallel job (it compiles the "
+                        "whole step once more; for quick checks)")
+
+
+def wanted(args: argparse.Namespace) -> bool:
+    from superkernel.tools.distributed.launcher import in_job
+
+    return getattr(args, "nproc", None) is not None or in_job()
+
+
+def optimize(args: argparse.Namespace, opts) -> int:
+    """``superkernel optimize --nproc N``: launch (parent) or run this rank's part (child)."""
+    from superkernel.tools.advisor.workflow import check_options
+    from superkernel.tools.distributed.launcher import LaunchError, check_nproc, in_job, launch
+    from superkernel.tools.distributed.optimize import DistOptions, load_tp_plan, run
+
+    check_nproc(args.nproc)
+    plan = load_tp_plan(args.tp_plan) if args.tp_plan is not None else None
+    if not in_job():
+        check_options(opts)  # a bad input is one line here, before any rank starts
+        try:
+            return launch(args.argv, args.nproc)
+        except LaunchError as exc:
+            sys.stderr.write(f"superkernel: error: {exc}\n")
+            return 1
+    source = f"--tp-plan {args.tp_plan}" if plan is not None else "the model's transformers tp_plan"
+    opts.inputs = list(opts.inputs) + ([args.tp_plan] if args.tp_plan is not None else [])
+    return run(DistOptions(base=opts, tp_plan=plan, tp_plan_source=source,
+                           inductor_baseline=not args.no_torch_compile_baseline))
