@@ -28,6 +28,8 @@ from pathlib import Path
 #: A rank whose heartbeat file is older than this is considered hung.
 HEARTBEAT_STALE_S = 30.0
 HEARTBEAT_EVERY_S = 2.0
+#: A rank has this long to import torch and send its first heartbeat (slow on a loaded machine).
+STARTUP_S = 120.0
 _HEARTBEAT_ENV = "SUPERKERNEL_HEARTBEAT_DIR"
 #: How long terminated ranks get before they are killed.
 _GRACE_S = 5.0
@@ -124,8 +126,11 @@ def _describe(code: int) -> str:
     return f"exited with status {code}"
 
 
-def launch(argv: list[str], nproc: int, *, stale_s: float = HEARTBEAT_STALE_S, env: dict | None = None) -> int:
-    """Run ``python -m superkernel *argv`` as ``nproc`` ranks; return 0 or raise :class:`LaunchError`.
+def launch(argv: list[str], nproc: int, *, stale_s: float = HEARTBEAT_STALE_S, env: dict | None = None,
+           command: list[str] | None = None) -> int:
+    """Run ``python -m superkernel *argv`` (or ``command + argv``) as ``nproc`` ranks.
+
+    Returns the ranks' common exit status, or raises :class:`LaunchError`.
 
     Rank 0 keeps the terminal's stdout (the result table); every rank's stderr goes to a
     log that is read only when the job fails, so a failure is one line: rank 0's own
@@ -147,7 +152,8 @@ def launch(argv: list[str], nproc: int, *, stale_s: float = HEARTBEAT_STALE_S, e
                          "MASTER_PORT": str(port), _HEARTBEAT_ENV: str(beats)}
                 log = open(beats / f"rank{rank}.log", "w+b")
                 logs.append(log)
-                procs.append(subprocess.Popen([sys.executable, "-m", "superkernel", *argv], env=child,
+                program = list(command) if command else [sys.executable, "-m", "superkernel"]
+                procs.append(subprocess.Popen([*program, *argv], env=child,
                                               stdout=None if rank == 0 else subprocess.DEVNULL,
                                               stderr=log, start_new_session=True))
             return _watch(procs, beats, stale_s, logs)
@@ -177,8 +183,8 @@ def _watch(procs: list[subprocess.Popen], beats: Path, stale_s: float, logs) -> 
                 continue
             beat = beats / f"rank{rank}"
             last = beat.stat().st_mtime if beat.exists() else None
-            if last is None and time.monotonic() - started > stale_s * 2:
-                raise LaunchError(f"rank {rank} of {len(procs)} never started (no heartbeat in {stale_s * 2:.0f} s); "
+            if last is None and time.monotonic() - started > STARTUP_S:
+                raise LaunchError(f"rank {rank} of {len(procs)} never started (no heartbeat in {STARTUP_S:.0f} s); "
                                   "the job was stopped")
             if last is not None and now - last > stale_s:
                 raise LaunchError(f"rank {rank} of {len(procs)} is hung (no heartbeat for {now - last:.0f} s); "

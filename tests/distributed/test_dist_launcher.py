@@ -1,0 +1,58 @@
+"""The launcher's watchdog: a crashed, killed or hung rank ends the job with one line, fast."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from superkernel.tools.distributed.launcher import LaunchError, check_nproc, launch, rank_env
+
+from ._helpers import SRC
+
+HERE = Path(__file__).parent
+COMMAND = [sys.executable, str(HERE / "_rank_fail.py")]
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def test_a_healthy_job_exits_zero():
+    assert launch(["ok"], 2, env=_env(), command=COMMAND) == 0
+
+
+@pytest.mark.parametrize("what, says", [("kill", "rank 1 of 2 was killed by SIGKILL"),
+                                        ("exit", "rank 1 of 2 exited with status 3"),
+                                        ("hang", "rank 1 of 2 is hung")])
+def test_a_failed_rank_ends_the_job_within_60_s(what, says):
+    start = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        launch([what], 2, env=_env(), command=COMMAND, stale_s=10.0)
+    elapsed = time.monotonic() - start
+    message = str(info.value)
+    assert says in message and "the job was stopped" in message
+    assert "\n" not in message
+    assert elapsed < 60
+    if what == "exit":
+        assert "bad things" in message   # the rank's own error line comes along
+
+
+def test_rank_env_and_nproc_checks(monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    env = rank_env()
+    assert (env.rank, env.world_size, env.local_rank, env.local_world_size) == (1, 2, 1, 2)
+    check_nproc(2)
+    with pytest.raises(LaunchError, match="--nproc 4 but this process runs in a job of WORLD_SIZE=2"):
+        check_nproc(4)
+    monkeypatch.setenv("RANK", "5")
+    with pytest.raises(LaunchError, match="inconsistent job layout"):
+        rank_env()
