@@ -90,6 +90,15 @@ def single_process(opts: DistOptions, job: jobs.Job, device: torch.device) -> tu
     quiet = Reporter(quiet=True)
     eager = run_decode(session, session.step_fn(), label="eager")
     runs = [{"name": "eager", "median_ms": eager.median_ms, "compile_s": 0.0, "passed": None}]
+    if opts.inductor_baseline:
+        try:
+            inductor = run_decode(session, compile_inductor(session), label="torch.compile")
+            runs.append({"name": "torch.compile", "median_ms": inductor.median_ms,
+                         "compile_s": inductor.compile_seconds, "passed": None})
+        except Exception as exc:
+            runs.append({"name": "torch.compile", "median_ms": None, "compile_s": None, "passed": None,
+                         "error": exception_summary(exc, 400, first_line=False)})
+        torch._dynamo.reset()
     for plan in plans:
         for r in run_plan(session, plan, tuple(o.modes), eager.logits, options=o.options, tolerance=o.tolerance,
                           reporter=quiet):
@@ -122,7 +131,9 @@ def _explain(run: RankRun, backend: Any) -> None:
 
 def measure_rank(opts: DistOptions, job: jobs.Job, session: DecodeSession, plans, single: torch.Tensor
                  ) -> tuple[list[RankRun], dict[str, Any]]:
-    """Eager, torch.compile and every plan x mode on this rank; also the profiled share."""
+    """Eager, torch.compile and every plan x mode on this rank; returns (runs, collective share per run).
+
+    Each run is profiled right after it was timed, while it is still compiled."""
     import superkernel
 
     o = opts.base
@@ -132,18 +143,20 @@ def measure_rank(opts: DistOptions, job: jobs.Job, session: DecodeSession, plans
     eager.step_seconds, eager.compile_s = run.step_seconds, 0.0
     eager.passed, eager.reason = _judge_single(eager, run.logits, single, o.tolerance)
     runs.append(eager)
+    shares = {"eager": collective_share(session, session.step_fn(), steps=opts.profile_steps)}
     _log(job, opts, f"tensor-parallel eager: rank 0 {run.median_ms:.3f} ms/step")
     if opts.inductor_baseline:
         compiled = RankRun(name="torch.compile", kind="baseline")
         try:
-            run = run_synced(session, compile_inductor(session), label="torch.compile")
+            step = compile_inductor(session)
+            run = run_synced(session, step, label="torch.compile")
+            shares["torch.compile"] = collective_share(session, step, steps=opts.profile_steps)
             compiled.step_seconds, compiled.compile_s = run.step_seconds, run.compile_seconds
             compiled.passed, compiled.reason = _judge_single(compiled, run.logits, single, o.tolerance)
         except Exception as exc:
             compiled.error = exception_summary(exc, 400, first_line=False)
         runs.append(compiled)
         torch._dynamo.reset()
-    steps: dict[str, Any] = {}
     for plan in plans:
         superkernel.apply_scopes(session.model, plan.scopes, options=o.options)
         try:
@@ -166,33 +179,14 @@ def measure_rank(opts: DistOptions, job: jobs.Job, session: DecodeSession, plans
                 r.passed = verdict.passed and ok
                 r.reason = f"{verdict.reason}; {why}"
                 runs.append(r)
-                steps[r.name] = (plan, mode)
+                shares[r.name] = collective_share(session, step, steps=opts.profile_steps)
                 _log(job, opts, f"{r.name}: rank 0 {run.median_ms:.3f} ms/step, compile {r.compile_s:.1f} s, "
                                 f"{'passed' if r.passed else 'FAILED'} on rank 0")
         finally:
             superkernel.remove_scopes(session.model)
             session.restore_cache()
             torch._dynamo.reset()
-    return runs, steps
-
-
-def _profile(opts: DistOptions, session: DecodeSession, best: tuple | None) -> dict[str, Any]:
-    """Collective share of eager and of the chosen plan (compiled again, warmed up, profiled)."""
-    import superkernel
-
-    shares = {"eager": collective_share(session, session.step_fn(), steps=opts.profile_steps)}
-    if best is not None:
-        name, (plan, mode) = best
-        superkernel.apply_scopes(session.model, plan.scopes, options=opts.base.options)
-        try:
-            step, _ = compile_superkernel(session, mode)
-            run_synced(session, step)  # compile + warm
-            shares[name] = collective_share(session, step, steps=opts.profile_steps)
-        finally:
-            superkernel.remove_scopes(session.model)
-            session.restore_cache()
-            torch._dynamo.reset()
-    return shares
+    return runs, shares
 
 
 def _pick(gathered: list[dict], warmup: int) -> str | None:
@@ -239,13 +233,11 @@ def run(opts: DistOptions) -> int:
         plans = select_plans(o.strategy, analyze_structure(loaded.model), o.custom_scopes)
         _log(job, opts, f"sharded {len(sharded.applied)} modules/parameters, {sharded.collectives} collective "
                         f"hooks; plans: {', '.join(p.strategy for p in plans)} x {', '.join(o.modes)}")
-        runs, steps = measure_rank(opts, job, session, plans, tensors["reference"].float())
+        runs, mine_share = measure_rank(opts, job, session, plans, tensors["reference"].float())
         mine = {"rank": job.rank, "runs": [vars(r) for r in runs], "hardware": hardware(device)}
         gathered = jobs.gather_json(mine, job)
-        best = _pick(gathered, o.warmup)
-        _log(job, opts, f"profiling collectives (eager{', ' + best if best else ''})")
-        mine_share = _profile(opts, session, (best, steps[best]) if best else None)
         shares = jobs.gather_json(mine_share, job)
+        best = _pick(gathered, o.warmup)
         if job.is_main:
             from superkernel.tools.distributed.report import write_report
 
