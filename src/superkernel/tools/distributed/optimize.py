@@ -274,4 +274,8 @@ def load_tp_plan(path: Path) -> dict[str, str]:
                                                          for k, v in data.items()):
         raise TensorParallelError(f"--tp-plan {str(path)!r} must map module/parameter globs to styles "
                                   f"({', '.join(STYLES)}), e.g. 'model.layers.*.mlp.down_proj: rowwise'")
+    unknown = sorted({v for v in data.values() if v not in STYLES})
+    if unknown:
+        raise TensorParallelError(f"--tp-plan {str(path)!r}: unknown style(s) {', '.join(unknown)}; "
+                                  f"supported: {', '.join(STYLES)}")
     return data

@@ -1,0 +1,130 @@
+"""``superkernel optimize --nproc 2`` end to end (gloo, CPU) on a dense and a MoE model, and its failures.
+
+The models are one-layer checkpoints written here (seeded random weights): the job
+compiles every plan on both ranks and in the single-process reference, so it is kept small.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ._helpers import SRC
+
+SMALL = dict(vocab_size=256, hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+             max_position_embeddings=64, tie_word_embeddings=False)
+
+
+def _checkpoint(directory: Path, kind: str) -> Path:
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3MoeConfig
+
+    if kind == "dense":
+        config = LlamaConfig(**SMALL, intermediate_size=128)
+    else:
+        config = Qwen3MoeConfig(**SMALL, intermediate_size=128, moe_intermediate_size=32, head_dim=16, num_experts=4,
+                                num_experts_per_tok=2, decoder_sparse_step=1, norm_topk_prob=True)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(directory, safe_serialization=True)
+    return directory
+
+
+def _env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def _cli(*argv: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "superkernel", *argv], env=_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+ARGS = ("--nproc", "2", "--mode", "reduce-overhead", "--steps", "2", "--warmup", "1", "--prompt-len", "4",
+        "--no-torch-compile-baseline", "--quiet")
+
+
+@pytest.fixture(scope="module", params=[("dense", "attention"), ("moe", "moe")], ids=["dense", "moe"])
+def job(request, tmp_path_factory):
+    kind, strategy = request.param
+    model = _checkpoint(tmp_path_factory.mktemp(kind), kind)
+    out = tmp_path_factory.mktemp(f"{kind}_out")
+    result = _cli("optimize", "--model", str(model), "--strategy", strategy, "--output", str(out), *ARGS)
+    return result, out, strategy
+
+
+def test_exits_zero_with_a_plan_that_passes_on_both_ranks(job):
+    result, out, strategy = job
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads((out / "results.json").read_text())
+    assert data["world_size"] == 2 and data["backend"] == "gloo"
+    assert data["recommended"] == f"{strategy} / reduce-overhead"
+    plan = next(r for r in data["results"] if r["name"] == data["recommended"])
+    assert plan["passed_every_rank"] and plan["bit_exact_every_rank"]
+    assert len(plan["rank_ms"]) == 2 and plan["job_ms"] >= max(plan["rank_ms"]) * 0.999
+    assert [g["rank"] for g in data["per_rank"]] == [0, 1]
+    for rank in data["per_rank"]:
+        run = next(r for r in rank["runs"] if r["name"] == data["recommended"])
+        assert run["bit_exact"] and run["passed"] and run["vs_single_max_abs"] < 1e-3
+    assert data["sharded"], "nothing was sharded"
+
+
+def test_report_has_per_rank_times_collective_share_and_single_process(job):
+    result, out, strategy = job
+    report = (out / "superkernel_optimization_report.md").read_text()
+    assert "rank 0 ms | rank 1 ms" in report and "Single-process run (same cores)" in report
+    data = json.loads((out / "results.json").read_text())
+    for rank_shares in data["collective_share"]:
+        share = rank_shares[data["recommended"]]
+        assert 0 < share["share"] <= 1.0 and share["events"]  # the profiler saw the all-reduces
+    names = [r["name"] for r in data["single_process"]["runs"]]
+    assert names[0] == "eager" and data["recommended"] in names
+    assert (out / "superkernel.yaml").read_text().count("world_size: 2") == 1
+
+
+def test_a_killed_rank_ends_the_job_with_one_line(tmp_path):
+    """SIGKILL rank 1 of a running job: the command ends within 60 s, one error line, nothing written."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "superkernel", "optimize", "--model", "llama-tiny",
+                             "--output", str(out), *ARGS], env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    children: list[int] = []
+    deadline = time.monotonic() + 120
+    while len(children) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        try:
+            children = [int(p) for p in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+        except OSError:
+            children = []
+    assert len(children) == 2, "the ranks did not start"
+    time.sleep(3)
+    os.kill(children[1], signal.SIGKILL)
+    killed = time.monotonic()
+    _, err = proc.communicate(timeout=90)
+    assert time.monotonic() - killed < 60
+    assert proc.returncode == 1
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert lines == [lines[0]] and lines[0].startswith("superkernel: error: rank 1 of 2 was killed by SIGKILL")
+    assert not out.exists() or not any(out.iterdir())
+    for pid in children:  # every rank is gone
+        assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
+
+
+def test_bad_input_is_one_line_before_any_rank_starts(tmp_path):
+    result = _cli("optimize", "--model", "llama-tiny", "--nproc", "2", "--mode", "fast", "--output", str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
+    assert "unknown mode" in result.stderr
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("model.layers.*.mlp.down_proj: diagonal\n")
+    result = _cli("optimize", "--model", "llama-tiny", "--nproc", "2", "--tp-plan", str(plan), "--output",
+                  str(tmp_path / "o"))
+    assert result.returncode != 0
+    assert "unknown style(s) diagonal" in result.stderr and len(result.stderr.strip().splitlines()) == 1
