@@ -78,3 +78,12 @@ def test_bad_plan_files(tmp_path):
         load_tp_plan(bad)
     with pytest.raises(TensorParallelError, match="--tp-plan .*missing"):
         load_tp_plan(tmp_path / "missing.yaml")
+
+
+def test_the_models_own_plan_skips_rules_naming_nothing(group):
+    net = Net()
+    net.tp_plan = {"blocks.*.mlp.up": "colwise", "blocks.*.mlp.gate": "colwise"}  # as transformers' model plans
+    sharded = apply_tensor_parallel(net)
+    assert sharded.unmatched == ["blocks.*.mlp.gate"]
+    with pytest.raises(TensorParallelError, match="matches no module"):
+        apply_tensor_parallel(Net(), dict(net.tp_plan))  # a given plan is strict

@@ -205,7 +205,7 @@ def _last_error(log) -> str:
 
 
 def _cause(log) -> str:
-    error = _last_error(log)
+    error = _last_error(log).removeprefix("superkernel: error: ")
     return f" (its last error: {error})" if error else ""
 
 

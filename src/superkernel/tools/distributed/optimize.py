@@ -226,7 +226,7 @@ def run(opts: DistOptions) -> int:
         torch.set_num_threads(summary["threads_per_rank"])
         loaded = load_model(o.model, seed=o.seed, device=device, dtype=o.dtype)
         plan_used = dict(opts.tp_plan) if opts.tp_plan is not None else model_plan(loaded.model)
-        sharded = apply_tensor_parallel(loaded.model, plan_used)
+        sharded = apply_tensor_parallel(loaded.model, plan_used, strict=opts.tp_plan is not None)
         session = prepare(loaded.model, prompt_len=o.prompt_len, steps=o.steps, warmup=o.warmup, seed=o.seed,
                           device=device, batch=o.batch_size)
         session.tokens = tensors["tokens"].to(device)

@@ -73,7 +73,9 @@ def render(opts, job, single: dict, table: list[dict], shares: list[dict], best:
              f"- hardware: {hardware}",
              f"- versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
              f"- tensor-parallel plan: {opts.tp_plan_source}, {len(plan_used)} rule(s), "
-             f"{len(sharded.applied)} module(s)/parameter(s) sharded, {sharded.collectives} collective hook(s)",
+             f"{len(sharded.applied)} module(s)/parameter(s) sharded, {sharded.collectives} collective hook(s)"
+             + (f"; rules naming nothing in this model (skipped): {', '.join(sharded.unmatched)}"
+                if sharded.unmatched else ""),
              f"- decode: prompt {o.prompt_len} tokens, {o.warmup} warm-up + {o.steps} timed steps, batch {o.batch_size}; "
              "every step starts after a barrier; a step's job time is the slowest rank's",
              "", "## Results", "",
@@ -146,7 +148,7 @@ def write_report(opts, job, single: dict, gathered: list[dict], shares: list[dic
                                                              measured=measured), inputs)
     payload = {"model": o.model, "world_size": job.world_size, "backend": job.backend, "hardware": hardware,
                "versions": versions, "tp_plan": plan_used, "tp_plan_source": opts.tp_plan_source,
-               "sharded": sharded.applied, "recommended": best, "single_process": single, "results": table,
+               "sharded": sharded.applied, "tp_plan_unmatched": sharded.unmatched, "recommended": best, "single_process": single, "results": table,
                "per_rank": gathered, "collective_share": shares}
     files["results"] = atomic_write(out / RESULTS_NAME, json.dumps(payload, indent=2, default=str) + "\n", inputs)
     files["report"] = atomic_write(out / REPORT_NAME, render(opts, job, single, table, shares, best, plan_used,

@@ -51,6 +51,7 @@ class Sharded:
     world_size: int
     rank: int
     applied: dict[str, str] = field(default_factory=dict)   # path -> style
+    unmatched: list[str] = field(default_factory=list)      # rules of the model's own plan naming nothing here
     collectives: int = 0                                    # collective hooks installed
 
     @property
@@ -163,10 +164,13 @@ def _apply_one(path: str, style: str, owner: torch.nn.Module, leaf: str | None, 
 
 
 def apply_tensor_parallel(model: torch.nn.Module, plan: Mapping[str, str] | None = None, *,
-                          group=None) -> Sharded:
+                          group=None, strict: bool | None = None) -> Sharded:
     """Shard ``model`` in place for this rank of ``group`` (default: the whole job).
 
-    ``plan`` None: the model's own transformers plan (:func:`model_plan`). A glob that
+    ``plan`` None: the model's own transformers plan (:func:`model_plan`), whose rules may
+    name modules a given configuration lacks (a dense MLP in an all-MoE model): those are
+    skipped and listed in ``Sharded.unmatched`` (``strict`` False, as transformers does).
+    In a given plan (``strict`` True by default) a glob that
     matches nothing, an unknown style or a size that does not divide by the world size
     raises :class:`TensorParallelError`; globs and styles are checked before anything
     changes, sizes as each weight is split (call it on a freshly loaded model).
@@ -174,6 +178,8 @@ def apply_tensor_parallel(model: torch.nn.Module, plan: Mapping[str, str] | None
     if not dist.is_initialized():
         raise TensorParallelError("apply_tensor_parallel needs torch.distributed initialized (run under "
                                   "superkernel --nproc N or torchrun)")
+    if strict is None:
+        strict = plan is not None
     plan = dict(model_plan(model) if plan is None else plan)
     if not plan:
         raise TensorParallelError(f"{type(model).__name__} has no tensor-parallel plan; give one "
@@ -187,14 +193,18 @@ def apply_tensor_parallel(model: torch.nn.Module, plan: Mapping[str, str] | None
     modules = dict(model.named_modules())
     params = dict(model.named_parameters())
     todo: list[tuple[str, str, torch.nn.Module, str | None]] = []
+    unmatched = []
     for pattern, style in plan.items():
         hits = [(n, modules[n.rpartition(".")[0]], n.rpartition(".")[2]) for n in params if _matches(pattern, n)]
         hits += [(n, m, None) for n, m in modules.items() if n and _matches(pattern, n)]
+        if not hits and not strict:
+            unmatched.append(pattern)
+            continue
         if not hits:
             raise TensorParallelError(f"tensor-parallel plan: {pattern!r} matches no module or parameter of "
                                       f"{type(model).__name__}")
         todo += [(n, style, owner, leaf) for n, owner, leaf in hits]
-    out = Sharded(world_size=world, rank=rank)
+    out = Sharded(world_size=world, rank=rank, unmatched=unmatched)
     if world == 1:
         return out
     for path, style, owner, leaf in todo:
