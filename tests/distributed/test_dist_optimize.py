@@ -128,3 +128,18 @@ def test_bad_input_is_one_line_before_any_rank_starts(tmp_path):
                   str(tmp_path / "o"))
     assert result.returncode != 0
     assert "unknown style(s) diagonal" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_bench_reruns_the_plan_on_two_ranks(job):
+    """``bench --nproc 2`` with the plan the job wrote: the report on stdout, nothing written."""
+    result, out, strategy = job
+    if strategy != "attention":
+        pytest.skip("one architecture is enough for bench")
+    plan = out / "superkernel.yaml"
+    before = sorted(p.name for p in out.iterdir())
+    model = json.loads((out / "results.json").read_text())["model"]
+    bench = _cli("bench", "--config", str(plan), "--model", model, *ARGS)
+    assert bench.returncode == 0, bench.stderr[-3000:]
+    assert "tensor parallel over 2 ranks" in bench.stdout and "custom / reduce-overhead" in bench.stdout
+    assert "passed, bit-exact" in bench.stdout
+    assert sorted(p.name for p in out.iterdir()) == before

@@ -128,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decode_args(ben)
     _add_precision_args(ben)
     ben.add_argument("--quiet", action="store_true", help="no progress bars")
+    _add_distributed_args(ben)
     ben.set_defaults(func=_cmd_bench)
 
     _register_static_compile(sub)
@@ -267,6 +268,10 @@ def _cmd_bench(args) -> int:
 
     if args.mode is not None:
         _modes(args.mode)
+    from superkernel.tools.distributed import cli as distributed
+
+    if distributed.wanted(args):
+        return distributed.bench(args)
     outcome = bench(BenchOptions(config=args.config, model=args.model, steps=args.steps, warmup=args.warmup,
                                  prompt_len=args.prompt_len, seed=args.seed, device=args.device, mode=args.mode,
                                  tolerance=args.tolerance, threads=args.threads, quiet=args.quiet,

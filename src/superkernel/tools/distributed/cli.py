@@ -34,6 +34,31 @@ def wanted(args: argparse.Namespace) -> bool:
 
 def optimize(args: argparse.Namespace, opts) -> int:
     """``superkernel optimize --nproc N``: launch (parent) or run this rank's part (child)."""
+    return _run(args, opts, write_files=True)
+
+
+def bench(args: argparse.Namespace) -> int:
+    """``superkernel bench --nproc N``: the plan's scopes and mode on a tensor-parallel job; the
+    report goes to stdout, nothing is written."""
+    from superkernel.tools.advisor.plan_file import SUPERKERNEL, read_plan
+    from superkernel.tools.advisor.workflow import OptimizeOptions
+
+    spec = read_plan(args.config)
+    if spec.backend != SUPERKERNEL:
+        raise ValueError(f"{args.config} is a 'backend: {spec.backend}' plan; bench --nproc measures superkernel "
+                         "plans (scopes and a mode)")
+    model = args.model or spec.model
+    if not model:
+        raise ValueError(f"{args.config} names no model; pass --model NAME|PATH")
+    opts = OptimizeOptions(model=model, strategy="custom", modes=(args.mode or spec.mode,),
+                           custom_scopes={k: list(v) for k, v in spec.scopes.items()}, options=spec.options,
+                           steps=args.steps, warmup=args.warmup, prompt_len=args.prompt_len, seed=args.seed,
+                           device=args.device, tolerance=args.tolerance, threads=args.threads, quiet=args.quiet,
+                           inputs=[args.config], dtype=args.dtype, batch_size=args.batch_size)
+    return _run(args, opts, write_files=False)
+
+
+def _run(args: argparse.Namespace, opts, *, write_files: bool) -> int:
     from superkernel.tools.advisor.workflow import check_options
     from superkernel.tools.distributed.launcher import LaunchError, check_nproc, in_job, launch
     from superkernel.tools.distributed.optimize import DistOptions, load_tp_plan, run
@@ -50,4 +75,4 @@ def optimize(args: argparse.Namespace, opts) -> int:
     source = f"--tp-plan {args.tp_plan}" if plan is not None else "the model's transformers tp_plan"
     opts.inputs = list(opts.inputs) + ([args.tp_plan] if args.tp_plan is not None else [])
     return run(DistOptions(base=opts, tp_plan=plan, tp_plan_source=source,
-                           inductor_baseline=not args.no_torch_compile_baseline))
+                           inductor_baseline=not args.no_torch_compile_baseline, write_files=write_files))

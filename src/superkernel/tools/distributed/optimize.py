@@ -41,6 +41,7 @@ class DistOptions:
     tp_plan_source: str = "transformers tp_plan"
     profile_steps: int = 8
     inductor_baseline: bool = True             # torch.compile (TorchInductor) baseline of the sharded model
+    write_files: bool = True                   # False (bench): the report goes to stdout, nothing is written
 
 
 @dataclass
@@ -238,13 +239,18 @@ def run(opts: DistOptions) -> int:
         gathered = jobs.gather_json(mine, job)
         shares = jobs.gather_json(mine_share, job)
         best = _pick(gathered, o.warmup)
-        if job.is_main:
+        if job.is_main and opts.write_files:
             from superkernel.tools.distributed.report import write_report
 
             files = write_report(opts, job, summary, gathered, shares, best, plan_used, sharded,
                                  versions(), hardware(device))
             for key, path in files.items():
                 print(f"  {key}: {path}", flush=True)
+        elif job.is_main:
+            from superkernel.tools.distributed.report import render, rows
+
+            print(render(opts, job, summary, rows(gathered, summary, o.warmup), shares, best, plan_used, sharded,
+                         versions(), hardware(device)), flush=True)
         torch.distributed.barrier(group=job.handoff)
         return 0 if best is not None else 1
     finally:
