@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
         ["cold_start.py"] + (["--runs", "1"] if args.quick else ["--runs", "5"]),
         ["onnx_autofusion.py"] + (["--quick"] if args.quick else []),
         ["hf_sweep.py"] + (["--quick"] if args.quick else []),  # >= 20 transformers architectures
+        ["tp_cpu.py"] + (["--quick"] if args.quick else []),  # tensor parallelism on CPU vs one process
     ]
     failed = []
     for script, *rest in runs:
