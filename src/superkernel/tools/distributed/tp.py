@@ -90,7 +90,7 @@ def _all_reduce(t: torch.Tensor, group) -> torch.Tensor:
 def _all_gather_last(t: torch.Tensor, group) -> torch.Tensor:
     from torch.distributed import _functional_collectives as funcol
 
-    return funcol.wait_tensor(funcol.all_gather_tensor(t.contiguous(), t.dim() - 1, group))
+    return funcol.wait_tensor(funcol.all_gather_single(t.contiguous(), t.dim() - 1, group))
 
 
 def _set_param(owner: torch.nn.Module, name: str, value: torch.Tensor) -> None:
