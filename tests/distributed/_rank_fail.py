@@ -1,5 +1,5 @@
 """One rank for the launcher tests: ``ok`` (an all-reduce, exit 0), ``kill`` (rank 1 kills itself
-while rank 0 waits in an all-reduce), ``hang`` (rank 1 stops itself), ``exit`` (rank 1 exits 3)."""
+while rank 0 waits in an all-reduce), ``hang`` (rank 1 stops itself), ``exit`` (rank 1 exits 3), ``sleep`` (both sleep 10 minutes)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,8 @@ def main() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
     if rank == 1 and what == "hang":
         os.kill(os.getpid(), signal.SIGSTOP)
+    if what == "sleep":  # until the launcher is gone
+        time.sleep(600)
     if rank == 1 and what == "exit":
         sys.stderr.write("rank 1: error: bad things\n")
         sys.exit(3)

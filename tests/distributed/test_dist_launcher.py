@@ -56,3 +56,33 @@ def test_rank_env_and_nproc_checks(monkeypatch):
     monkeypatch.setenv("RANK", "5")
     with pytest.raises(LaunchError, match="inconsistent job layout"):
         rank_env()
+
+
+def test_ranks_end_when_the_launcher_is_killed(tmp_path):
+    """SIGKILL the launcher itself: its ranks notice within a few seconds and exit (no orphans)."""
+    import signal
+    import subprocess
+
+    code = ("import sys; sys.path.insert(0, %r); from superkernel.tools.distributed.launcher import launch; "
+            "launch(['sleep'], 2, command=[sys.executable, %r])" % (SRC, str(HERE / "_rank_fail.py")))
+    parent = subprocess.Popen([sys.executable, "-c", code], env=_env())
+    children: list[int] = []
+    deadline = time.monotonic() + 120
+    while len(children) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        try:
+            children = [int(p) for p in Path(f"/proc/{parent.pid}/task/{parent.pid}/children").read_text().split()]
+        except OSError:
+            pass
+    assert len(children) == 2
+    time.sleep(2)
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(Path(f"/proc/{pid}").exists() for pid in children):
+        time.sleep(0.5)
+    alive = [pid for pid in children if Path(f"/proc/{pid}").exists()
+             and "zombie" not in Path(f"/proc/{pid}/status").read_text()]
+    for pid in alive:  # do not leave them behind if the test fails
+        os.kill(pid, signal.SIGKILL)
+    assert not alive

@@ -31,6 +31,7 @@ HEARTBEAT_EVERY_S = 2.0
 #: A rank has this long to import torch and send its first heartbeat (slow on a loaded machine).
 STARTUP_S = 120.0
 _HEARTBEAT_ENV = "SUPERKERNEL_HEARTBEAT_DIR"
+_LAUNCHER_ENV = "SUPERKERNEL_LAUNCHER_PID"
 #: How long terminated ranks get before they are killed.
 _GRACE_S = 5.0
 
@@ -100,18 +101,22 @@ def free_port() -> int:
 
 
 def start_heartbeat() -> None:
-    """In a rank started by :func:`launch`: touch this rank's heartbeat file every few seconds."""
+    """In a rank started by :func:`launch`: touch this rank's heartbeat file every few seconds,
+    and end this rank when the launcher is gone (killed: no orphan ranks keep computing)."""
     directory = os.environ.get(_HEARTBEAT_ENV)
     if not directory:
         return
     path = Path(directory) / f"rank{os.environ.get('RANK', '0')}"
+    parent = int(os.environ.get(_LAUNCHER_ENV) or os.getppid())
 
     def beat() -> None:
         while True:
+            if os.getppid() != parent:
+                os._exit(1)
             try:
                 path.touch()
             except OSError:
-                return
+                os._exit(1)  # the launcher removed its directory: the job is over
             time.sleep(HEARTBEAT_EVERY_S)
 
     threading.Thread(target=beat, name="superkernel-heartbeat", daemon=True).start()
@@ -149,7 +154,8 @@ def launch(argv: list[str], nproc: int, *, stale_s: float = HEARTBEAT_STALE_S, e
             for rank in range(nproc):
                 child = {**base, "RANK": str(rank), "WORLD_SIZE": str(nproc), "LOCAL_RANK": str(rank),
                          "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                         "MASTER_PORT": str(port), _HEARTBEAT_ENV: str(beats)}
+                         "MASTER_PORT": str(port), _HEARTBEAT_ENV: str(beats),
+                         _LAUNCHER_ENV: str(os.getpid())}
                 log = open(beats / f"rank{rank}.log", "w+b")
                 logs.append(log)
                 program = list(command) if command else [sys.executable, "-m", "superkernel"]
