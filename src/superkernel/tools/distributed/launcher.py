@@ -169,8 +169,42 @@ def launch(argv: list[str], nproc: int, *, stale_s: float = HEARTBEAT_STALE_S, e
                 log.close()
 
 
+def _proc_state(pid: int) -> tuple[str, int] | None:
+    """(state letter, CPU ticks used by the process and its reaped children) from /proc; None elsewhere."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rfind(")") + 2:].split()
+    return fields[0], sum(int(v) for v in fields[11:15])
+
+
+class _Progress:
+    """Whether a rank is making progress: heartbeat fresh, or CPU time still moving (a rank
+    starved by a loaded machine can miss heartbeats but still computes); stopped (SIGSTOP) is not."""
+
+    def __init__(self) -> None:
+        self.cpu: dict[int, tuple[int, float]] = {}
+        self.stopped_since: dict[int, float] = {}
+
+    def hung_for(self, rank: int, pid: int, beat_age: float, now: float) -> float:
+        """Seconds this rank has shown no sign of progress (0 while it shows one)."""
+        state = _proc_state(pid)
+        if state is not None and state[0] in "Tt":
+            return now - self.stopped_since.setdefault(rank, now)
+        self.stopped_since.pop(rank, None)
+        if state is not None:
+            ticks, since = self.cpu.get(rank, (None, now))
+            if ticks != state[1]:
+                self.cpu[rank] = (state[1], now)
+                since = now
+            return min(beat_age, now - since)
+        return beat_age
+
+
 def _watch(procs: list[subprocess.Popen], beats: Path, stale_s: float, logs) -> int:
     started = time.monotonic()
+    progress = _Progress()
     while True:
         codes = [p.poll() for p in procs]
         if all(c is not None for c in codes) and len(set(codes)) == 1 and codes[0] >= 0:
@@ -192,9 +226,12 @@ def _watch(procs: list[subprocess.Popen], beats: Path, stale_s: float, logs) -> 
             if last is None and time.monotonic() - started > STARTUP_S:
                 raise LaunchError(f"rank {rank} of {len(procs)} never started (no heartbeat in {STARTUP_S:.0f} s); "
                                   "the job was stopped")
-            if last is not None and now - last > stale_s:
-                raise LaunchError(f"rank {rank} of {len(procs)} is hung (no heartbeat for {now - last:.0f} s); "
-                                  "the job was stopped")
+            if last is None:
+                continue
+            hung = progress.hung_for(rank, procs[rank].pid, now - last, time.monotonic())
+            if hung > stale_s:
+                raise LaunchError(f"rank {rank} of {len(procs)} is hung (no heartbeat and no CPU time for "
+                                  f"{hung:.0f} s); the job was stopped")
         time.sleep(0.2)
 
 
