@@ -57,7 +57,7 @@ def main() -> None:
         reference_again = model(x + 1)
     ex = superkernel.explain(fast)
     collectives = []
-    for path in sorted(dump.rglob("*.txt")):
+    for path in sorted(dump.rglob("*_segments.txt")):  # the dump that names each node's partition
         for line in path.read_text().splitlines():
             if "c10d_functional" in line:
                 parts = line.split()
