@@ -1,11 +1,15 @@
 """The private per-user cache directory of superkernel (one implementation for every cache).
 
 ``$SUPERKERNEL_CACHE_DIR``, else ``$XDG_CACHE_HOME/superkernel``, else ``~/.cache/superkernel``.
-Used by the native CPU modules (``native_cpu/``) and the ONNX calibration cache. Created
-with mode 0700; refused (:class:`CacheDirError`) when it or the requested subdirectory
-belongs to another user, or is writable by group or others and cannot be made private —
-a cache whose files are loaded as code (native modules) or trusted as measurements must
-not be writable by anyone else.
+Used by the native CPU modules (``native_cpu/``), the ONNX calibration cache and the trust
+key (``keys/``). Every directory it creates is created 0700 (the root's missing parents
+too). A directory that exists is checked, never repaired: it must be a directory owned by
+this user and not writable by group or others, else :class:`CacheDirError` — a cache whose
+files are loaded as code (native modules) or trusted as measurements must not be writable
+by anyone else, and a directory someone else could write may already hold their files.
+A file inside is used only when :func:`owned_file` says this user made it; its content is
+then checked against a record signed with this user's key (:mod:`superkernel.userkey`).
+See docs/security.md.
 """
 
 from __future__ import annotations
@@ -23,26 +27,47 @@ def cache_root() -> Path:
     """``$SUPERKERNEL_CACHE_DIR``, else ``$XDG_CACHE_HOME/superkernel``, else ``~/.cache/superkernel`` (not created)."""
     base = os.environ.get("SUPERKERNEL_CACHE_DIR")
     if base:
-        return Path(base).expanduser()
+        return Path(os.path.abspath(Path(base).expanduser()))
     xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "superkernel"
+    return Path(os.path.abspath((Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "superkernel"))
 
 
-def _check_private(path: Path) -> None:
-    st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):  # a link is followed only if it points at a directory of ours
-        st = os.stat(path)
+def _uid() -> int | None:
+    return os.geteuid() if hasattr(os, "geteuid") else None
+
+
+def check_private(path: Path) -> None:
+    """Refuse ``path`` unless it is a directory of this user that group and others cannot write.
+
+    A symlink is followed only to a directory that passes the same checks (its target is
+    what is used). Nothing is changed: a directory that fails is refused, not repaired.
+    """
+    st = os.stat(path)
     if not stat.S_ISDIR(st.st_mode):
         raise CacheDirError(f"cache directory {path} is not a directory; set SUPERKERNEL_CACHE_DIR")
-    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+    uid = _uid()
+    if uid is not None and st.st_uid != uid:
         raise CacheDirError(f"cache directory {path} belongs to another user (uid {st.st_uid}); "
-                            "set SUPERKERNEL_CACHE_DIR")
+                            "set SUPERKERNEL_CACHE_DIR to a directory of yours")
     if st.st_mode & 0o022:
+        raise CacheDirError(f"cache directory {path} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o}); "
+                            "its content cannot be trusted: remove it or set SUPERKERNEL_CACHE_DIR")
+
+
+def _make_dirs(path: Path) -> None:
+    """``mkdir -p`` with every created level 0700 (umask cannot widen it)."""
+    missing = []
+    p = path
+    while not os.path.lexists(p) and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    for p in reversed(missing):
         try:
-            os.chmod(path, stat.S_IMODE(st.st_mode) & ~0o022)
-        except OSError:
-            raise CacheDirError(f"cache directory {path} is writable by other users; "
-                                "set SUPERKERNEL_CACHE_DIR") from None
+            os.mkdir(p, 0o700)
+        except FileExistsError:
+            pass
+        else:
+            os.chmod(p, 0o700)
 
 
 def private_cache_dir(subdir: str | None = None) -> Path:
@@ -50,14 +75,26 @@ def private_cache_dir(subdir: str | None = None) -> Path:
     root = cache_root()
     path = root / subdir if subdir else root
     try:
-        root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path.mkdir(exist_ok=True, mode=0o700)
+        _make_dirs(path)
     except OSError as exc:
         raise CacheDirError(f"cannot create cache directory {path}: {exc.strerror or exc}; "
                             "set SUPERKERNEL_CACHE_DIR") from None
     for p in (root, path) if subdir else (root,):
-        _check_private(p)
+        check_private(p)
     return path
 
 
-__all__ = ["CacheDirError", "cache_root", "private_cache_dir"]
+def owned_file(path: Path | str) -> os.stat_result | None:
+    """The ``lstat`` of ``path`` when it is a regular file of this user that others cannot write; else None
+    (missing, a link, a FIFO or device, another user's, group- or world-writable)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    uid = _uid()
+    if not stat.S_ISREG(st.st_mode) or (uid is not None and st.st_uid != uid) or st.st_mode & 0o022:
+        return None
+    return st
+
+
+__all__ = ["CacheDirError", "cache_root", "check_private", "owned_file", "private_cache_dir"]

@@ -7,6 +7,12 @@
 - ``exception_summary``: the one-line form of an exception used by warnings, explain
   tables and manifests.
 - ``positive_int``: the argparse type every command line uses for counts.
+- The three guards of docs/security.md: :func:`check_write_path` (every path the tool
+  writes), :func:`read_limited` (every file it reads: a regular file, size checked before
+  reading) and :func:`safe_text` (every string from a file that reaches a terminal or a
+  report). :func:`json_depth` bounds nesting before a recursive parser sees the text;
+  :func:`private_workdir` keeps what a library writes into "the current directory" out of
+  the user's; :func:`remove_tree` deletes without following symlinks.
 """
 
 from __future__ import annotations
@@ -14,7 +20,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
+import stat
 import tempfile
+import threading
+import unicodedata
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -23,11 +33,46 @@ class OutputError(ValueError):
     """An output path that would overwrite an input, or cannot be written."""
 
 
+class InputFileError(ValueError):
+    """A file to read that is not a regular file, or is larger than allowed (the message says which)."""
+
+
 def check_not_input(path: Path | str, inputs: Iterable[Path | str | None] = ()) -> None:
     target = Path(path).resolve()
     for item in inputs:
-        if item is not None and Path(item).resolve() == target:
-            raise OutputError(f"refusing to write {path}: it is an input of this run ({item}); choose another output path")
+        if item is not None and (Path(item).resolve() == target or _same_file(item, target)):
+            raise OutputError(f"refusing to write {safe_text(path)}: it is an input of this run ({safe_text(item)}); "
+                              "choose another output path")
+
+
+def _same_file(a: Path | str, b: Path | str) -> bool:
+    try:
+        return os.path.samefile(a, b)  # a hard link to an input is the input
+    except OSError:
+        return False
+
+
+def check_write_path(path: Path | str, inputs: Iterable[Path | str | None] = (), flag: str = "output") -> None:
+    """The one check of every path the tool writes (docs/security.md).
+
+    Refused: one of the run's ``inputs`` (same file, through any link), a symlink (its target
+    would not be what the user named, and a link in a shared directory can point anywhere),
+    and anything that exists and is not a regular file (a FIFO, a device, a directory).
+    """
+    p = Path(path)
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise OutputError(f"{flag} {safe_text(path)}: cannot be checked ({exc.strerror or exc})") from None
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        raise OutputError(f"{flag} {safe_text(path)} is a symbolic link; give the real path (links are never written "
+                          "through)")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise OutputError(f"{flag} {safe_text(path)} is {kind}; give a file path")
+    check_not_input(p, inputs)
 
 
 def temp_sibling(path: Path | str) -> Path:
@@ -65,7 +110,7 @@ def atomic_target(path: Path | str, inputs: Iterable[Path | str | None] = (), *,
     ``durable`` fsyncs the file and its directory (packages, records); plain reports skip it.
     """
     path = Path(path)
-    check_not_input(path, inputs)
+    check_write_path(path, inputs)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_sibling(path)
     try:
@@ -152,11 +197,129 @@ def check_output_file(path: Path | str, flag: str, inputs: Iterable[Path | str |
     if path.is_dir():
         raise OutputError(f"{flag} {str(path)!r} is a directory; give a file path")
     try:
-        check_not_input(path, inputs)
+        check_write_path(path, inputs, flag)
     except OutputError as exc:
-        raise OutputError(f"{flag}: {exc}") from None
+        raise OutputError(str(exc) if str(exc).startswith(flag) else f"{flag}: {exc}") from None
     base = _nearest_existing(path.parent)
     if not base.is_dir():
         raise OutputError(f"{flag} {str(path)!r} cannot be written: {str(base)!r} is a file")
     if not os.access(base, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise OutputError(f"{flag} {str(path)!r} is not writable")
+
+
+# --- reading files from others ---------------------------------------------------------------
+
+def check_regular_file(path: Path | str, limit: int, what: str) -> os.stat_result:
+    """Refuse ``path`` unless it is a regular file (links followed) of at most ``limit`` bytes."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise InputFileError(f"{what} {safe_text(path)} does not exist") from None
+    except OSError as exc:
+        raise InputFileError(f"{what} {safe_text(path)} cannot be read ({exc.strerror or exc})") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise InputFileError(f"{what} {safe_text(path)} is a directory; give a file")
+    if not stat.S_ISREG(st.st_mode):
+        raise InputFileError(f"{what} {safe_text(path)} is not a regular file (a FIFO, socket or device is never read)")
+    if st.st_size > limit:
+        raise InputFileError(f"{what} {safe_text(path)} is {st.st_size} bytes; at most {limit} are read")
+    return st
+
+
+def read_limited(path: Path | str, limit: int, what: str) -> bytes:
+    """The bytes of ``path``, a regular file of at most ``limit`` bytes (:class:`InputFileError` otherwise).
+
+    Checked before reading and again on the open file (opened non-blocking, so a FIFO
+    swapped in between cannot hang the read); never more than ``limit`` bytes are read.
+    """
+    check_regular_file(path, limit, what)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise InputFileError(f"{what} {safe_text(path)} cannot be read ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise InputFileError(f"{what} {safe_text(path)} is not a regular file")
+        data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise InputFileError(f"{what} {safe_text(path)} is larger than {limit} bytes")
+    return data
+
+
+def json_depth(text: str | bytes, limit: int) -> int:
+    """The nesting depth of JSON ``text`` (strings skipped); ValueError beyond ``limit``, before any parser recurses."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", "replace")
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            if depth > limit:
+                raise ValueError(f"nested deeper than {limit} levels")
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def safe_text(value: object, limit: int = 200) -> str:
+    """``value`` as one printable line: control and format characters (newlines, ANSI escapes,
+    bidirectional overrides) escaped as ``\\xNN``/``\\uNNNN``, cut to ``limit`` characters."""
+    out = []
+    for ch in str(value):
+        if ch == "\\" or (unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp", "Co", "Cs")):
+            code = ord(ch)
+            out.append("\\\\" if ch == "\\" else (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"))
+        else:
+            out.append(ch)
+        if len(out) > limit:
+            break
+    text = "".join(out)
+    return text if len(text) <= limit else text[: max(0, limit - 3)] + "..."
+
+
+# --- what libraries write, what we delete ---------------------------------------------------------
+
+_cwd_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def private_workdir(prefix: str = "superkernel-") -> Iterator[Path]:
+    """Run a block with a new private (0700) temporary directory as the current directory, then remove it.
+
+    For library calls that write temporary files into the current directory (ONNX Runtime's
+    symbolic shape inference saves ``sym_shape_infer_temp.onnx`` there): they land here,
+    never in the user's directory. The working directory is process-wide: blocks are serialized.
+    """
+    with _cwd_lock:
+        old = os.getcwd()
+        tmp = Path(tempfile.mkdtemp(prefix=prefix))
+        try:
+            os.chdir(tmp)
+            yield tmp
+        finally:
+            os.chdir(old)
+            remove_tree(tmp)
+
+
+def remove_tree(path: Path | str) -> bool:
+    """Delete the directory ``path`` and what is in it without following any symlink (a link inside is
+    removed as a link; ``path`` itself a link: refused, False). True when something was removed."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        return False
+    shutil.rmtree(path, ignore_errors=True)  # fd-based on Linux: never descends through a link
+    return True

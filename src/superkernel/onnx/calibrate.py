@@ -24,7 +24,7 @@ import platform
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -79,6 +79,48 @@ def cache_dir() -> str:
 
 _PROCESS_CACHE: str | None = None
 
+CACHE_MAX_BYTES = 64 << 20
+CACHE_MAX_DEPTH = 8
+_RECORD_DOMAIN = b"superkernel-onnx-calibration/1"
+
+
+def _entries_bytes(entries: Mapping[str, dict]) -> bytes:
+    return json.dumps(entries, sort_keys=True, separators=(",", ":")).encode()
+
+
+def read_cache(path: str) -> tuple[dict[str, dict], str | None]:
+    """The measurements of the cache file ``path`` and None, or ``{}`` and why they are not used: the file
+    must be a regular file of this user, small and shallow, and its entries signed with this user's key
+    (a file anyone else wrote, or changed, is ignored: measurements decide which fusions are kept)."""
+    from superkernel.cache_dir import owned_file
+    from superkernel.userkey import signed_by_me
+    from superkernel.util import InputFileError, json_depth, read_limited
+
+    if owned_file(path) is None:
+        return {}, "ignored: not a regular file of this user that only this user can write"
+    try:
+        raw = read_limited(path, CACHE_MAX_BYTES, "calibration cache")
+        json_depth(raw, CACHE_MAX_DEPTH)
+        data = json.loads(raw)
+    except (InputFileError, OSError, ValueError) as exc:
+        return {}, f"ignored: {exception_summary(exc)}"
+    entries = data.get("entries") if isinstance(data, dict) else None
+    if not isinstance(entries, dict) or not signed_by_me(_RECORD_DOMAIN, _entries_bytes(entries), data.get("signature")):
+        return {}, "ignored: not signed with this user's key (written by someone else, or changed)"
+    return {k: v for k, v in entries.items() if isinstance(v, dict)}, None
+
+
+def write_cache(path: str, entries: Mapping[str, dict], inputs: Sequence[str] = ()) -> None:
+    """Write ``entries`` signed with this user's key, atomically, through the one output check
+    (never one of ``inputs``, never through a link)."""
+    from superkernel.userkey import mac
+    from superkernel.util import atomic_write
+
+    signature = mac(_RECORD_DOMAIN, _entries_bytes(entries))
+    text = json.dumps({"version": CACHE_VERSION, "entries": entries, "signature": signature}, indent=0,
+                      sort_keys=True)
+    atomic_write(path, text, inputs)
+
 
 def cpu_id() -> str:
     name = platform.processor() or platform.machine()
@@ -98,43 +140,36 @@ class Calibrator:
 
     def __init__(self, *, threads: int = 1, cache_path: str | None = None, use_cache: bool = True,
                  measure: Callable[[bytes, bytes], tuple[float, float]] | None = None,
-                 dims: Mapping[str, int] | None = None, default_dim: int = 1):
+                 dims: Mapping[str, int] | None = None, default_dim: int = 1, inputs: Sequence[str] = ()):
         import onnxruntime as ort
 
         self.threads = threads
         self.dims, self.default_dim = dict(dims or {}), default_dim
         self.use_cache = use_cache and measure is None
         self.cache_path = cache_path or os.path.join(cache_dir(), "onnx_calibration.json")
+        self.inputs = list(inputs)  # files of the run the cache may never replace
         self._measure = measure or self._time_pair
         self.env = f"{cpu_id()}|ort {ort.__version__}|threads {threads}|v{CACHE_VERSION}"
         self._cache: dict[str, dict] | None = None
         self.measured = 0
         self.reused = 0
+        self.cache_note: str | None = None  # why the cache file was not used, when it was not
 
     # ---- cache ------------------------------------------------------------------------
     def _load(self) -> dict[str, dict]:
         if self._cache is None:
             self._cache = {}
-            if self.use_cache:
-                try:
-                    with open(self.cache_path, encoding="utf-8") as f:
-                        data = json.load(f)
-                    if isinstance(data, dict):
-                        self._cache = {k: v for k, v in data.items() if isinstance(v, dict)}
-                except (OSError, ValueError):
-                    pass
+            if self.use_cache and os.path.lexists(self.cache_path):
+                self._cache, self.cache_note = read_cache(self.cache_path)
         return self._cache
 
     def save(self) -> None:
         if not self.use_cache or self._cache is None:
             return
         try:
-            from superkernel.util import atomic_write
-
-            os.makedirs(os.path.dirname(self.cache_path), exist_ok=True)
-            atomic_write(self.cache_path, json.dumps(self._cache, indent=0, sort_keys=True))
-        except Exception:  # noqa: BLE001 - a cache that cannot be written only costs time
-            pass
+            write_cache(self.cache_path, self._cache, self.inputs)
+        except Exception as exc:  # noqa: BLE001 - a cache that cannot be written only costs time
+            self.cache_note = f"not written: {exception_summary(exc)}"
 
     # ---- micro-models -----------------------------------------------------------------
     def micro_models(self, match_nodes, outputs, new_nodes, new_outputs, opsets) -> tuple[bytes, bytes, str] | str:

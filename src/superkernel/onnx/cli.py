@@ -18,7 +18,8 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from superkernel.util import (
-    OutputError, atomic_write, check_not_input, exception_summary, non_negative_int, positive_int,
+    InputFileError, OutputError, atomic_write, check_output_file, check_write_path, exception_summary,
+    non_negative_int, positive_int,
 )
 
 from . import benefit as B
@@ -121,8 +122,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.report:
             modelio.check_output_path(args.input, args.report, loaded.external_files, flag="--report")
             for path in (args.report, report.json_twin(args.report)):  # neither may replace a file of this run
-                check_not_input(path, report_inputs(args, loaded))
-    except (InputError, RuleSelectionError, OutputError) as e:
+                check_write_path(path, report_inputs(args, loaded), "--report")
+        if args.calibration_cache:  # a file of this run is never a cache (nor the cache a link)
+            check_output_file(args.calibration_cache, "--calibration-cache", calibration_inputs(args, loaded))
+    except (InputError, RuleSelectionError, OutputError, InputFileError) as e:
         return fail(str(e))
 
     from . import verify as V  # onnxruntime import is slow; only when there is work
@@ -135,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .calibrate import Calibrator
 
         calibrator = Calibrator(threads=args.threads or 1, cache_path=args.calibration_cache, dims=dims,
-                                default_dim=ESTIMATE_DEFAULT_DIM)
+                                default_dim=ESTIMATE_DEFAULT_DIM, inputs=calibration_inputs(args, loaded))
     status, code, message = "ok", EXIT_OK, ""
     progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
                         transient=True, disable=args.quiet)
@@ -232,6 +235,12 @@ def _calibration_info(calibrator) -> dict | None:
 def report_inputs(args: argparse.Namespace, loaded: modelio.LoadedModel) -> list[str]:
     """Files the report and its JSON twin must not replace: the input model, its external data, the output."""
     return [args.input, *loaded.external_files, args.output, modelio.external_data_path(args.output)]
+
+
+def calibration_inputs(args: argparse.Namespace, loaded: modelio.LoadedModel) -> list[str]:
+    """Files the calibration cache must not replace: those of :func:`report_inputs` and the reports."""
+    reports = [args.report, report.json_twin(args.report)] if args.report else []
+    return [*report_inputs(args, loaded), *reports]
 
 
 def print_summary(console: Console, d: dict) -> None:

@@ -15,11 +15,17 @@ import onnx
 import onnx_ir as ir
 from google.protobuf.message import DecodeError
 
-from superkernel.util import OutputError, check_not_input, check_output_file
+from superkernel.util import (
+    InputFileError, OutputError, check_not_input, check_output_file, check_regular_file, read_limited, safe_text,
+)
 
 MIN_OPSET = 11   # the rules read axes / split sizes from attributes (11-12) or inputs (13+); below 11
                  # is untested (Slice before 10, Clip/Pad before 11 take attributes) and refused
 MAX_OPSET = 25   # newest default-domain opset verified to load in the ONNX Runtime we test with
+
+
+MAX_MODEL_BYTES = 2 << 30         # protobuf's own limit for one message
+MAX_EXTERNAL_BYTES = 256 << 30    # one external data file
 
 
 class InputError(Exception):
@@ -37,17 +43,20 @@ class LoadedModel:
 
 
 def _one_line(msg: object) -> str:
-    text = " ".join(str(msg).split())
-    return text if len(text) <= 300 else text[:297] + "..."
+    return safe_text(" ".join(str(msg).split()), 300)
 
 
 def load(path: str) -> LoadedModel:
     if not os.path.exists(path):
-        raise InputError(f"input file not found: {path}")
+        raise InputError(f"input file not found: {safe_text(path)}")
     if os.path.isdir(path):
-        raise InputError(f"input is a directory, not an ONNX file: {path}")
+        raise InputError(f"input is a directory, not an ONNX file: {safe_text(path)}")
     try:
-        proto = onnx.load(path, load_external_data=False)
+        blob = read_limited(path, MAX_MODEL_BYTES, "--input")  # a FIFO or device is never read
+    except InputFileError as e:
+        raise InputError(str(e)) from None
+    try:
+        proto = onnx.load_model_from_string(blob)
     except DecodeError as e:
         raise InputError(f"{path}: not an ONNX model or truncated protobuf ({_one_line(e)})") from None
     except Exception as e:  # noqa: BLE001 - onnx raises assorted errors for garbage
@@ -61,7 +70,12 @@ def load(path: str) -> LoadedModel:
             loc = {e.key: e.value for e in t.external_data}.get("location", "")
             full = os.path.normpath(os.path.join(base, loc))
             if not os.path.isfile(full):
-                raise InputError(f"{path}: external data file {loc!r} of tensor {t.name!r} not found")
+                raise InputError(f"{path}: external data file {safe_text(loc)!r} of tensor {safe_text(t.name)!r} "
+                                 "not found")
+            try:
+                check_regular_file(full, MAX_EXTERNAL_BYTES, "external data file")
+            except InputFileError as e:
+                raise InputError(f"{path}: {e}") from None
             if full not in files:
                 files.append(full)
     opset = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 import onnx
 import onnx_ir as ir
 
-from superkernel.util import exception_summary
+from superkernel.util import exception_summary, private_workdir
 
 from ._util import reference_run
+from .foldsize import fold_size_bound
 
 SYMBOLIC_MAX_BYTES = 1 << 30  # symbolic inference needs the weights in memory; skip above 1 GiB of proto
 
@@ -122,7 +123,8 @@ def annotate(model: ir.Model, *, symbolic: bool = True) -> Annotations:
             try:
                 from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
-                sym = SymbolicShapeInference.infer_shapes(proto, auto_merge=True, guess_output_rank=False)
+                with private_workdir("superkernel-shapes-"):  # it saves a model into "." when incomplete
+                    sym = SymbolicShapeInference.infer_shapes(proto, auto_merge=True, guess_output_rank=False)
                 if sym is not None:
                     for name, vi in _value_infos(sym).items():
                         if name in missing:
@@ -185,8 +187,9 @@ def _fold_small_constants(proto: onnx.ModelProto) -> onnx.ModelProto:
             continue
         if node.op_type == "Constant":
             try:
-                arr = numpy_helper.to_array(node.attribute[0].t) if node.attribute[0].type == onnx.AttributeProto.TENSOR \
-                    else None
+                attr = node.attribute[0]
+                arr = numpy_helper.to_array(attr.t) if attr.type == onnx.AttributeProto.TENSOR \
+                    and _numel(attr.t.dims) <= FOLD_MAX_ELEMENTS else None
             except Exception:  # noqa: BLE001
                 arr = None
             if arr is not None and arr.size <= FOLD_MAX_ELEMENTS:
@@ -197,8 +200,12 @@ def _fold_small_constants(proto: onnx.ModelProto) -> onnx.ModelProto:
                 or any(a.type == onnx.AttributeProto.GRAPH for a in node.attribute)):
             nodes.append(node)
             continue
+        feeds = {i: known[i] for i in node.input if i}
+        bound = fold_size_bound(node, [known[i] if i else None for i in node.input])
+        if bound is None or bound > FOLD_MAX_ELEMENTS:  # sized before it is evaluated, never after
+            nodes.append(node)
+            continue
         try:
-            feeds = {i: known[i] for i in node.input if i}
             res = reference_run(node, feeds, opset)  # with the model's opset
         except Exception:  # noqa: BLE001 - not evaluable here; inference treats it as usual
             nodes.append(node)

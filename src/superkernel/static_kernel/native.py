@@ -18,7 +18,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Protocol
 
-from superkernel.runtime.native.build import abi_fingerprint, library_path, load, load_library, source_key
+from superkernel.runtime.native.build import (
+    abi_fingerprint, library_path, load, load_library, source_key, trusted_library_bytes,
+)
 from superkernel.static_kernel.builder import Artifact, Builder
 from superkernel.static_kernel.loader import ArtifactLoader
 from superkernel.static_kernel.package import Package
@@ -125,11 +127,9 @@ class NativeModules:
         return ws.become_builder()
 
     def _add(self, key: str, src: Any) -> None:
-        path = library_path(src)
-        try:
-            data = path.read_bytes()
-        except OSError:
-            return  # (removed from the cache meanwhile: the next build packages it)
+        data = trusted_library_bytes(library_path(src))
+        if data is None:
+            return  # (removed or replaced in the cache meanwhile: never packaged unless this user built it)
         ws = self.ws
         entry = {"file": f"native/{key}.so", "module": src.module_name, "abi": abi_fingerprint(),
                  "graph": ws.current_graph, "entries": list(src.entries)}

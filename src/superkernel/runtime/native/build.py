@@ -167,10 +167,20 @@ def _pch_dir(root: Path) -> Path:
     header = directory / "sk_native_pch.h"
     gch = directory / "sk_native_pch.h.gch"
     failed = directory / "failed"
-    if gch.exists() or failed.exists():
-        return directory
+    from superkernel.cache_dir import check_private, owned_file
+
     directory.mkdir(exist_ok=True, mode=0o700)
-    if not header.exists():
+    try:
+        check_private(directory)
+    except OSError as exc:
+        raise NativeBuildError(str(exc)) from None
+    header_ok = owned_file(header) is not None and header.read_bytes() == _PCH_HEADER.encode()
+    gch_ok = trusted_library_bytes(gch) is not None
+    if not gch_ok and os.path.lexists(gch):
+        os.unlink(gch)  # the compiler would pick up a precompiled header beside the text: only ours
+    if header_ok and (gch_ok or owned_file(failed) is not None):
+        return directory
+    if not header_ok:  # missing, or not the text we write (never compiled into a module)
         atomic_write(header, _PCH_HEADER)
     if "g++" not in os.path.basename(cxx) and "gcc" not in _compiler_id(cxx).lower():
         return directory  # only GCC's precompiled headers are used; other compilers read the header
@@ -178,8 +188,9 @@ def _pch_dir(root: Path) -> Path:
         with atomic_target(gch) as tmp:
             _run([cxx, *_compile_flags(), "-x", "c++-header", str(header), "-o", str(tmp)],
                  "precompiling the torch headers")
+        _sign_library(gch)
     except NativeBuildError:
-        failed.write_text("the precompiled header failed to build; modules include the header instead\n")
+        atomic_write(failed, "the precompiled header failed to build; modules include the header instead\n")
     return directory
 
 
@@ -187,14 +198,56 @@ def library_path(src: NativeSource, directory: Path | None = None) -> Path:
     return (directory or cache_dir()) / f"{src.module_name}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
 
 
+_RECORD_DOMAIN = b"superkernel-native-module/1"
+_RECORD_MAX = 4096
+
+
+def _record_path(lib: Path) -> Path:
+    return lib.with_name(lib.name + ".sig")
+
+
+def _record_data(lib: Path, data: bytes) -> bytes:
+    return lib.name.encode() + b"\0" + hashlib.sha256(data).digest()
+
+
+def trusted_library_bytes(lib: Path) -> bytes | None:
+    """The content of the cached module ``lib`` when this user built it: the file and its record are
+    regular files of this user and the record, signed with this user's key, names exactly this content.
+    None otherwise (missing, planted by someone else, changed after it was built)."""
+    from superkernel.cache_dir import owned_file
+    from superkernel.userkey import signed_by_me
+    from superkernel.util import InputFileError, read_limited
+
+    record = _record_path(lib)
+    if owned_file(lib) is None or owned_file(record) is None:
+        return None
+    try:
+        signature = read_limited(record, _RECORD_MAX, "native module record").decode("ascii", "replace").strip()
+        data = lib.read_bytes()
+    except (InputFileError, OSError):
+        return None
+    return data if signed_by_me(_RECORD_DOMAIN, _record_data(lib, data), signature) else None
+
+
+def _sign_library(lib: Path) -> None:
+    from superkernel.userkey import TrustError, mac
+
+    try:
+        signature = mac(_RECORD_DOMAIN, _record_data(lib, lib.read_bytes()))
+    except (TrustError, OSError) as exc:
+        raise NativeBuildError(f"cannot record native module {lib.name}: {exc}") from None
+    atomic_write(_record_path(lib), f"{signature}\n")
+
+
 def build_library(src: NativeSource, directory: Path | None = None) -> Path:
-    """The shared library of ``src`` in ``directory`` (default: the cache), compiled if absent."""
+    """The shared library of ``src`` in ``directory`` (default: the cache), compiled unless this user's
+    signed record vouches for the one there (a file someone else put there is replaced, never loaded)."""
     out = library_path(src, directory)
-    if out.exists():
+    if trusted_library_bytes(out) is not None:
         return out
     root = cache_dir()
     pch = _pch_dir(root)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     work = Path(tempfile.mkdtemp(prefix=f".{src.module_name}.", dir=out.parent))
     try:
         cpp = work / f"{src.module_name}.cpp"
@@ -203,6 +256,7 @@ def build_library(src: NativeSource, directory: Path | None = None) -> Path:
         _run([compiler(), *_compile_flags(), f"-I{pch}", f"-DSK_MODULE={src.module_name}", "-shared", str(cpp),
               "-o", str(tmp_so), *_link_flags()], f"building native module {src.module_name}")
         os.replace(tmp_so, out)
+        _sign_library(out)
         try:
             os.replace(cpp, out.parent / f"{src.module_name}.cpp")  # kept beside it for reading
         except OSError:

@@ -1,0 +1,84 @@
+"""How many elements a node would produce from known constant inputs, computed before evaluating it.
+
+Constant folding (:mod:`superkernel.onnx.shapes`) evaluates only nodes whose result is
+small. A 100-byte model can ask for a 6 GB constant (``ConstantOfShape`` of ``[40000, 40000]``,
+an ``Expand``, a ``Tile``, a ``Range``, a broadcast); its size must be known before the
+reference implementation allocates it. :func:`fold_size_bound` gives an upper bound from the
+input shapes and values for the operators folding needs, and None for every other operator
+(not folded).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+_BROADCAST = {"Add", "Sub", "Mul", "Div", "Pow", "Mod", "Where", "Equal", "Less", "LessOrEqual", "Greater",
+              "GreaterOrEqual", "And", "Or", "Xor", "Max", "Min", "Sum", "Mean", "BitShift", "BitwiseAnd",
+              "BitwiseOr", "BitwiseXor", "PRelu"}
+# The result has at most as many elements as the inputs together (times the rank, for NonZero).
+_NOT_GROWING = {"Identity", "Cast", "CastLike", "Slice", "Squeeze", "Unsqueeze", "Reshape", "Flatten", "Concat",
+                "Transpose", "Neg", "Abs", "Not", "Sqrt", "Exp", "Log", "Floor", "Ceil", "Round", "Sign", "Relu",
+                "Sigmoid", "Tanh", "Reciprocal", "Softmax", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin",
+                "ReduceProd", "ArgMax", "ArgMin", "Split", "NonZero", "Trilu", "Clip", "IsNaN", "IsInf", "Erf",
+                "ScatterND", "ScatterElements", "CumSum", "GatherElements", "Shape", "Size", "Unique", "TopK"}
+
+
+def _ints(a: object) -> list[int] | None:
+    try:
+        arr = np.asarray(a)
+        if arr.dtype.kind not in "iu" or arr.ndim > 1:
+            return None
+        return [int(x) for x in arr.reshape(-1)]
+    except (TypeError, ValueError):
+        return None
+
+
+def _shape(a: object) -> tuple[int, ...]:
+    return tuple(np.shape(a))
+
+
+def fold_size_bound(node, inputs: Sequence[object | None]) -> int | None:
+    """An upper bound on the elements of ``node``'s largest output (None: unknown, do not fold)."""
+    op = node.op_type
+    present = [x for x in inputs if x is not None]
+    try:
+        if op in _NOT_GROWING:
+            rank = max((len(_shape(x)) for x in present), default=1)
+            return sum(int(np.size(x)) for x in present) * max(1, rank)
+        if op in _BROADCAST:
+            return math.prod(np.broadcast_shapes(*(_shape(x) for x in present)))
+        if op == "ConstantOfShape":
+            dims = _ints(inputs[0])
+            return None if dims is None or any(d < 0 for d in dims) else math.prod(dims)
+        if op == "Expand":
+            dims = _ints(inputs[1])
+            return None if dims is None or any(d < 0 for d in dims) else \
+                math.prod(np.broadcast_shapes(_shape(inputs[0]), tuple(dims)))
+        if op == "Tile":
+            reps = _ints(inputs[1])
+            shape = _shape(inputs[0])
+            if reps is None or len(reps) != len(shape) or any(r < 0 for r in reps):
+                return None
+            return math.prod(s * r for s, r in zip(shape, reps))
+        if op == "Range":
+            start, limit, delta = (float(np.asarray(x).reshape(-1)[0]) for x in inputs[:3])
+            if delta == 0 or not all(math.isfinite(v) for v in (start, limit, delta)):
+                return None
+            return max(0, math.ceil((limit - start) / delta))
+        if op == "Gather":
+            data, indices = inputs[0], inputs[1]
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            shape = _shape(data)
+            if not shape:
+                return None
+            along = shape[axis] if -len(shape) <= axis < len(shape) else 1
+            return int(np.size(data)) // max(1, along) * int(np.size(indices))
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    return None
+
+
+__all__ = ["fold_size_bound"]
