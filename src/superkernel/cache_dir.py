@@ -73,14 +73,15 @@ def _make_dirs(path: Path) -> None:
 def private_cache_dir(subdir: str | None = None) -> Path:
     """The cache root (or ``subdir`` below it), created 0700 and checked private (:class:`CacheDirError`)."""
     root = cache_root()
-    path = root / subdir if subdir else root
-    try:
-        _make_dirs(path)
-    except OSError as exc:
-        raise CacheDirError(f"cannot create cache directory {path}: {exc.strerror or exc}; "
-                            "set SUPERKERNEL_CACHE_DIR") from None
-    for p in (root, path) if subdir else (root,):
-        check_private(p)
+    path = root
+    for part in [None, *(Path(subdir).parts if subdir else ())]:  # each level checked before the next is made
+        path = path / part if part else path
+        try:
+            _make_dirs(path)
+        except OSError as exc:
+            raise CacheDirError(f"cannot create cache directory {path}: {exc.strerror or exc}; "
+                                "set SUPERKERNEL_CACHE_DIR") from None
+        check_private(path)
     return path
 
 

@@ -27,8 +27,12 @@ def test_private_cache_dir_is_0700_and_refuses_other_owners(tmp_path, monkeypatc
     own = tmp_path / "own"
     monkeypatch.setenv("SUPERKERNEL_CACHE_DIR", str(own))  # wins over XDG_CACHE_HOME
     assert private_cache_dir() == own
-    os.chmod(own, 0o777)  # group- and world-writable, but ours: made private
-    assert private_cache_dir("sub") == own / "sub" and not _mode(own) & 0o022
+    os.chmod(own, 0o777)  # group- and world-writable, though ours: refused, never repaired and then trusted
+    with pytest.raises(CacheDirError, match="writable by other users"):
+        private_cache_dir("sub")
+    assert _mode(own) == 0o777 and not (own / "sub").exists()
+    os.chmod(own, 0o700)
+    assert private_cache_dir("sub") == own / "sub"
 
     if os.geteuid() == 0:  # another user's directory: root can make one
         os.chown(own, 65534, 65534)

@@ -17,7 +17,7 @@ EXIT_NO_RESULT = 1
 EXIT_USAGE = 2
 
 
-from superkernel.util import positive_int
+from superkernel.util import positive_int, safe_text
 
 
 class _Parser(argparse.ArgumentParser):
@@ -204,7 +204,7 @@ def _cmd_optimize(args) -> int:
         if key in outcome.files:
             console.print(f"  {key}: {outcome.files[key]}")
     if not outcome.has_recommendation:
-        sys.stderr.write(f"{PROG}: error: {outcome.message}\n")
+        sys.stderr.write(f"{PROG}: error: {safe_text(outcome.message, 1000)}\n")
         return EXIT_NO_RESULT
     console.print(outcome.message, highlight=False)
     return 0
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     except _no_result_errors() as exc:
         if os.environ.get("SUPERKERNEL_TRACEBACK"):
             raise
-        sys.stderr.write(f"{PROG}: error: {' '.join(str(exc).split())}\n")
+        sys.stderr.write(f"{PROG}: error: {safe_text(' '.join(str(exc).split()), 1000)}\n")
         return EXIT_NO_RESULT
     except KeyboardInterrupt:
         sys.stderr.write(f"{PROG}: interrupted\n")
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     except _expected_errors() as exc:
         if os.environ.get("SUPERKERNEL_TRACEBACK"):
             raise
-        sys.stderr.write(f"{PROG}: error: {' '.join(str(exc).split())}\n")
+        sys.stderr.write(f"{PROG}: error: {safe_text(' '.join(str(exc).split()), 1000)}\n")
         return EXIT_USAGE
 
 

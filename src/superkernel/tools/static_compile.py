@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ from typing import Any
 from superkernel.static_kernel.environment import environment, environment_mismatch
 from superkernel.static_kernel.package import OUTPUTS_DIR, PackageError, describe, find_packages, read_manifest, resign
 from superkernel.static_kernel.trust import TrustError, key_path
-from superkernel.util import positive_int
+from superkernel.util import positive_int, remove_tree, safe_text
 
 
 def _batch_sizes(text: str) -> list[int]:
@@ -117,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         result = build(args.model, args.build_dir, batch_sizes=args.batch_sizes, plan=args.config, mode=args.mode,
                        prompt_len=args.prompt_len, max_cache_len=args.max_cache_len, seed=args.seed)
     except (ValueError, OSError, PackageError, TrustError) as exc:
-        print(f"superkernel static-compile: error: {exc}", file=sys.stderr)
+        print(f"superkernel static-compile: error: {safe_text(exc, 600)}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(result, indent=1, default=str))
@@ -263,25 +262,27 @@ def list_packages(build_dir: Path, *, as_json: bool = False) -> int:
     if not rows:
         print(f"no static kernel packages under {build_dir / OUTPUTS_DIR}")
         return 0
+    t = safe_text  # every string below comes from a package file someone else may have written
     for row in rows:
-        ok = "matches this machine" if row["matches_this_machine"] else f"does NOT match: {row['why_not']}"
-        print(row["path"])
+        ok = "matches this machine" if row["matches_this_machine"] else f"does NOT match: {t(row['why_not'], 300)}"
+        print(t(row["path"], 4096))
         if "artifacts" in row:
-            env = row.get("environment", {})
-            graphs = "; ".join(f"{h[:10]} {','.join(g['names'])} ({g['variants']} shape variant(s))"
-                               for h, g in row["graphs"].items())
-            print(f"  created {row['created']}  {row['artifacts']} compiled partitions, {row.get('frames', 0)} "
-                  f"precompiled frames, {row['kernels']} kernel libraries, {row.get('native', 0)} native CPU modules, "
-                  f"{row['bytes'] / 1e6:.2f} MB")
-            print(f"  torch {env.get('torch')}  python {env.get('python')}  {env.get('device_kind')} "
-                  f"[{env.get('device_capability')}]  config {row.get('config_fingerprint')}")
+            env = row.get("environment", {}) if isinstance(row.get("environment"), dict) else {}
+            graphs = "; ".join(f"{t(h, 10)[:10]} {t(','.join(map(str, g.get('names', []))), 120)} "
+                               f"({t(g.get('variants'), 20)} shape variant(s))"
+                               for h, g in list(row["graphs"].items())[:20] if isinstance(g, dict))
+            print(f"  created {t(row['created'], 40)}  {t(row['artifacts'], 20)} compiled partitions, "
+                  f"{t(row.get('frames', 0), 20)} precompiled frames, {t(row['kernels'], 20)} kernel libraries, "
+                  f"{t(row.get('native', 0), 20)} native CPU modules, {row['bytes'] / 1e6:.2f} MB")
+            print(f"  torch {t(env.get('torch'), 60)}  python {t(env.get('python'), 40)}  {t(env.get('device_kind'), 20)} "
+                  f"[{t(env.get('device_capability'), 40)}]  config {t(row.get('config_fingerprint'), 40)}")
             print(f"  graphs: {graphs or '-'}")
         print(f"  {ok} (compiler config is checked when a backend loads it)")
         if row["trusted"]:
             print("  trusted: signed with this user's key")
         elif "artifacts" in row:
-            print(f"  NOT trusted ({row['untrusted']}); it is not loaded. If you trust it: "
-                  f"superkernel static-compile --trust {row['path']}")
+            print(f"  NOT trusted ({t(row['untrusted'], 200)}); it is not loaded. If you trust it: "
+                  f"superkernel static-compile --trust {t(row['path'], 4096)}")
         else:
             print("  NOT trusted (unreadable); it is not loaded")
     return 0
@@ -298,20 +299,22 @@ def trust_package(path: Path) -> int:
     info = describe(pkg)
     m, env = pkg.manifest, info["environment"]
     by = m.get("created_by") if isinstance(m.get("created_by"), dict) else {}
-    print(f"{path}")
-    print(f"  created {info['created']} by superkernel {by.get('superkernel', '?')} (pid {by.get('pid', '?')})")
-    print(f"  {info['artifacts']} compiled partitions, {info['frames']} precompiled frames, {info['kernels']} kernel "
-          f"libraries, {info['native']} native CPU modules, {info['bytes'] / 1e6:.2f} MB; manifest sha256 "
-          f"{__import__('hashlib').sha256(pkg.manifest_bytes).hexdigest()[:16]}")
-    print(f"  built for torch {env.get('torch')}  python {env.get('python')}  {env.get('system')} "
-          f"{env.get('machine')}  {env.get('device_kind')} [{env.get('device_capability')}]")
+    t = safe_text  # strings from the package's manifest
+    print(t(path, 4096))
+    print(f"  created {t(info['created'], 40)} by superkernel {t(by.get('superkernel', '?'), 40)} "
+          f"(pid {t(by.get('pid', '?'), 20)})")
+    print(f"  {t(info['artifacts'], 20)} compiled partitions, {t(info['frames'], 20)} precompiled frames, "
+          f"{t(info['kernels'], 20)} kernel libraries, {t(info['native'], 20)} native CPU modules, "
+          f"{info['bytes'] / 1e6:.2f} MB; manifest sha256 {__import__('hashlib').sha256(pkg.manifest_bytes).hexdigest()[:16]}")
+    print(f"  built for torch {t(env.get('torch'), 60)}  python {t(env.get('python'), 40)}  {t(env.get('system'), 40)} "
+          f"{t(env.get('machine'), 40)}  {t(env.get('device_kind'), 20)} [{t(env.get('device_capability'), 40)}]")
     reason = environment_mismatch(env, environment(str(env.get("device_kind") or "cpu")))
     if reason:
-        print(f"  note: it does not match this machine ({reason}); it will be ignored until it does")
+        print(f"  note: it does not match this machine ({safe_text(reason, 300)}); it will be ignored until it does")
     if pkg.trusted:
         print("  already trusted (signed with this user's key)")
         return 0
-    print(f"  was not trusted: {pkg.untrusted}")
+    print(f"  was not trusted: {safe_text(pkg.untrusted, 300)}")
     resign(pkg)
     print(f"  trusted now: signed with this user's key ({key_path()}); processes of this user load it")
     if not (path.name.startswith("static_kernel_") and path.name.endswith(".skpkg")):
@@ -321,10 +324,17 @@ def trust_package(path: Path) -> int:
 
 
 def clean(build_dir: Path) -> int:
+    """Remove the packages and output folders under ``build_dir`` — never through a symlink: a linked build
+    dir, outputs folder or output folder is refused or skipped, and trees are removed without following links."""
     build_dir = Path(build_dir)
     root = build_dir / OUTPUTS_DIR
+    for path in (build_dir, root):
+        if path.is_symlink():
+            print(f"superkernel static-compile: error: {safe_text(path)} is a symbolic link; --clean never deletes "
+                  "through a link (give the real directory)", file=sys.stderr)
+            return 2
     if not root.is_dir():
-        print(f"nothing to clean: {root} does not exist")
+        print(f"nothing to clean: {safe_text(root)} does not exist")
         return 0
     from superkernel.static_kernel.lock import build_lock
 
@@ -332,16 +342,21 @@ def clean(build_dir: Path) -> int:
     try:
         lock.acquire(timeout=0.5)
     except Exception:  # noqa: BLE001 - filelock.Timeout
-        print(f"superkernel static-compile: error: a build is running in {root}; try again when it ends",
+        print(f"superkernel static-compile: error: a build is running in {safe_text(root)}; try again when it ends",
               file=sys.stderr)
         return 2
     removed_pkgs = 0
     removed_dirs = 0
+    skipped = []
     try:
         for child in sorted(root.iterdir()):
-            if child.is_dir() and child.name.endswith("_outputs"):
-                removed_pkgs += len(list(child.glob("static_kernel_*.skpkg")))
-                shutil.rmtree(child, ignore_errors=True)
+            if not child.name.endswith("_outputs"):
+                continue
+            if child.is_symlink() or not child.is_dir():
+                skipped.append(child.name)
+                continue
+            removed_pkgs += len([p for p in child.glob("static_kernel_*.skpkg") if not p.is_symlink()])
+            if remove_tree(child):
                 removed_dirs += 1
     finally:
         lock.release()
@@ -350,7 +365,9 @@ def clean(build_dir: Path) -> int:
         root.rmdir()
     except OSError:
         pass
-    print(f"removed {removed_pkgs} package(s) and {removed_dirs} output folder(s) from {root}")
+    print(f"removed {removed_pkgs} package(s) and {removed_dirs} output folder(s) from {safe_text(root)}")
+    if skipped:
+        print(f"  left {len(skipped)} symbolic link(s) alone: {safe_text(', '.join(skipped))}")
     return 0
 
 

@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from superkernel.util import atomic_write
+from superkernel.util import InputFileError, atomic_write, read_limited, safe_text
 from superkernel.config import MODES
 
 VERSION = 1
@@ -142,16 +142,62 @@ def read_plan(source: str | Path | Mapping[str, Any]) -> PlanFile:
         return _validate(source, "plan")
     path = Path(source)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PlanFileError(f"plan file {str(path)!r} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PlanFileError(f"cannot read plan file {str(path)!r}: {exc}") from None
+        text = read_limited(path, MAX_PLAN_BYTES, "plan file").decode("utf-8")
+    except InputFileError as exc:
+        raise PlanFileError(str(exc)) from None
+    except UnicodeDecodeError as exc:
+        raise PlanFileError(f"cannot read plan file {safe_text(path)}: {exc}") from None
     try:
+        check_yaml_limits(text)
         data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise PlanFileError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
-    return _validate(data, str(path))
+    except (yaml.YAMLError, ValueError, RecursionError) as exc:
+        raise PlanFileError(f"{safe_text(path)}: not valid YAML: {safe_text(' '.join(str(exc).split()), 300)}") from None
+    return _validate(data, safe_text(path))
+
+
+MAX_PLAN_BYTES = 1 << 20
+MAX_YAML_DEPTH = 32
+MAX_YAML_NODES = 100_000  # after alias expansion
+
+
+def check_yaml_limits(text: str) -> None:
+    """Refuse YAML whose nesting or expanded size (aliases counted each time they are used) is beyond the
+    limits, from the event stream alone: nothing is built, and no parser recursion runs before this."""
+    stack: list[list[int]] = []  # per open collection: [expanded nodes, deepest nesting below]
+    anchors: dict[str, tuple[int, int]] = {}
+    open_anchors: list[str | None] = []
+    total = 0
+
+    def add(nodes: int, depth: int) -> None:
+        nonlocal total
+        total += nodes if not stack else 0
+        if stack:
+            stack[-1][0] += nodes
+            stack[-1][1] = max(stack[-1][1], depth)
+        if total > MAX_YAML_NODES or (stack and stack[-1][0] > MAX_YAML_NODES):
+            raise ValueError(f"more than {MAX_YAML_NODES} values once aliases are expanded")
+
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.SequenceStartEvent, yaml.MappingStartEvent)):
+            if len(stack) >= MAX_YAML_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_YAML_DEPTH} levels")
+            stack.append([1, 0])
+            open_anchors.append(event.anchor)
+        elif isinstance(event, (yaml.SequenceEndEvent, yaml.MappingEndEvent)):
+            nodes, below = stack.pop()
+            anchor = open_anchors.pop()
+            if anchor:
+                anchors[anchor] = (nodes, below + 1)
+            add(nodes, below + 1)
+        elif isinstance(event, yaml.ScalarEvent):
+            if event.anchor:
+                anchors[event.anchor] = (1, 0)
+            add(1, 0)
+        elif isinstance(event, yaml.AliasEvent):
+            nodes, depth = anchors.get(event.anchor, (1, 0))
+            if len(stack) + depth > MAX_YAML_DEPTH:
+                raise ValueError(f"nested deeper than {MAX_YAML_DEPTH} levels once aliases are expanded")
+            add(nodes, depth)
 
 
 def write_plan(path: str | Path, plan: PlanFile, inputs: list[Path] = ()) -> Path:

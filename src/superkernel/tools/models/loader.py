@@ -7,14 +7,23 @@ Only safetensors weights are read (never pickle files).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import torch
 
 from superkernel.tools.models.zoo import ZOO, zoo_listing
+from superkernel.util import InputFileError, json_depth, read_limited, safe_text
+
+MAX_CONFIG_BYTES = 4 << 20
+MAX_CONFIG_DEPTH = 64
 
 
 class ModelLoadError(ValueError):
@@ -116,13 +125,17 @@ def _load_checkpoint(path: Path, wanted: torch.dtype | None = None) -> LoadedMod
     if not config_file.is_file():
         raise ModelLoadError(f"checkpoint directory {str(path)!r} has no config.json")
     try:
-        raw = json.loads(config_file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{config_file} is not valid JSON: {exc}") from None
+        text = read_limited(config_file, MAX_CONFIG_BYTES, "config.json").decode("utf-8")
+        json_depth(text, MAX_CONFIG_DEPTH)  # before the recursive parser (a RecursionError otherwise)
+        raw = json.loads(text)
+    except InputFileError as exc:
+        raise ModelLoadError(str(exc)) from None
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ModelLoadError(f"{safe_text(config_file)} is not valid JSON: {_one_line(exc)}") from None
     if not isinstance(raw, dict) or "model_type" not in raw:
         raise ModelLoadError(f"{config_file} has no \"model_type\"; it is not a Hugging Face model config")
     if not isinstance(raw["model_type"], str):
-        raise ModelLoadError(f"{config_file}: \"model_type\" must be a string, got {raw['model_type']!r}")
+        raise ModelLoadError(f"{config_file}: \"model_type\" must be a string, got {safe_text(repr(raw['model_type']), 80)}")
     if "auto_map" in raw:  # custom code: never run it (trust_remote_code is always False)
         raise ModelLoadError(f"checkpoint {str(path)!r} needs custom Python code (config.json has \"auto_map\"); "
                              "superkernel never runs code from a checkpoint (trust_remote_code=False): use a model_type "
@@ -132,31 +145,33 @@ def _load_checkpoint(path: Path, wanted: torch.dtype | None = None) -> LoadedMod
         pickles = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt"))
         extra = f" (found {', '.join(pickles[:3])}: pickle weights are not loaded; convert them to safetensors)" if pickles else ""
         raise ModelLoadError(f"checkpoint directory {str(path)!r} has no *.safetensors weights{extra}")
-    try:
-        config = AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
-    except Exception as exc:  # transformers raises ValueError/KeyError/OSError for unknown or broken configs
-        raise ModelLoadError(f"cannot read {config_file}: {_one_line(exc)}") from None
-    dtype = wanted or _checkpoint_dtype(raw) or torch.float32
-    dtype_source = "--dtype" if wanted is not None else ("checkpoint" if _checkpoint_dtype(raw) else
-                                                         "default (the checkpoint names no dtype)")
-    from transformers.utils import logging as hf_logging
+    with _library_messages() as held:  # shown only when the checkpoint loads
+        try:
+            config = AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
+        except Exception as exc:  # transformers raises ValueError/KeyError/OSError for unknown or broken configs
+            raise ModelLoadError(f"cannot read {config_file}: {_one_line(exc)}") from None
+        dtype = wanted or _checkpoint_dtype(raw) or torch.float32
+        dtype_source = "--dtype" if wanted is not None else ("checkpoint" if _checkpoint_dtype(raw) else
+                                                             "default (the checkpoint names no dtype)")
+        from transformers.utils import logging as hf_logging
 
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # our own progress display; keep stderr to one line per error
-    try:
-        model, info = AutoModelForCausalLM.from_pretrained(
-            str(path), config=config, local_files_only=True, use_safetensors=True, dtype=dtype,
-            output_loading_info=True, trust_remote_code=False)
-    except ValueError as exc:
-        if "Unrecognized configuration class" in str(exc):
-            raise ModelLoadError(f"{str(path)!r}: model_type {raw['model_type']!r} is not a causal language model "
-                                 "transformers knows (AutoModelForCausalLM)") from None
-        raise ModelLoadError(f"cannot load checkpoint {str(path)!r}: {_one_line(exc)}") from None
-    except Exception as exc:  # corrupt safetensors, shape mismatches, ...
-        raise ModelLoadError(f"cannot load checkpoint {str(path)!r}: {_one_line(exc)}") from None
-    finally:
-        if bars:
-            hf_logging.enable_progress_bar()
+        bars = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # our own progress display; keep stderr to one line per error
+        try:
+            model, info = AutoModelForCausalLM.from_pretrained(
+                str(path), config=config, local_files_only=True, use_safetensors=True, dtype=dtype,
+                output_loading_info=True, trust_remote_code=False)
+        except ValueError as exc:
+            if "Unrecognized configuration class" in str(exc):
+                raise ModelLoadError(f"{str(path)!r}: model_type {safe_text(raw['model_type'], 80)!r} is not a causal language model "
+                                     "transformers knows (AutoModelForCausalLM)") from None
+            raise ModelLoadError(f"cannot load checkpoint {str(path)!r}: {_one_line(exc)}") from None
+        except Exception as exc:  # corrupt safetensors, shape mismatches, ...
+            raise ModelLoadError(f"cannot load checkpoint {str(path)!r}: {_one_line(exc)}") from None
+        finally:
+            if bars:
+                hf_logging.enable_progress_bar()
+    _show(held)
     missing = [k for k in info.get("missing_keys", []) if not _is_tied(model, k)]
     if missing:
         raise ModelLoadError(f"checkpoint {str(path)!r} lacks {len(missing)} weight(s) the model needs, "
@@ -175,4 +190,35 @@ def _is_tied(model: torch.nn.Module, key: str) -> bool:
 
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
-    return (text[:300] + "...") if len(text) > 300 else (text or type(exc).__name__)
+    return safe_text(text, 300) if text else type(exc).__name__
+
+
+@contextlib.contextmanager
+def _library_messages() -> Iterator[list[logging.LogRecord]]:
+    """Hold what transformers logs or warns while a checkpoint loads (its text comes from the checkpoint's
+    config): dropped when loading fails (the one-line error says what matters), shown afterwards one
+    sanitized line each when it succeeds."""
+    held: list[logging.LogRecord] = []
+
+    class Hold(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            held.append(record)
+
+    logger = logging.getLogger("transformers")
+    saved, propagate = logger.handlers[:], logger.propagate
+    logger.handlers, logger.propagate = [Hold()], False
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("default")
+            yield held
+    finally:
+        logger.handlers, logger.propagate = saved, propagate
+    for w in caught:
+        held.append(logging.LogRecord("transformers", logging.WARNING, "", 0, str(w.message), None, None))
+
+
+def _show(held: list[logging.LogRecord]) -> None:
+    for record in held[:20]:
+        if record.levelno >= logging.WARNING:
+            print(f"superkernel: note from transformers: {safe_text(' '.join(record.getMessage().split()), 300)}",
+                  file=sys.stderr)
