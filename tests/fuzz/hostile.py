@@ -99,3 +99,32 @@ def run_bounded(code: str, *, mem_mb: int = 3072, timeout: float = 120, env: dic
     result = json.loads(lines[-1]) if lines else {}
     result.update(rc=proc.returncode, hung=False, stderr=proc.stderr[-4000:])
     return result
+
+
+class FifoWatchdog:
+    """Unblock whoever is stuck reading the FIFO ``path`` after ``seconds`` (opens it for writing and
+    closes it: the reader sees end of file), so an in-process case that would hang fails instead."""
+
+    def __init__(self, path: Path, seconds: float = 20) -> None:
+        import threading
+
+        self.path, self.fired = path, False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(seconds,), daemon=True)
+
+    def _run(self, seconds: float) -> None:
+        while not self._stop.wait(seconds):
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK)
+            except OSError:
+                continue  # no reader (yet)
+            self.fired = True
+            os.close(fd)
+
+    def __enter__(self) -> "FifoWatchdog":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
