@@ -323,3 +323,14 @@ def remove_tree(path: Path | str) -> bool:
         return False
     shutil.rmtree(path, ignore_errors=True)  # fd-based on Linux: never descends through a link
     return True
+
+
+def short_repr(value: object, limit: int = 80) -> str:
+    """A bounded, sanitized ``repr`` for error messages: nested and shared values (a YAML alias bomb) are
+    cut while the text is built, never rendered in full first."""
+    import reprlib
+
+    r = reprlib.Repr()
+    r.maxlevel, r.maxlist, r.maxdict, r.maxtuple, r.maxset = 3, 6, 6, 6, 6
+    r.maxstring, r.maxother, r.maxlong = limit, limit, 40
+    return safe_text(r.repr(value), limit)

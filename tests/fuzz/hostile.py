@@ -22,7 +22,9 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
-SRC = str(Path(__file__).resolve().parents[2] / "src")
+import superkernel
+
+SRC = str(Path(superkernel.__file__).resolve().parents[1])  # the superkernel this test process imports
 ROOT = str(Path(__file__).resolve().parents[2])
 
 

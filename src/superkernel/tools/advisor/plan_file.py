@@ -27,7 +27,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from superkernel.util import InputFileError, atomic_write, read_limited, safe_text
+from superkernel.util import InputFileError, atomic_write, read_limited, safe_text, short_repr
 from superkernel.config import MODES
 
 VERSION = 1
@@ -66,15 +66,15 @@ def _validate(data: Any, where: str) -> PlanFile:
         raise PlanFileError(f"{where}: expected a mapping with 'scopes' and 'mode', got {type(data).__name__}")
     unknown = set(data) - _KEYS
     if unknown:
-        raise PlanFileError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}; allowed: {', '.join(sorted(_KEYS))}")
+        raise PlanFileError(f"{where}: unknown key(s) {safe_text(', '.join(sorted(map(str, unknown))), 200)}; allowed: {', '.join(sorted(_KEYS))}")
     if data.get("version", VERSION) != VERSION:
-        raise PlanFileError(f"{where}: version {data.get('version')!r} is not supported (this superkernel reads {VERSION})")
+        raise PlanFileError(f"{where}: version {short_repr(data.get('version'))} is not supported (this superkernel reads {VERSION})")
     backend = data.get("backend", SUPERKERNEL)
     if backend not in BACKENDS:
-        raise PlanFileError(f"{where}: backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        raise PlanFileError(f"{where}: backend must be one of {', '.join(BACKENDS)}, got {short_repr(backend)}")
     if backend == TORCH_COMPILE:
         if data.get("scopes"):
-            raise PlanFileError(f"{where}: a 'backend: torch.compile' plan has no scopes (got {data.get('scopes')!r})")
+            raise PlanFileError(f"{where}: a 'backend: torch.compile' plan has no scopes (got {short_repr(data.get('scopes'))})")
         model, strategy = data.get("model"), data.get("strategy")
         if (model is not None and not isinstance(model, str)) or (strategy is not None and not isinstance(strategy, str)):
             raise PlanFileError(f"{where}: 'model' and 'strategy' must be strings")
@@ -83,7 +83,7 @@ def _validate(data: Any, where: str) -> PlanFile:
                         measured=dict(measured) if isinstance(measured, Mapping) else {})
     mode = data.get("mode")
     if mode not in MODES:
-        raise PlanFileError(f"{where}: mode must be one of {', '.join(MODES)}, got {mode!r}")
+        raise PlanFileError(f"{where}: mode must be one of {', '.join(MODES)}, got {short_repr(mode)}")
     scopes = data.get("scopes")
     if not isinstance(scopes, Mapping) or not scopes:
         raise PlanFileError(f"{where}: 'scopes' must be a non-empty mapping of label -> module glob(s)")
@@ -92,30 +92,30 @@ def _validate(data: Any, where: str) -> PlanFile:
         items = [globs] if isinstance(globs, str) else globs
         if not isinstance(label, str) or not label or not isinstance(items, list) or not items \
                 or not all(isinstance(g, str) and g for g in items):
-            raise PlanFileError(f"{where}: scope {label!r} must map to a module glob or a list of globs, got {globs!r}")
+            raise PlanFileError(f"{where}: scope {short_repr(label)} must map to a module glob or a list of globs, got {short_repr(globs)}")
         norm[label] = list(items)
     options = data.get("options") or ""
     if not isinstance(options, str):
-        raise PlanFileError(f"{where}: 'options' must be a string like 'stream-fusion=1', got {options!r}")
+        raise PlanFileError(f"{where}: 'options' must be a string like 'stream-fusion=1', got {short_repr(options)}")
     from superkernel.scope import parse_options
 
     try:
         parse_options(options)
     except ValueError as exc:
-        raise PlanFileError(f"{where}: {exc}") from None
+        raise PlanFileError(f"{where}: {safe_text(exc, 300)}") from None
     measured = data.get("measured") or {}
     for key in ("model", "strategy"):
         if data.get(key) is not None and not isinstance(data.get(key), str):
-            raise PlanFileError(f"{where}: {key!r} must be a string, got {data.get(key)!r}")
+            raise PlanFileError(f"{where}: {short_repr(key)} must be a string, got {short_repr(data.get(key))}")
     inductor = data.get("inductor") or {}
     if not isinstance(inductor, Mapping):
-        raise PlanFileError(f"{where}: 'inductor' must be a mapping of CompilerConfig.inductor fields, got {inductor!r}")
+        raise PlanFileError(f"{where}: 'inductor' must be a mapping of CompilerConfig.inductor fields, got {short_repr(inductor)}")
     from superkernel.config import CompilerConfig
 
     try:
         CompilerConfig().inductor.update(dict(inductor))
     except (AttributeError, TypeError, ValueError) as exc:
-        raise PlanFileError(f"{where}: inductor: {exc}") from None
+        raise PlanFileError(f"{where}: inductor: {safe_text(exc, 300)}") from None
     return PlanFile(scopes=norm, mode=mode, options=options, model=data.get("model"), strategy=data.get("strategy"),
                     measured=dict(measured) if isinstance(measured, Mapping) else {}, inductor=dict(inductor))
 
