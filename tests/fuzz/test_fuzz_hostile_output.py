@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fuzz.hostile import Case
+from tests.fuzz.hostile import Case, run_bounded
 
 CONTROL = "\x1b[8m\x1b]0;owned\x07\r\n  trusted: signed with this user's key\n\x9b2J\u202e"
 
@@ -108,25 +108,29 @@ def _noisy_checkpoint(base: Path, directory: Path, *, loads: bool) -> Path:
     return directory
 
 
-def test_library_messages_about_a_failing_checkpoint_do_not_reach_the_terminal(case, base_ckpt, capfd):
-    from superkernel.tools.models import ModelLoadError, load_model
-
-    ckpt = _noisy_checkpoint(base_ckpt, case.work / "noisy", loads=False)
-    capfd.readouterr()
-    with pytest.raises(ModelLoadError) as info:
-        load_model(str(ckpt))
-    err = capfd.readouterr().err
-    assert err.strip() == "", f"library output before our one-line error: {err[:500]!r}"
-    _no_raw_control(str(info.value))
-    assert len(str(info.value)) < 1000
-
-
-def test_library_messages_about_a_loading_checkpoint_are_escaped_one_line_each(case, base_ckpt, capfd):
-    from superkernel.tools.models import load_model
-
-    ckpt = _noisy_checkpoint(base_ckpt, case.work / "noisy_ok", loads=True)
-    capfd.readouterr()
-    load_model(str(ckpt))
-    err = capfd.readouterr().err
-    _no_raw_control(err)
-    assert all(len(line) < 400 for line in err.splitlines()), [len(line) for line in err.splitlines()]
+def test_library_messages_about_checkpoints_reach_the_terminal_escaped_and_only_on_success(case, base_ckpt):
+    failing = _noisy_checkpoint(base_ckpt, case.work / "noisy", loads=False)
+    loading = _noisy_checkpoint(base_ckpt, case.work / "noisy_ok", loads=True)
+    code = f"""
+from superkernel.tools.models import ModelLoadError, load_model
+result = {{}}
+sys.stderr.write('=== failing\\n'); sys.stderr.flush()
+try:
+    load_model({str(failing)!r})
+except ModelLoadError as exc:
+    result['error'] = str(exc)
+sys.stderr.write('=== loading\\n'); sys.stderr.flush()
+load_model({str(loading)!r})
+result['loaded'] = True
+"""
+    out = run_bounded(code, mem_mb=6144, timeout=300)
+    assert out["rc"] == 0 and out.get("loaded"), out["stderr"][-2000:]
+    err = out["stderr"]
+    during_failure = err.split("=== failing\n", 1)[1].split("=== loading\n", 1)[0]
+    assert during_failure.strip() == "", f"library output before our one-line error: {during_failure[:500]!r}"
+    _no_raw_control(out["error"])
+    assert len(out["error"]) < 1000
+    during_success = err.split("=== loading\n", 1)[1]
+    _no_raw_control(during_success)
+    assert all(len(line) < 400 for line in during_success.splitlines()), \
+        [len(line) for line in during_success.splitlines()]
