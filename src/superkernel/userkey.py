@@ -5,7 +5,8 @@ The key (32 random bytes) lives in ``keys/trust.key`` under the checked cache ro
 and is refused where the cache is), created 0600 and written completely before it is
 linked into place. It is refused when it is a symlink, not a regular file, not owned by
 this user, or readable or writable by anyone else. A key at the old location
-(``$XDG_CACHE_HOME/superkernel/trust.key``) is moved there once, with a notice.
+(``$XDG_CACHE_HOME/superkernel/trust.key``) is copied there once, with a notice (left in
+place for older superkernel versions of the same user; only the new one is read).
 
 It signs static kernel packages (:mod:`superkernel.static_kernel.trust`) and the records
 of what this user put in the cache (native modules, calibration entries): HMAC-SHA256 over
@@ -82,7 +83,7 @@ def _install(path: Path, data: bytes) -> None:
 
 
 def _migrate(path: Path) -> bool:
-    """Move a usable key from the old location to ``path`` (once, with a notice); True when one was moved."""
+    """Copy a usable key from the old location to ``path`` (once: afterwards ``path`` exists), with a notice."""
     old = legacy_key_path()
     if old == path:
         return False
@@ -94,12 +95,8 @@ def _migrate(path: Path) -> bool:
     except (OSError, TrustError):
         return False
     _install(path, data)
-    try:
-        os.unlink(old)
-    except OSError:
-        pass
-    print(f"superkernel: moved this user's trust key from {old} to {path} (packages it signed stay trusted)",
-          file=sys.stderr)
+    print(f"superkernel: this user's trust key is now {path} (copied once from {old}, which older superkernel "
+          "versions still read; packages it signed stay trusted)", file=sys.stderr)
     return True
 
 
