@@ -238,9 +238,15 @@ def read_limited(path: Path | str, limit: int, what: str) -> bytes:
     except OSError as exc:
         raise InputFileError(f"{what} {safe_text(path)} cannot be read ({exc.strerror or exc})") from None
     with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise InputFileError(f"{what} {safe_text(path)} is not a regular file")
-        data = fh.read(limit + 1)
+        data = fh.read(min(st.st_size, limit) + 1)  # the size it has, not the limit, is allocated
+        while len(data) <= limit and len(data) > st.st_size:  # it grew since: in chunks, up to the limit
+            chunk = fh.read(min(1 << 20, limit + 1 - len(data)))
+            if not chunk:
+                break
+            data += chunk
     if len(data) > limit:
         raise InputFileError(f"{what} {safe_text(path)} is larger than {limit} bytes")
     return data

@@ -155,11 +155,21 @@ def _constant_bomb(side: int) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
+def _range_bomb(n: int) -> onnx.ModelProto:
+    """A tiny model whose Range would hold ``n`` int64 values (ONNX's data propagation evaluates it)."""
+    inits = [numpy_helper.from_array(np.array(v, dtype=np.int64), name) for name, v in (("s", 0), ("l", n), ("d", 1))]
+    nodes = [helper.make_node("Range", ["s", "l", "d"], ["r"]), helper.make_node("Cast", ["r"], ["rf"], to=1),
+             helper.make_node("ReduceSum", ["rf"], ["y"], keepdims=0)]
+    graph = helper.make_graph(nodes, "bomb", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
 def test_constant_folding_sizes_before_evaluating(case):
     paths = {}
-    for name, side in (("576MB", 12000), ("6.4GB", 40000)):
+    for name, model in (("576MB", _constant_bomb(12000)), ("6.4GB", _constant_bomb(40000)),
+                        ("range_1.2GB", _range_bomb(150_000_000))):
         p = case.work / f"bomb_{name}.onnx"
-        onnx.save(_constant_bomb(side), str(p))
+        onnx.save(model, str(p))
         assert p.stat().st_size < 300
         paths[name] = str(p)
     code = _HARNESS + f"""

@@ -81,4 +81,35 @@ def fold_size_bound(node, inputs: Sequence[object | None]) -> int | None:
     return None
 
 
-__all__ = ["fold_size_bound"]
+PROP_MAX_ELEMENTS = 1 << 20
+
+
+def data_prop_is_bounded(proto) -> bool:
+    """Whether ONNX shape inference may run with data propagation on ``proto``: it evaluates ``Range``
+    (and shape arithmetic) on the values it knows, unbounded. Refused when a Range's constant inputs
+    ask for more than :data:`PROP_MAX_ELEMENTS` values, or a Range's inputs are computed in a graph
+    that declares a dimension that large (the computed bound could then be as large)."""
+    from onnx import AttributeProto, numpy_helper
+
+    g = proto.graph
+    consts = {t.name: t for t in g.initializer}
+    for node in g.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].type == AttributeProto.TENSOR:
+            consts[node.output[0]] = node.attribute[0].t
+    declared = [d.dim_value for vi in (*g.input, *g.value_info, *g.output)
+                for d in vi.type.tensor_type.shape.dim if d.HasField("dim_value")]
+    huge_dim = any(d > PROP_MAX_ELEMENTS for d in declared)
+    for node in g.node:
+        if node.op_type != "Range" or node.domain not in ("", "ai.onnx"):
+            continue
+        if not all(i in consts and math.prod(consts[i].dims) == 1 for i in node.input[:3]):
+            if huge_dim:
+                return False
+            continue
+        bound = fold_size_bound(node, [numpy_helper.to_array(consts[i]) for i in node.input[:3]])
+        if bound is None or bound > PROP_MAX_ELEMENTS:
+            return False
+    return True
+
+
+__all__ = ["PROP_MAX_ELEMENTS", "data_prop_is_bounded", "fold_size_bound"]

@@ -69,7 +69,7 @@ def load(path: str) -> LoadedModel:
         if onnx.external_data_helper.uses_external_data(t):
             loc = {e.key: e.value for e in t.external_data}.get("location", "")
             full = os.path.normpath(os.path.join(base, loc))
-            if not os.path.isfile(full):
+            if not os.path.lexists(full):
                 raise InputError(f"{path}: external data file {safe_text(loc)!r} of tensor {safe_text(t.name)!r} "
                                  "not found")
             try:

@@ -23,7 +23,7 @@ import onnx_ir as ir
 from superkernel.util import exception_summary, private_workdir
 
 from ._util import reference_run
-from .foldsize import fold_size_bound
+from .foldsize import data_prop_is_bounded, fold_size_bound
 
 SYMBOLIC_MAX_BYTES = 1 << 30  # symbolic inference needs the weights in memory; skip above 1 GiB of proto
 
@@ -109,7 +109,10 @@ def annotate(model: ir.Model, *, symbolic: bool = True) -> Annotations:
     except Exception as e:  # noqa: BLE001
         ann.notes.append(f"constant folding before inference failed: {exception_summary(e, 240, first_line=False)}")
     try:
-        inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=True)
+        prop = data_prop_is_bounded(proto)  # ONNX's data propagation materializes what a Range produces
+        if not prop:
+            ann.notes.append("ONNX data propagation skipped: a Range or a declared dimension is too large to evaluate")
+        inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=prop)
         for name, vi in _value_infos(inferred).items():
             if name in missing and (name not in best or _score(vi) > best[name][0]):
                 best[name] = (_score(vi), vi, "onnx")
