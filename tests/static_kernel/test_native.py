@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import sys
 import warnings
 import zipfile
@@ -56,8 +57,10 @@ def native_pkg(tmp_path_factory):
     build_dir.mkdir()
     reset_workspaces()
     torch._dynamo.reset()
-    with environ(SUPERKERNEL_CACHE_DIR=os.environ.get("SUPERKERNEL_CACHE_DIR", USER_NATIVE_CACHE)):
+    cache_root = os.environ.get("SUPERKERNEL_CACHE_DIR", USER_NATIVE_CACHE)
+    with environ(SUPERKERNEL_CACHE_DIR=cache_root):
         compiled, y = _compile(build_dir)
+        key = trust.key_path()  # the key follows the cache root (docs/security.md)
     counters = dict(superkernel.pipeline.backend.find_backend(compiled).static_kernels.counters)
     realizations = _realizations(compiled)
     torch._dynamo.reset()
@@ -65,7 +68,7 @@ def native_pkg(tmp_path_factory):
     torch._dynamo.reset()
     torch.save({"y": y}, tmp / "built.pt")
     return {"tmp": tmp, "build_dir": build_dir, "y": y, "ref": ref, "counters": counters,
-            "realizations": realizations}
+            "realizations": realizations, "key": key, "cache_root": cache_root}
 
 
 def test_package_carries_the_native_module(native_pkg):
@@ -73,7 +76,8 @@ def test_package_carries_the_native_module(native_pkg):
     assert native_pkg["realizations"] == ["cpu-native"]
     assert torch.equal(native_pkg["y"], native_pkg["ref"])
     (path,) = find_packages(native_pkg["build_dir"])
-    pkg = read_manifest(path)
+    with environ(SUPERKERNEL_CACHE_DIR=native_pkg["cache_root"]):  # the key that signed it
+        pkg = read_manifest(path)
     assert pkg.trusted and not pkg.artifacts and not pkg.kernels
     ((key, entry),) = pkg.native.items()
     assert re.fullmatch(r"[0-9a-f]{32}", key) and entry["file"] == f"native/{key}.so" in pkg.manifest["files"]
@@ -87,6 +91,11 @@ def test_fresh_process_without_a_compiler_runs_the_packaged_module(native_pkg, t
     tmp = native_pkg["tmp"]
     no_tools = tmp_path / "bin"
     no_tools.mkdir()
+    keys = tmp_path / "empty_cache" / "keys"  # the same user (same key), an empty native cache
+    keys.mkdir(parents=True, mode=0o700)
+    os.chmod(keys.parent, 0o700)
+    shutil.copy(native_pkg["key"], keys / "trust.key")
+    os.chmod(keys / "trust.key", 0o600)
     result = run_child(tmp, native_pkg["build_dir"], 2, tmp / "fresh.pt", "--reduce-overhead",
                        CXX=str(tmp_path / "missing" / "g++"), PATH=f"{no_tools}{os.pathsep}{os.path.dirname(sys.executable)}",
                        SUPERKERNEL_CACHE_DIR=str(tmp_path / "empty_cache"))
