@@ -12,7 +12,10 @@ CPU, ONNX Runtime version, threads) in a JSON file under the user cache director
 so the layers of a model that share shapes are measured once and later runs reuse it.
 
 ``Calibrator(measure=...)`` is the seam for tests: ``measure(unfused, fused)`` returns
-the two median times in microseconds.
+the two median times in microseconds (and optionally a dict of spread figures). The real
+timing warms the process with a throw-away session and creates the two sessions in a
+random order (:mod:`superkernel.onnx.timing`); the spread kept is the paired ratio
+fused/unfused with its 95 % interval.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ import onnx_ir as ir
 from . import _util as U
 from superkernel.util import exception_summary
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: warmed process, random session order, spread kept
+SPREAD_KEYS = ("ratio", "ratio_lo", "ratio_hi", "rounds", "created_first")
 MICRO_WARMUP = 5
 MICRO_ROUNDS = 40
 MAX_MICRO_BYTES = 256 << 20  # do not materialize micro-models above this (the estimate decides)
@@ -44,6 +48,7 @@ class Measurement:
     unfused_us: float
     fused_us: float
     cached: bool = False
+    spread: dict = field(default_factory=dict)  # paired ratio fused/unfused with its interval, rounds
 
     @property
     def saved_us(self) -> float:
@@ -55,7 +60,7 @@ class Measurement:
 
     def to_dict(self) -> dict:
         return {"unfused_us": self.unfused_us, "fused_us": self.fused_us, "saved_us": self.saved_us,
-                "faster": self.faster, "cached": self.cached}
+                "faster": self.faster, "cached": self.cached, **self.spread}
 
 
 def cache_dir() -> str:
@@ -197,28 +202,34 @@ class Calibrator:
         hit = cache.get(key)
         if hit and "unfused_us" in hit and "fused_us" in hit:
             self.reused += 1
-            return Measurement(float(hit["unfused_us"]), float(hit["fused_us"]), cached=True)
-        u, f = self._measure(unfused, fused)
+            return Measurement(float(hit["unfused_us"]), float(hit["fused_us"]), cached=True,
+                               spread={k: hit[k] for k in SPREAD_KEYS if k in hit})
+        got = self._measure(unfused, fused)
+        u, f = got[0], got[1]
+        extra = dict(got[2]) if len(got) > 2 else {}
         self.measured += 1
-        cache[key] = {"unfused_us": u, "fused_us": f, "env": self.env, "time": int(time.time())}
-        return Measurement(u, f)
+        cache[key] = {"unfused_us": u, "fused_us": f, **extra, "env": self.env, "time": int(time.time())}
+        return Measurement(u, f, spread=extra)
 
-    def _time_pair(self, unfused: bytes, fused: bytes) -> tuple[float, float]:
+    def _time_pair(self, unfused: bytes, fused: bytes) -> tuple[float, float, dict]:
+        """Medians in us, and the spread (the paired ratio fused/unfused with its interval,
+        the session creation order). Warmed process, random creation order
+        (:mod:`superkernel.onnx.timing`)."""
         import onnxruntime as ort
 
-        from .verify import time_interleaved
+        from . import timing as T
+        from .verify import session
 
-        sessions, feeds = [], None
-        for blob in (unfused, fused):
-            so = ort.SessionOptions()
-            so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            so.intra_op_num_threads = self.threads
-            so.log_severity_level = 3
-            sessions.append(ort.InferenceSession(blob, so, providers=["CPUExecutionProvider"]))
+        level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        make = [lambda: session(unfused, level, self.threads), lambda: session(fused, level, self.threads)]
+        sessions, order = T.open_sessions(make, seed=self.measured, warm_feeds=random_feeds)
         feeds = {**random_feeds(sessions[1]), **random_feeds(sessions[0])}
         per = [{i.name: feeds[i.name] for i in s.get_inputs()} for s in sessions]
-        xs = [[t * 1e6 for t in ts] for ts in time_interleaved(list(zip(sessions, per)), MICRO_ROUNDS, MICRO_WARMUP)]
-        return statistics.median(xs[0]), statistics.median(xs[1])
+        xs = [[t * 1e6 for t in ts] for ts in T.time_interleaved(list(zip(sessions, per)), MICRO_ROUNDS, MICRO_WARMUP)]
+        est = T.ratio_estimate(list(zip(xs[0], xs[1])))
+        return statistics.median(xs[0]), statistics.median(xs[1]), {
+            "ratio": est.ratio, "ratio_lo": est.lo, "ratio_hi": est.hi, "rounds": est.rounds,
+            "created_first": "fused" if order[0] == 1 else "unfused"}
 
 
 _NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,

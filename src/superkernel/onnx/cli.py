@@ -290,7 +290,10 @@ def print_summary(console: Console, d: dict) -> None:
         console.print(f"end-to-end check failed: {e['error']}", markup=False)
     elif e:
         console.print(f"end-to-end (ORT_ENABLE_ALL): original {e['original_ms']:.4f} ms, fused {e['fused_ms']:.4f} ms "
-                      f"(x{e['ratio']:.3f}); dropped rules: {', '.join(e['dropped_rules']) or 'none'}")
+                      f"(x{e['ratio']:.3f}"
+                      + (f", {int(e['confidence'] * 100)} % interval {e['ratio_lo']:.3f}-{e['ratio_hi']:.3f}, "
+                         f"{e['rounds']} rounds: {e['verdict']}" if "ratio_lo" in e else "")
+                      + f"); dropped rules: {', '.join(e['dropped_rules']) or 'none'}")
     console.print(f"written: {', '.join(d['written']) or 'nothing'}")
 
 

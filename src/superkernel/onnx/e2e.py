@@ -3,79 +3,109 @@
 Micro-benchmarks measure each fusion alone; in the whole model a fused op can still cost
 more (it blocks one of ONNX Runtime's own fusions, it changes the memory layout the next
 op sees). After fusing, the original and the fused model are timed in ONNX Runtime with
-``ORT_ENABLE_ALL``, interleaved, in this run; the ratio is the median of the per-round
-fused/original ratios. While the fused model is slower than the original (beyond
-``TOLERANCE``), each applied fusion kind (rule) is left out in turn, the
-model is fused again without it, and the leave-one-out model that is fastest is kept;
-this repeats until the fused model is not slower or no fusion is left.
+``ORT_ENABLE_ALL`` (:mod:`superkernel.onnx.timing`: warmed process, random session order,
+interleaved rounds) and decided with a paired test: the 95 % confidence interval of the
+median per-round ratio fused/original. Rounds adapt: a clear result stops at ``ROUNDS``;
+while the interval still contains the threshold ``1 + TOLERANCE`` they double, up to
+``MAX_ROUNDS`` / ``MAX_SECONDS``.
+
+Only a *confident* "slower" triggers work, and it is confirmed by a second measurement in
+fresh sessions first (one noisy run never drops a fusion). Then each applied fusion kind
+(rule) is left out in turn and the model is fused again without it; the best leave-one-out
+model is compared head to head with the current fused model, and the kind is dropped only
+when that comparison confirms it is faster (an implausible gain from dropping an unrelated
+kind is re-measured away, not acted on). This repeats until the fused model is not
+confidently slower, no leave-one-out gain is confirmed, or no fusion is left.
 """
 
 from __future__ import annotations
 
-import statistics
 from typing import Callable, Mapping
+
+from . import timing as T
 
 TOLERANCE = 0.01   # fused may be at most 1 % slower than the original before kinds are dropped
 WARMUP = 5
-ROUNDS = 40
+ROUNDS = 40        # first look; doubled while the interval contains the threshold
+MAX_ROUNDS = 320
+MAX_SECONDS = 60.0  # per comparison
 
 
-def time_pair(original: str, fused: str, feeds: dict, *, threads: int = 1, rounds: int | None = None,
-              warmup: int | None = None) -> tuple[float, float, float]:
-    """Median ms of the original and the fused model (ORT_ENABLE_ALL, interleaved) and the
-    median of the per-round ratios fused/original (paired, so load changes between rounds
-    on a shared machine cancel out). ``rounds`` / ``warmup``: ROUNDS / WARMUP when None."""
-    import onnxruntime as ort
+def ort_sampler(threads: int = 1) -> Callable:
+    """The real timing: ``sampler(a, b, feeds, seed)`` -> :class:`timing.PairSampler`."""
+    def make(a: str, b: str, feeds: dict, seed: int):
+        return T.PairSampler(a, b, feeds, threads=threads, warmup=WARMUP, seed=seed)
+    return make
 
-    rounds = ROUNDS if rounds is None else rounds
-    warmup = WARMUP if warmup is None else warmup
 
-    from .verify import session, time_interleaved
-
-    ss = [session(p, ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads) for p in (original, fused)]
-    xs = [[t * 1e3 for t in ts] for ts in time_interleaved([(s, feeds) for s in ss], rounds, warmup)]
-    return statistics.median(xs[0]), statistics.median(xs[1]), statistics.median(
-        f / o for o, f in zip(xs[0], xs[1]))
+def _decide(sampler, threshold: float) -> T.Decision:
+    return T.decide(sampler, threshold, rounds=ROUNDS, max_rounds=MAX_ROUNDS, max_seconds=MAX_SECONDS)
 
 
 def guard(original: str, fusion, staged, refuse: Callable, *, dims: Mapping[str, int], seed: int = 0,
-          threads: int = 1, timer: Callable | None = None):
+          threads: int = 1, sampler: Callable | None = None):
     """Return (fusion, staged, record). ``refuse(excluded_rules)`` fuses the input again
-    without those rules and stages it; ``timer(original, fused, feeds)`` is the timing seam."""
+    without those rules and stages it; ``sampler(a, b, feeds, seed)`` returns an object whose
+    ``sample(n)`` gives ``n`` rounds of (a_ms, b_ms) (the timing seam; default: ONNX Runtime)."""
     from . import verify as V
 
-    base_timer = timer or (lambda a, b, f: time_pair(a, b, f, threads=threads))
-
-    def measure(path):
-        r = base_timer(original, path, feeds)
-        return (r[0], r[1], r[2]) if len(r) > 2 else (r[0], r[1], r[1] / r[0])
-
+    make = sampler or ort_sampler(threads)
     s0 = V.session(original, V.ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
     feeds = V.make_inputs(s0, dims, V.VERIFY_DEFAULT_DIM, seed)
-    t_orig, t_fused, ratio = measure(staged.model_path)
-    steps = [{"excluded": [], "original_ms": t_orig, "fused_ms": t_fused, "ratio": ratio}]
+    del s0
+    draws = iter(range(seed * 1000, seed * 1000 + 10**6))  # session-order seeds, reproducible per run
+    threshold = 1 + TOLERANCE
+
+    def vs_original(path: str) -> T.Decision:
+        return _decide(make(original, path, feeds, next(draws)), threshold)
+
+    steps: list[dict] = []
+
+    def step(d: T.Decision, **kw) -> None:
+        steps.append({**kw, "original_ms": d.a_ms, "fused_ms": d.b_ms, **d.estimate.to_dict(),
+                      "verdict": d.verdict, "seconds": d.seconds})
+
+    cur = vs_original(staged.model_path)
+    step(cur, excluded=[])
+    if cur.verdict == "slower":  # confirm in fresh sessions before acting on it
+        cur = vs_original(staged.model_path)
+        step(cur, excluded=[], confirm=True)
     excluded: set[str] = set()
-    while ratio > 1 + TOLERANCE and fusion.applied:
-        kinds = sorted({c.rule for c in fusion.applied})
+    stop = ""
+    while cur.verdict == "slower" and fusion.applied:
         best = None
-        for k in kinds:
+        for k in sorted({c.rule for c in fusion.applied}):
             f2, s2 = refuse(excluded | {k})
-            o2, x2, r2 = measure(s2.model_path)
-            steps.append({"excluded": sorted(excluded | {k}), "original_ms": o2, "fused_ms": x2, "ratio": r2,
-                          "tried": True})
-            if best is None or r2 < best[0]:
+            d2 = vs_original(s2.model_path)
+            step(d2, excluded=sorted(excluded | {k}), tried=True)
+            if best is None or d2.estimate.ratio < best[0].estimate.ratio:
                 if best is not None:
                     best[3].discard()
-                best = (r2, k, f2, s2, o2, x2)
+                best = (d2, k, f2, s2)
             else:
                 s2.discard()
-        ratio, k, f2, s2, o2, x2 = best
+        d2, k, f2, s2 = best
+        # head to head: is the model without k really faster than the current one?
+        h2h = _decide(make(staged.model_path, s2.model_path, feeds, next(draws)), 1.0)
+        steps.append({"head_to_head": sorted(excluded | {k}), **h2h.to_dict()})
+        if h2h.estimate.hi >= 1.0:
+            s2.discard()
+            stop = (f"leaving out {k} measured {d2.estimate.ratio:.3f} against the original, but head to head "
+                    f"with the current fused model it was not confirmed faster (ratio {h2h.estimate.ratio:.3f}, "
+                    f"{int(h2h.estimate.confidence * 100)} % interval {h2h.estimate.lo:.3f}-{h2h.estimate.hi:.3f}); "
+                    "nothing more dropped")
+            break
         staged.discard()
         excluded.add(k)
-        fusion, staged, t_orig, t_fused = f2, s2, o2, x2
-        steps.append({"excluded": sorted(excluded), "original_ms": o2, "fused_ms": x2, "ratio": ratio,
-                      "chosen": True})
-    record = {"tolerance": TOLERANCE, "original_ms": t_orig, "fused_ms": t_fused, "ratio": ratio,
-              "ratio_is": "median of per-round fused/original ratios", "dropped_rules": sorted(excluded),
-              "steps": steps, "threads": threads}
+        fusion, staged, cur = f2, s2, d2
+        steps.append({"excluded": sorted(excluded), "chosen": True, **cur.to_dict()})
+    est = cur.estimate
+    record = {"tolerance": TOLERANCE, "original_ms": cur.a_ms, "fused_ms": cur.b_ms, "ratio": est.ratio,
+              "ratio_lo": est.lo, "ratio_hi": est.hi, "confidence": est.confidence, "rounds": est.rounds,
+              "verdict": cur.verdict,
+              "ratio_is": "median of per-round fused/original ratios (paired, interleaved, warmed, random session "
+                          "order), with its sign-test confidence interval",
+              "dropped_rules": sorted(excluded), "steps": steps, "threads": threads}
+    if stop:
+        record["stopped"] = stop
     return fusion, staged, record

@@ -100,11 +100,12 @@ def markdown(d: dict[str, Any]) -> str:
         elif e:
             L += ["", "## End-to-end check (ORT_ENABLE_ALL, this run)", "",
                   f"original {e['original_ms']:.4f} ms, fused {e['fused_ms']:.4f} ms, ratio {e['ratio']:.3f} "
-                  f"(tolerance {e['tolerance']:.0%}); dropped rules: {', '.join(e['dropped_rules']) or 'none'}", ""]
-            L += _table(["rules left out", "original ms", "fused ms", "ratio", "step"],
-                        [[", ".join(st["excluded"]) or "none", f"{st['original_ms']:.4f}", f"{st['fused_ms']:.4f}",
-                          f"{st['ratio']:.3f}", "chosen" if st.get("chosen") else "tried" if st.get("tried")
-                          else "first"] for st in e["steps"]])
+                  + (f"({int(e['confidence'] * 100)} % interval {e['ratio_lo']:.3f}-{e['ratio_hi']:.3f}, "
+                     f"{e['rounds']} paired rounds: {e['verdict']}) " if "ratio_lo" in e else "")
+                  + f"(tolerance {e['tolerance']:.0%}); dropped rules: {', '.join(e['dropped_rules']) or 'none'}"
+                  + (f". {e['stopped']}" if e.get("stopped") else ""), ""]
+            L += _table(["step", "rules left out", "A ms", "B ms", "ratio B/A", "interval", "rounds", "verdict"],
+                        [_e2e_row(st) for st in e["steps"]])
         L += ["", "## Candidates skipped", ""]
         L += _table(["rule", "root", "reason"], [[c["rule"], c["root"], c["reason"]] for c in d["skipped"]]) \
             if d["skipped"] else ["none"]
@@ -131,3 +132,16 @@ def markdown(d: dict[str, Any]) -> str:
         L += ["", f"- speedup of fused over original with ORT_ENABLE_ALL: **{b['speedup_vs_ort_enable_all']:.3f}x**",
               f"- speedup of fused over original with ORT_DISABLE_ALL: {b['speedup_vs_ort_disable_all']:.3f}x"]
     return "\n".join(L) + "\n"
+
+
+def _e2e_row(st: dict) -> list[str]:
+    """One step of the end-to-end check: A is the original, or the current fused model in a
+    head-to-head comparison."""
+    h2h = "head_to_head" in st
+    kind = ("head to head (A current fused, B leave-one-out)" if h2h else "chosen" if st.get("chosen")
+            else "tried" if st.get("tried") else "confirm" if st.get("confirm") else "first")
+    a, b = (st.get("a_ms"), st.get("b_ms")) if h2h or "a_ms" in st else (st.get("original_ms"), st.get("fused_ms"))
+    lo, hi = st.get("lo"), st.get("hi")
+    return [kind, ", ".join(st["head_to_head"] if h2h else st.get("excluded", [])) or "none",
+            f"{a:.4f}" if a is not None else "-", f"{b:.4f}" if b is not None else "-", f"{st['ratio']:.3f}",
+            f"{lo:.3f}-{hi:.3f}" if lo is not None else "-", str(st.get("rounds", "-")), st.get("verdict", "-")]

@@ -3,12 +3,13 @@ random inputs and compare every output with a per-dtype tolerance."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import asdict, dataclass, field
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import numpy as np
 import onnxruntime as ort
+
+from .timing import time_interleaved  # noqa: F401 - the one interleaved loop, re-exported
 
 # (atol, rtol) per output dtype; an element passes when |a - b| <= atol + rtol * |a|.
 TOLERANCES: dict[str, tuple[float, float]] = {
@@ -34,25 +35,6 @@ def session(model: str | bytes, level: ort.GraphOptimizationLevel, threads: int 
     if threads:
         so.intra_op_num_threads = threads
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
-
-
-def time_interleaved(runs: Sequence[tuple[ort.InferenceSession, dict]], rounds: int,
-                     warmup: int = 0) -> list[list[float]]:
-    """Seconds of each ``(session, feeds)`` run per round, after ``warmup`` untimed rounds.
-    Every round runs each once, the order rotated by one each round (with two runs, who
-    runs first alternates), so that drift in machine load affects all alike."""
-    for _ in range(warmup):
-        for s, feeds in runs:
-            s.run(None, feeds)
-    xs: list[list[float]] = [[] for _ in runs]
-    for r in range(rounds):
-        first = r % len(runs)
-        for i in [*range(first, len(runs)), *range(first)]:
-            s, feeds = runs[i]
-            t0 = time.perf_counter()
-            s.run(None, feeds)
-            xs[i].append(time.perf_counter() - t0)
-    return xs
 
 
 def make_inputs(sess: ort.InferenceSession, dims: Mapping[str, int], default_dim: int, seed: int) -> dict:

@@ -1,0 +1,189 @@
+"""Trustworthy ONNX Runtime timing on a shared machine: warmed process, randomized session
+order, interleaved rounds, paired ratios with a distribution-free confidence interval.
+
+Why each part is there:
+
+- **Throw-away session.** The first session ONNX Runtime creates in a process runs slower
+  for a while (5-15 % on a small decode step: thread pool, allocator and page-fault
+  warm-up land on it). Before any timed session exists, a session of the first model is
+  created, run a few times and dropped (:func:`warm_process`), so no timed session is
+  "the first".
+- **Randomized creation order.** Whatever effect creation order still has (memory
+  placement of the weights) is not tied to one side: sessions are created in an order
+  drawn from a seeded RNG, and the order is reported.
+- **Interleaved, paired rounds.** Every round runs each session once (the order rotated
+  per round); the statistic is the median of per-round ratios, so load drift between
+  rounds cancels. Its spread is a 95 % confidence interval for that median from order
+  statistics (sign-test interval: no normality assumed, robust to the outliers a shared
+  machine produces).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
+
+CONFIDENCE = 0.95
+THROWAWAY_RUNS = 3
+
+
+@dataclass
+class RatioEstimate:
+    """Median of per-round ratios b/a with its confidence interval ``[lo, hi]``."""
+    ratio: float
+    lo: float
+    hi: float
+    rounds: int
+    confidence: float = CONFIDENCE
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def median_ci(xs: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """(median, lo, hi): the order-statistics (sign-test) interval for the median, whose
+    coverage is at least ``confidence`` for any continuous distribution. With too few
+    samples for that coverage the interval is the whole range."""
+    s = sorted(xs)
+    n = len(s)
+    if n == 0:
+        raise ValueError("median_ci: no samples")
+    med = statistics.median(s)
+    alpha = 1.0 - confidence
+    # largest k with P(Binomial(n, 1/2) <= k - 1) <= alpha / 2: the interval is [s[k-1], s[n-k]]
+    k, cdf = 0, 0.0
+    while k < n:
+        cdf_next = cdf + math.comb(n, k) / 2.0 ** n
+        if cdf_next > alpha / 2:
+            break
+        cdf, k = cdf_next, k + 1
+    if k == 0:
+        return med, s[0], s[-1]
+    return med, s[k - 1], s[n - k]
+
+
+def ratio_estimate(pairs: Sequence[tuple[float, float]], confidence: float = CONFIDENCE) -> RatioEstimate:
+    """Per-round ratios b/a of ``(a, b)`` time pairs -> median with its interval."""
+    med, lo, hi = median_ci([b / a for a, b in pairs], confidence)
+    return RatioEstimate(med, lo, hi, len(pairs), confidence)
+
+
+def spread(xs: Sequence[float]) -> dict:
+    """Median, quartiles and min of one configuration's samples (for reporting)."""
+    s = sorted(xs)
+    q = statistics.quantiles(s, n=4) if len(s) >= 2 else [s[0]] * 3
+    return {"median": statistics.median(s), "p25": q[0], "p75": q[2], "min": s[0], "n": len(s)}
+
+
+def creation_order(n: int, seed: int | None) -> list[int]:
+    """The order in which ``n`` sessions are created: a seeded random permutation."""
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    return order
+
+
+def warm_process(make_session: Callable[[], object], feeds: dict | Callable | None,
+                 runs: int = THROWAWAY_RUNS) -> None:
+    """Create a throw-away session, run it ``runs`` times (when ``feeds`` are given, or a
+    function making them from the session), drop it."""
+    s = make_session()
+    if callable(feeds):
+        feeds = feeds(s)
+    if feeds is not None:
+        for _ in range(runs):
+            s.run(None, feeds)
+    del s
+
+
+def open_sessions(make: Sequence[Callable[[], object]], seed: int | None,
+                  warm_feeds: dict | Callable | None = None) -> tuple[list, list[int]]:
+    """Warm the process with a throw-away session of ``make[0]``, then create every session
+    in a seeded random order. Returns (sessions in the order of ``make``, creation order)."""
+    warm_process(make[0], warm_feeds)
+    order = creation_order(len(make), seed)
+    sessions: list = [None] * len(make)
+    for i in order:
+        sessions[i] = make[i]()
+    return sessions, order
+
+
+def time_interleaved(runs: Sequence[tuple[object, dict]], rounds: int, warmup: int = 0) -> list[list[float]]:
+    """Seconds of each ``(session, feeds)`` run per round, after ``warmup`` untimed rounds.
+    Every round runs each once, the order rotated by one each round (with two runs, who
+    runs first alternates), so that drift in machine load affects all alike."""
+    for _ in range(warmup):
+        for s, feeds in runs:
+            s.run(None, feeds)
+    xs: list[list[float]] = [[] for _ in runs]
+    for r in range(rounds):
+        first = r % len(runs)
+        for i in [*range(first, len(runs)), *range(first)]:
+            s, feeds = runs[i]
+            t0 = time.perf_counter()
+            s.run(None, feeds)
+            xs[i].append(time.perf_counter() - t0)
+    return xs
+
+
+class PairSampler:
+    """Two models in ONNX Runtime (warmed process, random creation order); ``sample(n)``
+    times ``n`` more interleaved rounds and returns ``(a_ms, b_ms)`` per round. Sessions
+    are kept, so an adaptive comparison can ask for more rounds without re-creating them."""
+
+    def __init__(self, a, b, feeds: dict, *, threads: int = 1, warmup: int = 5, seed: int | None = None,
+                 feeds_b: dict | None = None):
+        import onnxruntime as ort
+
+        from .verify import session
+
+        level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        self.feeds = [feeds, feeds if feeds_b is None else feeds_b]
+        (self.sa, self.sb), self.order = open_sessions(
+            [lambda: session(a, level, threads), lambda: session(b, level, threads)], seed, warm_feeds=feeds)
+        self._warmup = warmup
+        self.seconds = 0.0
+
+    def sample(self, rounds: int) -> list[tuple[float, float]]:
+        t0 = time.perf_counter()
+        xs = time_interleaved([(self.sa, self.feeds[0]), (self.sb, self.feeds[1])], rounds, self._warmup)
+        self._warmup = 0
+        self.seconds += time.perf_counter() - t0
+        return [(x * 1e3, y * 1e3) for x, y in zip(*xs)]
+
+
+@dataclass
+class Decision:
+    """Outcome of an adaptive paired comparison of b against a at ``threshold`` (b/a)."""
+    verdict: str  # "slower" (b/a > threshold, confident) | "not slower" (<= threshold, confident) | "unresolved"
+    estimate: RatioEstimate
+    a_ms: float
+    b_ms: float
+    threshold: float
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"verdict": self.verdict, **self.estimate.to_dict(), "a_ms": self.a_ms, "b_ms": self.b_ms,
+                "threshold": self.threshold, "seconds": self.seconds}
+
+
+def decide(sampler, threshold: float, *, rounds: int = 40, max_rounds: int = 320, max_seconds: float = 60.0,
+           confidence: float = CONFIDENCE) -> Decision:
+    """Time ``rounds`` rounds; while the confidence interval of the median ratio b/a still
+    contains ``threshold``, double the rounds (up to ``max_rounds`` or ``max_seconds``).
+    Close calls get more rounds; clear ones stop at ``rounds``."""
+    t0 = time.perf_counter()
+    pairs = list(sampler.sample(rounds))
+    while True:
+        est = ratio_estimate(pairs, confidence)
+        if est.lo > threshold or est.hi <= threshold:
+            break
+        if len(pairs) >= max_rounds or time.perf_counter() - t0 >= max_seconds:
+            break
+        pairs += sampler.sample(min(len(pairs), max_rounds - len(pairs)))
+    verdict = "slower" if est.lo > threshold else "not slower" if est.hi <= threshold else "unresolved"
+    return Decision(verdict, est, statistics.median(a for a, _ in pairs), statistics.median(b for _, b in pairs),
+                    threshold, time.perf_counter() - t0)
