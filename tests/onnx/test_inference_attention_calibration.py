@@ -386,7 +386,7 @@ def test_end_to_end_guard_drops_the_kind_that_slows_the_model(exported, tmp_path
         return Fusion(all_rules - set(excluded)), Staged(excluded)
 
     # skip_rmsnorm makes the whole model 20 % slower (noise 1 %); without it, 10 % faster
-    times = FakeTimes({"": 1.0, "skip_rmsnorm": 1.2, "other": 0.9})
+    times = FakeTimes({"": 1.0, "fused": 1.2, "skip_rmsnorm": 0.9, "other": 1.2})
     f, staged, rec = e2e.guard(exported("llama"), Fusion(all_rules), Staged(set()), refuse, dims={},
                                sampler=times.sampler)
     assert rec["dropped_rules"] == ["skip_rmsnorm"]

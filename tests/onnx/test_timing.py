@@ -32,9 +32,9 @@ class Fusion:
 
 
 class FakeTimes:
-    """Synthetic paired timings: the true ms of a path is ``truth[rule]`` when the path leaves
-    out ``rule`` (first match in ``truth``'s order), ``truth['']`` for the original and the fully
-    fused model's own value under the key 'fused' (default 1.2 of ``truth['other']``);
+    """Synthetic paired timings: the true ms of a path is ``truth['']`` for the original,
+    ``truth['fused']`` for the fully fused model, ``truth[rule]`` when the path leaves out
+    ``rule`` (first match in ``truth``'s order), else ``truth['other']`` (default: 'fused');
     multiplicative noise ``noise`` per run. ``glitch[i]`` multiplies B's times in the i-th
     comparison (a one-off load spike on one side)."""
 
@@ -46,11 +46,12 @@ class FakeTimes:
     def true_ms(self, path: str) -> float:
         if not path.startswith("fused-without-"):
             return self.truth[""]
+        if path == "fused-without-[]":
+            return self.truth["fused"]
         for rule, ms in self.truth.items():
-            if rule and rule not in ("other", "fused") and rule in path:
+            if rule not in ("", "other", "fused") and rule in path:
                 return ms
-        return self.truth.get("fused", self.truth.get("skip_rmsnorm", 1.2)) if path == "fused-without-[]" \
-            else self.truth.get("other", 1.2)
+        return self.truth.get("other", self.truth["fused"])
 
     def sampler(self, a: str, b: str, feeds, seed):
         outer, index = self, len(self.calls)

@@ -146,7 +146,11 @@ def export(name: str, exporter: str, path: str | os.PathLike, *, seq: int = 64, 
            seed: int = 0) -> str:
     """Export suite model ``name`` with ``exporter`` ('legacy': dynamo=False, opset 17;
     'dynamo': dynamo=True, opset 18) to ``path``; returns the path."""
-    b = build(name, seq=seq, past=past, seed=seed)
+    return export_built(build(name, seq=seq, past=past, seed=seed), exporter, path)
+
+
+def export_built(b: Built, exporter: str, path: str | os.PathLike) -> str:
+    """Export a built model with ``exporter`` ('legacy' / 'dynamo') to ``path``."""
     mod = b.module.eval()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")
