@@ -43,8 +43,10 @@ import onnx
 import onnxruntime as ort
 
 from superkernel.onnx import hfsuite
+from superkernel.onnx import timing as T
 from superkernel.onnx import verify as V
 from superkernel.onnx.cli import main as gaf
+from superkernel.util import atomic_write
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
@@ -80,11 +82,10 @@ def p1_kinds(path: str, tmp: str, base: set[str]) -> list[str]:
     return sorted(op_types(so.optimized_model_filepath) - base)
 
 
-def run_p2(src: str, dst: str, family: str) -> None:
+def run_p2(src: str, dst: str, model_type: str, heads: int = hfsuite.HEADS, hidden: int = hfsuite.HIDDEN) -> None:
     from onnxruntime.transformers.optimizer import optimize_model
 
-    m = optimize_model(src, model_type=P2_TYPE[family], num_heads=hfsuite.HEADS, hidden_size=hfsuite.HIDDEN,
-                       opt_level=0, use_gpu=False)
+    m = optimize_model(src, model_type=model_type, num_heads=heads, hidden_size=hidden, opt_level=0, use_gpu=False)
     m.save_model_to_file(dst)
 
 
@@ -123,10 +124,28 @@ def within_tol(ref: list, out: list) -> bool:
     return True
 
 
-def time_all(paths: dict[str, str], feeds: dict, repeat: int, warmup: int) -> dict[str, list[float]]:
-    sessions = {k: V.session(p, ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads=1) for k, p in paths.items()}
-    xs = V.time_interleaved([(s, feeds) for s in sessions.values()], repeat, warmup)  # order rotated every round
-    return {k: [t * 1e3 for t in ts] for k, ts in zip(sessions, xs)}
+def time_all(paths: dict[str, str], feeds: dict, repeat: int, warmup: int, seed: int = 0,
+             max_seconds: float | None = None) -> tuple[dict[str, list[float]], list[str]]:
+    """ms per round of every tool. The process is warmed with a throw-away session and the
+    sessions are created in a seeded random order (superkernel.onnx.timing); rounds are
+    interleaved, the order rotated every round. With ``max_seconds`` the rounds stop early
+    (at least 20) once that much time is spent. Returns (samples, creation order)."""
+    names = list(paths)
+    make = [lambda p=paths[k]: V.session(p, ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads=1) for k in names]
+    sessions, order = T.open_sessions(make, seed, warm_feeds=feeds)
+    runs = [(s, feeds) for s in sessions]
+    xs = [[] for _ in runs]
+    t0 = time.perf_counter()
+    chunk = 10 if max_seconds else repeat
+    done = 0
+    while done < repeat:
+        n = min(chunk, repeat - done)
+        for i, ts in enumerate(T.time_interleaved(runs, n, warmup if done == 0 else 0)):
+            xs[i] += ts
+        done += n
+        if max_seconds and done >= 20 and time.perf_counter() - t0 > max_seconds:
+            break
+    return {k: [t * 1e3 for t in ts] for k, ts in zip(names, xs)}, [names[i] for i in order]
 
 
 def paired(xs: dict[str, list[float]], a: str, b: str) -> float:
@@ -134,17 +153,31 @@ def paired(xs: dict[str, list[float]], a: str, b: str) -> float:
     return statistics.median(x / y for x, y in zip(xs[a], xs[b]))
 
 
-def run_case(family: str, exporter: str, tmp: str, repeat: int, warmup: int) -> dict:
+def paired_ci(xs: dict[str, list[float]], a: str, b: str) -> list[float]:
+    """95 % interval of that median (sign-test order statistics, superkernel.onnx.timing)."""
+    e = T.ratio_estimate(list(zip(xs[b], xs[a])))
+    return [e.lo, e.hi]
+
+
+def run_case(family: str, exporter: str, tmp: str, repeat: int, warmup: int, *, src: str | None = None,
+             p2: tuple[str, int, int] | None = None, seed: int = 0, max_seconds: float | None = None) -> dict:
+    """One model: P2, P3 and GA from ``src`` (default: the tiny suite's export of ``family``),
+    accuracy of each against the original, then all four timed together. ``p2``: (model type,
+    heads, hidden) for ORT's transformers optimizer (default: the tiny suite's)."""
     name = f"{family}/{exporter}"
     d = os.path.join(tmp, f"{family}_{exporter}")
     os.makedirs(d, exist_ok=True)
-    src = hfsuite.export(family, exporter, os.path.join(d, "model.onnx"))
+    t_export = time.perf_counter()
+    src = src or hfsuite.export(family, exporter, os.path.join(d, "model.onnx"))
     base = op_types(src)
     row: dict = {"case": name, "family": family, "exporter": exporter, "opset": 17 if exporter == "legacy" else 18,
-                 "nodes": len(onnx.load(src, load_external_data=False).graph.node), "tools": {}}
+                 "nodes": len(onnx.load(src, load_external_data=False).graph.node), "tools": {},
+                 "export_seconds": time.perf_counter() - t_export}
     paths = {"P1": src}
     row["tools"]["P1"] = {"kinds": p1_kinds(src, d, base)}
-    for tool, fn in (("P2", lambda dst: run_p2(src, dst, family)), ("P3", lambda dst: run_p3(src, dst))):
+    model_type, heads, hidden = p2 or (P2_TYPE[family], hfsuite.HEADS, hfsuite.HIDDEN)
+    for tool, fn in (("P2", lambda dst: run_p2(src, dst, model_type, heads, hidden)),
+                     ("P3", lambda dst: run_p3(src, dst))):
         dst = os.path.join(d, f"{tool}.onnx")
         t0 = time.perf_counter()
         try:
@@ -157,7 +190,8 @@ def run_case(family: str, exporter: str, tmp: str, repeat: int, warmup: int) -> 
     ga = os.path.join(d, "GA.onnx")
     rep = os.path.join(d, "GA_report.md")
     t0 = time.perf_counter()
-    code = gaf(["--input", src, "--output", ga, "--report", rep, "--quiet", "--threads", "1"])
+    code = gaf(["--input", src, "--output", ga, "--report", rep, "--quiet", "--threads", "1",
+                "--calibration-cache", os.path.join(d, "calibration.json")])  # each run decides afresh
     info = json.load(open(os.path.join(d, "GA_report.json")))
     ga_row = {"exit_code": code, "seconds": time.perf_counter() - t0,
               "kept_rules": sorted({c["rule"] for c in info.get("applied", [])}),
@@ -185,21 +219,29 @@ def run_case(family: str, exporter: str, tmp: str, repeat: int, warmup: int) -> 
         except Exception as e:  # noqa: BLE001
             row["tools"][tool]["error"] = f"run: {type(e).__name__}: {str(e)[:200]}"
             paths.pop(tool)
-    samples = time_all(paths, feeds, repeat, warmup)
+    samples, order = time_all(paths, feeds, repeat, warmup, seed=seed, max_seconds=max_seconds)
+    row["session_order"] = order
+    row["rounds"] = len(samples["P1"])
     times = {k: statistics.median(v) for k, v in samples.items()}
     for tool, t in times.items():
-        row["tools"][tool]["median_ms"] = t
-        row["tools"][tool]["min_ms"] = min(samples[tool])
+        sp = T.spread(samples[tool])
+        row["tools"][tool].update(median_ms=t, min_ms=sp["min"], p25_ms=sp["p25"], p75_ms=sp["p75"])
+        if tool != "P1":
+            row["tools"][tool]["vs_p1"] = paired(samples, tool, "P1")
+            row["tools"][tool]["vs_p1_ci"] = paired_ci(samples, tool, "P1")
     if "GA" in times:
         row["ga_vs_p1"] = paired(samples, "GA", "P1")
+        row["ga_vs_p1_ci"] = paired_ci(samples, "GA", "P1")
         best = [t for t in ("P2", "P3") if t in times and row["tools"][t].get("within_tolerance")]
         if best:
             b = min(best, key=lambda t: times[t])
             row["best_p2_p3"] = b
             row["ga_vs_best_p2_p3"] = paired(samples, "GA", b)
+            row["ga_vs_best_p2_p3_ci"] = paired_ci(samples, "GA", b)
             row["best_p2_p3_vs_p1"] = paired(samples, b, "P1")
         else:
             row["ga_vs_best_p2_p3"] = row["best_p2_p3_vs_p1"] = None
+    row["peers_slower_than_p1"] = [t for t in ("P2", "P3") if row["tools"].get(t, {}).get("vs_p1_ci", [0])[0] > 1.0]
     return row
 
 
@@ -208,13 +250,23 @@ def geomean(xs) -> float | None:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else None
 
 
+def ci(r: dict, key: str) -> str:
+    """'ratio [lo-hi]' (95 % interval of the median paired ratio) or '-'."""
+    if not r.get(key):
+        return "-"
+    lo_hi = r.get(key + "_ci")
+    return f"{r[key]:.3f}" + (f" [{lo_hi[0]:.3f}-{lo_hi[1]:.3f}]" if lo_hi else "")
+
+
 def markdown(result: dict) -> str:
     hw = result["hardware"]
     L = ["# graph-autofusion vs ONNX Runtime baselines (tiny Hugging Face models)", "",
          f"Hardware: {hw['cpu']}, {hw['cores']} cores (shared); onnxruntime {hw['onnxruntime']}, "
          f"onnxscript {hw['onnxscript']}, torch {hw['torch']}, transformers {hw['transformers']}. "
          f"1 intra-op thread, median of {result['repeat']} interleaved rounds after {result['warmup']} warm-up rounds, "
-         "all in one process run; ratios are medians of per-round paired ratios. P1 ORT_ENABLE_ALL on the original, P2 ORT transformers optimizer, P3 onnxscript "
+         "all in one process run, warmed by a throw-away session, sessions created in a random order; ratios are "
+         "medians of per-round paired ratios with their 95 % interval [lo-hi]. "
+         f"Load (1-min average) at start / end: {result.get('load', ['?', '?'])[0]} / {result.get('load', ['?', '?'])[1]}. P1 ORT_ENABLE_ALL on the original, P2 ORT transformers optimizer, P3 onnxscript "
          "optimize_for_ort, GA graph-autofusion (calibrated, end-to-end checked, verified).", "",
          "| case | P1 ms | P2 ms | P3 ms | GA ms | GA/P1 | GA/best(P2,P3) | max abs diff P2 / P3 / GA | "
          "P2 kinds | P3 kinds | GA kinds kept | GA rules found, not kept (measured slower) | GA dropped end-to-end |",
@@ -239,8 +291,7 @@ def markdown(result: dict) -> str:
         e2e = ga.get("end_to_end") or {}
         L.append(" | ".join([
             f"| {r['case']}", ms("P1"), ms("P2"), ms("P3"), ms("GA"),
-            f"{r['ga_vs_p1']:.3f}" if r.get("ga_vs_p1") else "-",
-            f"{r['ga_vs_best_p2_p3']:.3f}" if r.get("ga_vs_best_p2_p3") else "-",
+            ci(r, "ga_vs_p1"), ci(r, "ga_vs_best_p2_p3"),
             f"{diff('P2')} / {diff('P3')} / {diff('GA')}",
             ", ".join(t.get("P2", {}).get("kinds", [])) or "-",
             ", ".join(t.get("P3", {}).get("kinds", [])) or "-",
@@ -280,13 +331,14 @@ def main(argv=None) -> int:
           "onnxscript": onnxscript.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
           "python": sys.version.split()[0]}
     rows = []
+    load0 = os.getloadavg()[0]
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         for fam in families:
             for exp in exporters:
                 t0 = time.perf_counter()
                 try:
-                    row = run_case(fam, exp, tmp, repeat, warmup)
+                    row = run_case(fam, exp, tmp, repeat, warmup, seed=len(rows))
                 except Exception as e:  # noqa: BLE001
                     traceback.print_exc()
                     row = {"case": f"{fam}/{exp}", "error": f"{type(e).__name__}: {str(e)[:200]}"}
@@ -310,12 +362,11 @@ def main(argv=None) -> int:
         "seconds": time.perf_counter() - t_start,
     }
     result = {"benchmark": "onnx_autofusion", "hardware": hw, "repeat": repeat, "warmup": warmup, "threads": 1,
+              "load": [round(load0, 2), round(os.getloadavg()[0], 2)],
               "summary": summary, "cases": rows}
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "onnx_autofusion.json"), "w") as f:
-        json.dump(result, f, indent=2, default=str)
-    with open(os.path.join(a.out, "onnx_autofusion.md"), "w") as f:
-        f.write(markdown(result))
+    atomic_write(os.path.join(a.out, "onnx_autofusion.json"), json.dumps(result, indent=2, default=str))
+    atomic_write(os.path.join(a.out, "onnx_autofusion.md"), markdown(result))
     print(json.dumps({k: v for k, v in summary.items() if k != "cases"}, indent=1, default=str))
     print(f"results: {os.path.join(a.out, 'onnx_autofusion.json')} and .md")
     return 0 if not summary["failed"] else 1
