@@ -381,6 +381,10 @@ def fuse(model: ir.Model, specs: list[RuleSpec], *, dims: Mapping[str, int] | No
                 break
     fused_at = {(c.rule, c.root) for c in result.candidates}
     result.near_misses = [m for m in result.near_misses if (m.rule, m.node) not in fused_at]
+    if any(s.name == "attention" for s in specs):  # forms no rule fuses: named, with the reason
+        from .unfusable import near_misses as unfusable
+
+        result.near_misses += [NearMiss("attention", n.name or "", n.op_type, why) for n, why in unfusable(graph)]
     if result.applied:
         _cleanup(model)
     if result.shape_inference is not None:
