@@ -532,7 +532,7 @@ def test_embed_layernorm(export_module, fuse, tmp_path, token_type, exporter):
     assert f.verify().ok
 
 
-def test_embed_layernorm_with_positions_from_an_input_is_a_near_miss(export_module, fuse):
+def test_embed_layernorm_with_positions_from_an_input_passes_them_as_position_ids(export_module, fuse):
     class PosInput(Embeddings):
         def forward(self, input_ids, position_ids):
             return self.ln(self.word(input_ids) + self.pos(position_ids))
@@ -540,8 +540,37 @@ def test_embed_layernorm_with_positions_from_an_input_is_a_near_miss(export_modu
     args = (torch.randint(0, 100, (2, 8)), torch.arange(8)[None].expand(2, -1).contiguous())
     f = fuse(export_module("emb_posin", PosInput(False), args, input_names=["input_ids", "position_ids"]),
              "embed_layernorm", 1)
-    assert not f.applied("embed_layernorm")
-    assert any("not computed from constants" in m.reason for m in f.near("embed_layernorm"))
+    assert f.applied("embed_layernorm"), f.result.near_misses
+    (n,) = f.nodes("EmbedLayerNormalization")
+    assert len(n.inputs) == 9 and n.inputs[8] is not None
+    assert f.verify().ok
+
+
+class CumsumPositions(Embeddings):
+    """RoBERTa (transformers 5): position ids from a cumsum over the non-padding ids, the
+    token-type ids a zeros buffer gathered by those positions."""
+
+    def forward(self, input_ids):
+        mask = input_ids.ne(1).int()
+        pos = (torch.cumsum(mask, dim=1).type_as(mask) * mask).long() + 1
+        tt = torch.gather(self.token_type_ids.expand(input_ids.shape[0], -1), 1, pos)
+        return self.ln(self.word(input_ids) + self.tt(tt) + self.pos(pos))
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "legacy"])
+def test_embed_layernorm_with_cumsum_positions(export_module, fuse, tmp_path, exporter):
+    torch.manual_seed(0)
+    ids = torch.randint(0, 100, (2, 8))
+    ids[1, 5:] = 1  # padding: those positions stay at the padding index
+    if exporter == "dynamo":
+        p = export_module("emb_cumsum", CumsumPositions(True), (ids,), input_names=["input_ids"])
+    else:
+        p = legacy_export(CumsumPositions(True), (ids,), tmp_path / "emb_cumsum.onnx", ["input_ids"])
+    f = fuse(p, "embed_layernorm", 1)
+    assert f.applied("embed_layernorm"), f.result.near_misses
+    (n,) = f.nodes("EmbedLayerNormalization")
+    assert n.inputs[8] is not None and "CumSum" in f.ops()
+    assert f.verify().ok
 
 
 def test_legacy_export_with_dynamic_axes_uses_symbolic_inference(tmp_path, fuse):
