@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -50,15 +51,24 @@ def model_path(models: str, case: str, exporter: str) -> str:
     return p
 
 
+BIG = {"qwen2_decode"}  # over 1 GB per session: parallel runs take turns (a file lock), memory is finite
+
+
 def one_run(cases: list[str], exporters: list[str], models: str, repeat: int, warmup: int, max_seconds: float,
             out: str) -> int:
+    import contextlib
+    import fcntl
+
     rows = []
     load0 = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         for case in cases:
             for exp in exporters:
                 t0 = time.perf_counter()
+                lock = open(os.path.join(models, ".big.lock"), "w") if case in BIG else None
                 try:
+                    if lock is not None:
+                        fcntl.flock(lock, fcntl.LOCK_EX)
                     src = model_path(models, case, exp)
                     sh = realsuite.SHAPES[case]
                     row = OA.run_case(case, exp, tmp, repeat, warmup, src=src, p2=(sh.model_type, sh.heads, sh.hidden),
@@ -67,6 +77,12 @@ def one_run(cases: list[str], exporters: list[str], models: str, repeat: int, wa
                     traceback.print_exc()
                     row = {"case": f"{case}/{exp}", "family": case, "exporter": exp,
                            "error": f"{type(e).__name__}: {str(e)[:300]}"}
+                finally:
+                    if lock is not None:
+                        with contextlib.suppress(OSError):
+                            fcntl.flock(lock, fcntl.LOCK_UN)
+                        lock.close()
+                    shutil.rmtree(os.path.join(tmp, f"{case}_{exp}"), ignore_errors=True)  # GB per case
                 row["case_seconds"] = time.perf_counter() - t0
                 rows.append(row)
                 print(f"{row['case']:<24} " + (f"GA/P1 {OA.ci(row, 'ga_vs_p1')}  GA/best {OA.ci(row, 'ga_vs_best_p2_p3')}"
@@ -118,7 +134,9 @@ def markdown(result: dict) -> str:
     L = ["# graph-autofusion at real width vs ONNX Runtime baselines", "",
          f"Hardware: {hw['cpu']}, {hw['cores']} cores, shared with other jobs; onnxruntime {hw['onnxruntime']}, "
          f"onnxscript {hw['onnxscript']}, torch {hw['torch']}, transformers {hw['transformers']}. "
-         f"{len(result['runs'])} separate process runs; 1-min load average at start / end of each: "
+         f"{len(result['runs'])} separate process runs"
+         + (" (started at once, so they also competed with each other)" if result.get("parallel_runs") else "")
+         + "; 1-min load average at start / end of each: "
          + ", ".join(f"{p['load'][0]} / {p['load'][1]}" for p in s["per_run"] if p.get("load")) + ". "
          f"1 intra-op thread; per case up to {result['repeat']} interleaved rounds (stopped after "
          f"{result['max_seconds']:.0f} s, at least 20) after {result['warmup']} warm-up rounds; warmed process, random "
@@ -185,6 +203,9 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--max-seconds", type=float, default=90.0, help="time budget of one case's timing loop")
     p.add_argument("--quick", action="store_true", help="1 run, 20 rounds (smoke test)")
+    p.add_argument("--parallel", action="store_true",
+                   help="start the runs at once (separate processes; on a machine shared with other jobs this is "
+                        "how they get CPU time; the report says so)")
     p.add_argument("--cases", default="")
     p.add_argument("--exporters", default=",".join(EXPORTERS))
     p.add_argument("--models", default=os.path.join(tempfile.gettempdir(), "superkernel_real_width_models"),
@@ -209,19 +230,31 @@ def main(argv=None) -> int:
             model_path(a.models, c, e)
     results, t0 = [], time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        for i in range(runs):
-            path = os.path.join(tmp, f"run{i}.json")
-            print(f"=== run {i + 1}/{runs}", flush=True)
-            code = subprocess.call([sys.executable, os.path.abspath(__file__), "--one-run", path, "--cases",
-                                    ",".join(cases), "--exporters", ",".join(exporters), "--models", a.models,
-                                    "--repeat", str(repeat), "--warmup", str(a.warmup),
-                                    "--max-seconds", str(a.max_seconds)])
+        def launch(i: int):
+            order = cases[i % len(cases):] + cases[:i % len(cases)]  # parallel runs meet different cases
+            return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--one-run",
+                                     os.path.join(tmp, f"run{i}.json"), "--cases", ",".join(order),
+                                     "--exporters", ",".join(exporters), "--models", a.models, "--repeat", str(repeat),
+                                     "--warmup", str(a.warmup), "--max-seconds", str(a.max_seconds)])
+
+        def collect(i: int, proc) -> None:
+            code, path = proc.wait(), os.path.join(tmp, f"run{i}.json")
             if code != 0 or not os.path.exists(path):
                 print(f"run {i + 1} failed (exit {code})", file=sys.stderr)
-                continue
+                return
             with open(path, encoding="utf-8") as f:
                 results.append(json.load(f))
             write(a, hw, repeat, results, t0)  # after every run: an interrupted series still leaves its figures
+
+        if a.parallel:
+            print(f"=== {runs} runs in parallel", flush=True)
+            procs = [launch(i) for i in range(runs)]
+            for i, proc in enumerate(procs):
+                collect(i, proc)
+        else:
+            for i in range(runs):
+                print(f"=== run {i + 1}/{runs}", flush=True)
+                collect(i, launch(i))
     if not results:
         return 1
     s = summarize(results)
@@ -231,6 +264,7 @@ def main(argv=None) -> int:
 
 def write(a, hw: dict, repeat: int, results: list[dict], t0: float) -> None:
     result = {"benchmark": "onnx_real_width", "hardware": hw, "repeat": repeat, "warmup": a.warmup,
+              "parallel_runs": bool(a.parallel),
               "max_seconds": a.max_seconds, "threads": 1, "layers": realsuite.LAYERS, "seconds": time.perf_counter() - t0,
               "summary": summarize(results), "runs": results}
     os.makedirs(a.out, exist_ok=True)
