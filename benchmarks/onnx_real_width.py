@@ -85,11 +85,13 @@ def one_run(cases: list[str], exporters: list[str], models: str, repeat: int, wa
                     shutil.rmtree(os.path.join(tmp, f"{case}_{exp}"), ignore_errors=True)  # GB per case
                 row["case_seconds"] = time.perf_counter() - t0
                 rows.append(row)
+                partial = {"load": [round(load0, 2), round(os.getloadavg()[0], 2)], "cases": rows, "complete": False}
+                atomic_write(out, json.dumps(partial, indent=1, default=str))  # a stopped run keeps its cases
                 print(f"{row['case']:<24} " + (f"GA/P1 {OA.ci(row, 'ga_vs_p1')}  GA/best {OA.ci(row, 'ga_vs_best_p2_p3')}"
                                                f"  rounds {row.get('rounds')}" if "error" not in row
                                                else f"ERROR {row['error']}"), flush=True)
-    atomic_write(out, json.dumps({"load": [round(load0, 2), round(os.getloadavg()[0], 2)], "cases": rows},
-                                 indent=1, default=str))
+    atomic_write(out, json.dumps({"load": [round(load0, 2), round(os.getloadavg()[0], 2)], "cases": rows,
+                                  "complete": True}, indent=1, default=str))
     return 0
 
 
@@ -102,7 +104,8 @@ def summarize(runs: list[dict]) -> dict:
         per_run.append({"geomean_ga_vs_p1": OA.geomean(c["ga_vs_p1"] for c in ok),
                         "geomean_ga_vs_best": OA.geomean(c.get("ga_vs_best_p2_p3") for c in ok),
                         "worst_ga_vs_p1": max((c["ga_vs_p1"] for c in ok), default=None), "load": r.get("load"),
-                        "failed": [c["case"] for c in r["cases"] if not c.get("ga_vs_p1")]})
+                        "failed": [c["case"] for c in r["cases"] if not c.get("ga_vs_p1")],
+                        "complete": r.get("complete", True), "cases_done": len(r["cases"])})
         for c in r["cases"]:
             e = cases.setdefault(c["case"], {"ga_vs_p1": [], "ga_vs_best": [], "p2_vs_p1": [], "p3_vs_p1": []})
             e["ga_vs_p1"].append(c.get("ga_vs_p1"))
@@ -115,7 +118,7 @@ def summarize(runs: list[dict]) -> dict:
     crit = {"never_more_than_1pct_slower_than_p1": bool(worst) and max(worst) <= 1.01,
             "geomean_ga_vs_p1_le_0.97": bool(g1) and max(g1) <= 0.97,
             "geomean_ga_vs_best_le_0.99": bool(gb) and max(gb) <= 0.99,
-            "all_cases_ran_in_every_run": all(not p["failed"] for p in per_run)}
+            "all_cases_ran_in_every_run": all(not p["failed"] and p["complete"] for p in per_run)}
     return {"per_run": per_run, "cases": cases, "criteria": crit,
             "geomean_ga_vs_p1_range": [min(g1), max(g1)] if g1 else None,
             "geomean_ga_vs_best_range": [min(gb), max(gb)] if gb else None,
@@ -130,7 +133,8 @@ def _rng(xs) -> str:
 
 
 def markdown(result: dict) -> str:
-    hw, s, last = result["hardware"], result["summary"], result["runs"][-1]
+    hw, s = result["hardware"], result["summary"]
+    last = max(result["runs"], key=lambda r: len(r["cases"]))  # the run with the most cases
     L = ["# graph-autofusion at real width vs ONNX Runtime baselines", "",
          f"Hardware: {hw['cpu']}, {hw['cores']} cores, shared with other jobs; onnxruntime {hw['onnxruntime']}, "
          f"onnxscript {hw['onnxscript']}, torch {hw['torch']}, transformers {hw['transformers']}. "
@@ -148,13 +152,15 @@ def markdown(result: dict) -> str:
     for name, e in s["cases"].items():
         L.append(f"| {name} | {_rng(e['ga_vs_p1'])} | {_rng(e['ga_vs_best'])} | {_rng(e['p2_vs_p1'])} | "
                  f"{_rng(e['p3_vs_p1'])} |")
-    L += ["", "| run | geomean GA/P1 | geomean GA/best | worst GA/P1 | failed |", "|---|---|---|---|---|"]
+    L += ["", "| run | cases done | geomean GA/P1 | geomean GA/best | worst GA/P1 | failed |",
+          "|---|---|---|---|---|---|"]
     for i, p in enumerate(s["per_run"]):
-        L.append(f"| {i + 1} | {p['geomean_ga_vs_p1'] or 0:.3f} | {p['geomean_ga_vs_best'] or 0:.3f} | "
+        L.append(f"| {i + 1} | {p['cases_done']}{'' if p['complete'] else ' (stopped)'} | "
+                 f"{p['geomean_ga_vs_p1'] or 0:.3f} | {p['geomean_ga_vs_best'] or 0:.3f} | "
                  f"{p['worst_ga_vs_p1'] or 0:.3f} | {', '.join(p['failed']) or '-'} |")
     L += ["", "Criteria (issue 25, over all runs): " + "; ".join(
         f"{k}: {'yes' if v else 'NO'}" for k, v in s["criteria"].items()), "",
-        "## Last run in detail", "",
+        "## One run in detail (the one with the most cases)", "",
         "| case | P1 ms | P2 ms | P3 ms | GA ms | GA/P1 [95 %] | GA/best [95 %] | peers slower than P1 | "
         "max abs diff P2 / P3 / GA | P2 kinds | P3 kinds | GA kinds | GA not kept (measured slower) | "
         "GA end-to-end | GA s to fuse | rounds |", "|" + "---|" * 16]
@@ -186,7 +192,7 @@ def markdown(result: dict) -> str:
             ", ".join(t.get("P2", {}).get("kinds", [])) or "-", ", ".join(t.get("P3", {}).get("kinds", [])) or "-",
             ", ".join(ga.get("kinds", [])) or "-", ", ".join(sorted({x for x, _ in ga.get("not_kept", [])})) or "-",
             e2e_s, f"{ga.get('seconds', 0):.0f}", str(r.get("rounds"))]) + " |")
-    L += ["", "GA near misses in the last run (pattern found, not fusable):", ""]
+    L += ["", "GA near misses in that run (pattern found, not fusable):", ""]
     for r in last["cases"]:
         nm = r.get("tools", {}).get("GA", {}).get("near_miss_rules")
         if nm:
@@ -211,6 +217,10 @@ def main(argv=None) -> int:
     p.add_argument("--models", default=os.path.join(tempfile.gettempdir(), "superkernel_real_width_models"),
                    help="where the exports are cached")
     p.add_argument("--out", default=OA.RESULTS)
+    p.add_argument("--runs-dir", default=os.path.join(tempfile.gettempdir(), "superkernel_real_width_runs"),
+                   help="where each run writes its JSON (after every case)")
+    p.add_argument("--aggregate", default="", metavar="RUNS_DIR",
+                   help="only publish the figures of the run files in RUNS_DIR (e.g. of a stopped series)")
     p.add_argument("--one-run", default="", help=argparse.SUPPRESS)  # internal: one run, JSON to this path
     a = p.parse_args(argv)
     cases = [c for c in (a.cases.split(",") if a.cases else realsuite.CASES) if c]
@@ -225,36 +235,48 @@ def main(argv=None) -> int:
 
     hw = {"cpu": OA.cpu_name(), "cores": os.cpu_count(), "onnxruntime": ort.__version__,
           "onnxscript": onnxscript.__version__, "torch": torch.__version__, "transformers": transformers.__version__}
-    for c in cases:  # export once, before any run
+    for c in cases if not a.aggregate else ():  # export once, before any run
         for e in exporters:
             model_path(a.models, c, e)
     results, t0 = [], time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        def launch(i: int):
-            order = cases[i % len(cases):] + cases[:i % len(cases)]  # parallel runs meet different cases
-            return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--one-run",
-                                     os.path.join(tmp, f"run{i}.json"), "--cases", ",".join(order),
-                                     "--exporters", ",".join(exporters), "--models", a.models, "--repeat", str(repeat),
-                                     "--warmup", str(a.warmup), "--max-seconds", str(a.max_seconds)])
+    if a.aggregate:  # figures from the run files of an earlier (possibly stopped) series
+        for name in sorted(os.listdir(a.aggregate)):
+            if name.startswith("run") and name.endswith(".json"):
+                with open(os.path.join(a.aggregate, name), encoding="utf-8") as f:
+                    results.append(json.load(f))
+        write(a, hw, repeat, results, t0)
+        return 0 if results else 1
+    os.makedirs(a.runs_dir, exist_ok=True)
+    for name in os.listdir(a.runs_dir):  # a new series: no stale run files
+        if name.startswith("run") and name.endswith(".json"):
+            os.remove(os.path.join(a.runs_dir, name))
+    tmp = a.runs_dir
 
-        def collect(i: int, proc) -> None:
-            code, path = proc.wait(), os.path.join(tmp, f"run{i}.json")
-            if code != 0 or not os.path.exists(path):
-                print(f"run {i + 1} failed (exit {code})", file=sys.stderr)
-                return
-            with open(path, encoding="utf-8") as f:
-                results.append(json.load(f))
-            write(a, hw, repeat, results, t0)  # after every run: an interrupted series still leaves its figures
+    def launch(i: int):
+        order = cases[i % len(cases):] + cases[:i % len(cases)]  # parallel runs meet different cases
+        return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--one-run",
+                                 os.path.join(tmp, f"run{i}.json"), "--cases", ",".join(order),
+                                 "--exporters", ",".join(exporters), "--models", a.models, "--repeat", str(repeat),
+                                 "--warmup", str(a.warmup), "--max-seconds", str(a.max_seconds)])
 
-        if a.parallel:
-            print(f"=== {runs} runs in parallel", flush=True)
-            procs = [launch(i) for i in range(runs)]
-            for i, proc in enumerate(procs):
-                collect(i, proc)
-        else:
-            for i in range(runs):
-                print(f"=== run {i + 1}/{runs}", flush=True)
-                collect(i, launch(i))
+    def collect(i: int, proc) -> None:
+        code, path = proc.wait(), os.path.join(tmp, f"run{i}.json")
+        if code != 0 or not os.path.exists(path):
+            print(f"run {i + 1} failed (exit {code})", file=sys.stderr)
+            return
+        with open(path, encoding="utf-8") as f:
+            results.append(json.load(f))
+        write(a, hw, repeat, results, t0)  # after every run: an interrupted series still leaves its figures
+
+    if a.parallel:
+        print(f"=== {runs} runs in parallel", flush=True)
+        procs = [launch(i) for i in range(runs)]
+        for i, proc in enumerate(procs):
+            collect(i, proc)
+    else:
+        for i in range(runs):
+            print(f"=== run {i + 1}/{runs}", flush=True)
+            collect(i, launch(i))
     if not results:
         return 1
     s = summarize(results)
