@@ -85,9 +85,11 @@ CATALOG: tuple[RuleSpec, ...] = (
              "SiLU / Swish x*sigmoid(x), the gate of SwiGLU.", _v(R.SiLU)),
     RuleSpec("quick_gelu", "Mul alpha,Sigmoid,Mul", "com.microsoft QuickGelu", 1, 10,
              "QuickGELU x*sigmoid(alpha*x) (CLIP).", _v(R.QuickGelu)),
-    RuleSpec("embed_layernorm", "Gather(word table, ids),Add constant position [+ token type] rows,LayerNormalization",
+    RuleSpec("embed_layernorm", "Gather(word table, ids),Add position rows (constant, or gathered by computed ids) "
+             "[+ token type],LayerNormalization",
              "com.microsoft EmbedLayerNormalization", 1, 20,
-             "Embedding lookup plus constant position/token-type rows and LayerNorm (BERT-style embeddings).",
+             "Embedding lookup plus position/token-type rows and LayerNorm (BERT-style embeddings; RoBERTa's "
+             "cumsum position ids become the op's position_ids).",
              _v(R.EmbedLayerNorm, extra=(False, True))),
     RuleSpec("skip_layernorm", "Add,LayerNormalization", "com.microsoft SkipLayerNormalization", 1, 20,
              "Residual add followed by LayerNorm; the sum stays available when it is used later.",
