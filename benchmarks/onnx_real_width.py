@@ -217,6 +217,8 @@ def main(argv=None) -> int:
     p.add_argument("--models", default=os.path.join(tempfile.gettempdir(), "superkernel_real_width_models"),
                    help="where the exports are cached")
     p.add_argument("--out", default=OA.RESULTS)
+    p.add_argument("--rotate", action="store_true", help="each run starts at another case (parallel runs then "
+                   "meet different cases at a time)")
     p.add_argument("--runs-dir", default=os.path.join(tempfile.gettempdir(), "superkernel_real_width_runs"),
                    help="where each run writes its JSON (after every case)")
     p.add_argument("--aggregate", default="", metavar="RUNS_DIR",
@@ -253,7 +255,7 @@ def main(argv=None) -> int:
     tmp = a.runs_dir
 
     def launch(i: int):
-        order = cases[i % len(cases):] + cases[:i % len(cases)]  # parallel runs meet different cases
+        order = cases[i % len(cases):] + cases[:i % len(cases)] if a.rotate else cases
         return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--one-run",
                                  os.path.join(tmp, f"run{i}.json"), "--cases", ",".join(order),
                                  "--exporters", ",".join(exporters), "--models", a.models, "--repeat", str(repeat),
