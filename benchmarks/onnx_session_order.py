@@ -7,7 +7,10 @@ processes, half of them creating A's session first and half B's, each both ways:
 
 - ``raw``: no throw-away session (what a plain harness does: the first session created in
   the process is a timed one);
-- ``warmed``: the harness of superkernel.onnx.timing (a throw-away session first).
+- ``warmed``: a throw-away session first, then one session each;
+- ``balanced``: superkernel.onnx.timing.PairSampler (warm-up, then two sessions per model
+  created ABBA when A is "first", BAAB when B is), what calibration and the end-to-end
+  check use.
 
 Verdict per way: the order effect (median ratio with A first minus with B first, over the
 processes) against the noise (the typical half-width of one process's interval). "within
@@ -29,9 +32,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
+WAYS = ("raw", "warmed", "balanced")
 
 
-def child(a: str, b: str, first: str, warmed: bool, rounds: int) -> dict:
+def child(a: str, b: str, first: str, way: str, rounds: int) -> dict:
     import onnxruntime as ort
 
     from superkernel.onnx import timing as T
@@ -40,14 +44,21 @@ def child(a: str, b: str, first: str, warmed: bool, rounds: int) -> dict:
     level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     feeds = V.make_inputs(V.session(a, ort.GraphOptimizationLevel.ORT_DISABLE_ALL), {}, V.VERIFY_DEFAULT_DIM, 0)
     # (the DISABLE_ALL session above only reads input metadata; it is never run, so it does not warm anything)
-    if warmed:
+    if way == "balanced":
+        seed = next(s for s in range(100) if T.balanced_order(s)[0] == (0 if first == "A" else 1))
+        sampler = T.PairSampler(a, b, feeds, warmup=3, seed=seed)
+        pairs = sampler.sample(rounds)
+        e = T.ratio_estimate(pairs)
+        return {"first": first, "way": way, "ratio": e.ratio, "lo": e.lo, "hi": e.hi, "rounds": rounds,
+                "a_ms": statistics.median(x for x, _ in pairs), "b_ms": statistics.median(y for _, y in pairs)}
+    if way == "warmed":
         T.warm_process(lambda: V.session(a, level, 1), feeds)
     make = {"A": lambda: V.session(a, level, 1), "B": lambda: V.session(b, level, 1)}
     order = [first, "B" if first == "A" else "A"]
     sess = {k: make[k]() for k in order}
     xs = T.time_interleaved([(sess["A"], feeds), (sess["B"], feeds)], rounds, 3)
     e = T.ratio_estimate(list(zip(xs[0], xs[1])))
-    return {"first": first, "warmed": warmed, "ratio": e.ratio, "lo": e.lo, "hi": e.hi, "rounds": rounds,
+    return {"first": first, "way": way, "ratio": e.ratio, "lo": e.lo, "hi": e.hi, "rounds": rounds,
             "a_ms": statistics.median(xs[0]) * 1e3, "b_ms": statistics.median(xs[1]) * 1e3}
 
 
@@ -65,15 +76,15 @@ def default_models(tmp: str) -> tuple[str, str]:
 
 def verdicts(rows: list[dict]) -> dict:
     out = {}
-    for warmed in (False, True):
-        rs = [r for r in rows if r["warmed"] == warmed]
+    for way in WAYS:
+        rs = [r for r in rows if r["way"] == way]
         a_first = [r["ratio"] for r in rs if r["first"] == "A"]
         b_first = [r["ratio"] for r in rs if r["first"] == "B"]
         if not a_first or not b_first:
             continue
         effect = statistics.median(a_first) - statistics.median(b_first)
         noise = statistics.median((r["hi"] - r["lo"]) / 2 for r in rs)
-        out["warmed" if warmed else "raw"] = {
+        out[way] = {
             "ratio_a_first": statistics.median(a_first), "ratio_b_first": statistics.median(b_first),
             "order_effect": effect, "noise_half_width": noise,
             "verdict": "within noise" if abs(effect) <= noise else "order changes the ratio"}
@@ -85,26 +96,27 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="")
     p.add_argument("--fused", default="")
     p.add_argument("--pairs", type=int, default=4, help="processes per (way, first) combination")
+    p.add_argument("--ways", default=",".join(WAYS))
     p.add_argument("--rounds", type=int, default=100)
     p.add_argument("--out", default=RESULTS)
     p.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     if a.child:
-        ma, mb, first, warmed, rounds = a.child
-        print(json.dumps(child(ma, mb, first, warmed == "1", int(rounds))))
+        ma, mb, first, way, rounds = a.child
+        print(json.dumps(child(ma, mb, first, way, int(rounds))))
         return 0
     load0 = os.getloadavg()[0]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         ma, mb = (a.model, a.fused) if a.model and a.fused else default_models(tmp)
         for i in range(a.pairs):
-            for warmed in ("0", "1"):
+            for way in a.ways.split(","):
                 for first in ("A", "B") if i % 2 == 0 else ("B", "A"):
-                    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", ma, mb, first, warmed,
+                    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", ma, mb, first, way,
                                           str(a.rounds)], capture_output=True, text=True, check=True).stdout
                     rows.append(json.loads(out.strip().splitlines()[-1]))
                     r = rows[-1]
-                    print(f"{'warmed' if r['warmed'] else 'raw':<7} {r['first']} first: B/A {r['ratio']:.3f} "
+                    print(f"{r['way']:<8} {r['first']} first: B/A {r['ratio']:.3f} "
                           f"[{r['lo']:.3f}-{r['hi']:.3f}]", flush=True)
         models = {"A": os.path.basename(ma), "B": os.path.basename(mb)}
     v = verdicts(rows)

@@ -140,11 +140,42 @@ def test_pair_sampler_runs_in_onnx_runtime_and_reports_its_creation_order():
     m = _tiny_model()
     feeds = {"x": np.ones((4, 16), np.float32)}
     s = T.PairSampler(m, m, feeds, warmup=1, seed=3)
-    assert sorted(s.order) == [0, 1]
+    assert s.order in ([0, 1, 1, 0], [1, 0, 0, 1])
     pairs = s.sample(6) + s.sample(4)
     assert len(pairs) == 10 and all(a > 0 and b > 0 for a, b in pairs)
     est = T.ratio_estimate(pairs)
     assert est.lo <= est.ratio <= est.hi and math.isfinite(est.ratio)
+    s1 = T.PairSampler(m, m, feeds, warmup=1, seed=3, balanced=False)
+    assert sorted(s1.order) == [0, 1] and len(s1.sample(3)) == 3
+
+
+def test_pair_sampler_counterbalances_two_sessions_per_model(monkeypatch):
+    """Warm-up session first, then ABBA or BAAB; a round's time of a model is the mean of its two."""
+    from superkernel.onnx import verify as V
+
+    log, now = [], [0.0]
+    times = {"a": 1.0, "b": 3.0}  # ms; the first session of each model is 0.5 ms slower (a position effect)
+
+    class Sess:
+        def __init__(self, model):
+            self.model = model
+            self.extra = 0.5 if model not in log[1:] else 0.0
+            log.append(model)
+
+        def run(self, _o, _f):
+            now[0] += (times[self.model] + self.extra) / 1e3
+
+    monkeypatch.setattr(V, "session", lambda model, level, threads=0: Sess(model))
+    orders = set()
+    for seed in range(10):
+        log.clear()
+        s = T.PairSampler("a", "b", {}, warmup=0, seed=seed)
+        assert log[0] == "a" and log[1:] == [["a", "b"][m] for m in s.order]
+        orders.add(tuple(s.order))
+    assert orders == {(0, 1, 1, 0), (1, 0, 0, 1)}
+    monkeypatch.setattr(T.time, "perf_counter", lambda: now[0])
+    (a_ms, b_ms), = s.sample(1)
+    assert a_ms == pytest.approx(1.25) and b_ms == pytest.approx(3.25)  # the position effect hits both alike
 
 
 # ---- the end-to-end check ----------------------------------------------------------------

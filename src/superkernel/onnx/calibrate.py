@@ -13,8 +13,8 @@ so the layers of a model that share shapes are measured once and later runs reus
 
 ``Calibrator(measure=...)`` is the seam for tests: ``measure(unfused, fused)`` returns
 the two median times in microseconds (and optionally a dict of spread figures). The real
-timing warms the process with a throw-away session and creates the two sessions in a
-random order (:mod:`superkernel.onnx.timing`); the spread kept is the paired ratio
+timing warms the process with a throw-away session and creates two sessions per side,
+ABBA or BAAB (:class:`superkernel.onnx.timing.PairSampler`); the spread kept is the paired ratio
 fused/unfused with its 95 % interval.
 """
 
@@ -36,7 +36,7 @@ import onnx_ir as ir
 from . import _util as U
 from superkernel.util import exception_summary
 
-CACHE_VERSION = 2  # 2: warmed process, random session order, spread kept
+CACHE_VERSION = 3  # 2: warmed process, random session order, spread kept; 3: ABBA sessions
 SPREAD_KEYS = ("ratio", "ratio_lo", "ratio_hi", "rounds", "created_first")
 MICRO_WARMUP = 5
 MICRO_ROUNDS = 40
@@ -213,23 +213,25 @@ class Calibrator:
 
     def _time_pair(self, unfused: bytes, fused: bytes) -> tuple[float, float, dict]:
         """Medians in us, and the spread (the paired ratio fused/unfused with its interval,
-        the session creation order). Warmed process, random creation order
-        (:mod:`superkernel.onnx.timing`)."""
+        the session creation order). Warmed process, two sessions per side created ABBA/BAAB
+        (:class:`superkernel.onnx.timing.PairSampler`)."""
         import onnxruntime as ort
 
         from . import timing as T
         from .verify import session
 
         level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        make = [lambda: session(unfused, level, self.threads), lambda: session(fused, level, self.threads)]
-        sessions, order = T.open_sessions(make, seed=self.measured, warm_feeds=random_feeds)
-        feeds = {**random_feeds(sessions[1]), **random_feeds(sessions[0])}
-        per = [{i.name: feeds[i.name] for i in s.get_inputs()} for s in sessions]
-        xs = [[t * 1e6 for t in ts] for ts in T.time_interleaved(list(zip(sessions, per)), MICRO_ROUNDS, MICRO_WARMUP)]
-        est = T.ratio_estimate(list(zip(xs[0], xs[1])))
-        return statistics.median(xs[0]), statistics.median(xs[1]), {
+        probe = [session(unfused, level, self.threads), session(fused, level, self.threads)]  # input metadata only
+        feeds = {**random_feeds(probe[1]), **random_feeds(probe[0])}
+        per = [{i.name: feeds[i.name] for i in s.get_inputs()} for s in probe]
+        del probe
+        sampler = T.PairSampler(unfused, fused, per[0], threads=self.threads, warmup=MICRO_WARMUP, seed=self.measured,
+                                feeds_b=per[1])
+        pairs = sampler.sample(MICRO_ROUNDS)
+        est = T.ratio_estimate(pairs)
+        return statistics.median(u for u, _ in pairs) * 1e3, statistics.median(f for _, f in pairs) * 1e3, {
             "ratio": est.ratio, "ratio_lo": est.lo, "ratio_hi": est.hi, "rounds": est.rounds,
-            "created_first": "fused" if order[0] == 1 else "unfused"}
+            "created_first": "fused" if sampler.order[0] == 1 else "unfused"}
 
 
 _NP = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(double)": np.float64,

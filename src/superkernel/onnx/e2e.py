@@ -3,8 +3,8 @@
 Micro-benchmarks measure each fusion alone; in the whole model a fused op can still cost
 more (it blocks one of ONNX Runtime's own fusions, it changes the memory layout the next
 op sees). After fusing, the original and the fused model are timed in ONNX Runtime with
-``ORT_ENABLE_ALL`` (:mod:`superkernel.onnx.timing`: warmed process, random session order,
-interleaved rounds) and decided with a paired test: the 95 % confidence interval of the
+``ORT_ENABLE_ALL`` (:class:`superkernel.onnx.timing.PairSampler`: warmed process, two
+sessions per model created ABBA/BAAB, interleaved rounds) and decided with a paired test: the 95 % confidence interval of the
 median per-round ratio fused/original. Rounds adapt: a clear result stops at ``ROUNDS``;
 while the interval still contains the threshold ``1 + TOLERANCE`` they double, up to
 ``MAX_ROUNDS`` / ``MAX_SECONDS``.
@@ -103,8 +103,8 @@ def guard(original: str, fusion, staged, refuse: Callable, *, dims: Mapping[str,
     record = {"tolerance": TOLERANCE, "original_ms": cur.a_ms, "fused_ms": cur.b_ms, "ratio": est.ratio,
               "ratio_lo": est.lo, "ratio_hi": est.hi, "confidence": est.confidence, "rounds": est.rounds,
               "verdict": cur.verdict,
-              "ratio_is": "median of per-round fused/original ratios (paired, interleaved, warmed, random session "
-                          "order), with its sign-test confidence interval",
+              "ratio_is": "median of per-round fused/original ratios (paired, interleaved, warmed, two sessions "
+                          "per model created ABBA/BAAB), with its sign-test confidence interval",
               "dropped_rules": sorted(excluded), "steps": steps, "threads": threads}
     if stop:
         record["stopped"] = stop

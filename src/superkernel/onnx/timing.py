@@ -8,9 +8,12 @@ Why each part is there:
   warm-up land on it). Before any timed session exists, a session of the first model is
   created, run a few times and dropped (:func:`warm_process`), so no timed session is
   "the first".
-- **Randomized creation order.** Whatever effect creation order still has (memory
-  placement of the weights) is not tied to one side: sessions are created in an order
-  drawn from a seeded RNG, and the order is reported.
+- **Counterbalanced / randomized creation order.** Creation order still matters after the
+  warm-up (measured on a loaded 2-core machine: the session created second ran about 7 %
+  faster). A pair of models is therefore timed with two sessions each created ABBA or BAAB
+  (:class:`PairSampler`, the end-to-end check and calibration), so a steady position effect
+  cancels; harnesses with more models create them in a seeded random order (reported), which
+  turns the bias into noise across cases.
 - **Interleaved, paired rounds.** Every round runs each session once (the order rotated
   per round); the statistic is the median of per-round ratios, so load drift between
   rounds cancels. Its spread is a 95 % confidence interval for that median from order
@@ -129,30 +132,55 @@ def time_interleaved(runs: Sequence[tuple[object, dict]], rounds: int, warmup: i
     return xs
 
 
+def balanced_order(seed: int | None) -> list[int]:
+    """Creation order of four sessions, two of each of two models: ABBA or BAAB (seeded).
+    Each model then has one session created early and one late, so an effect of the
+    creation position that grows or shrinks steadily cancels in the pair."""
+    return [0, 1, 1, 0] if random.Random(seed).random() < 0.5 else [1, 0, 0, 1]
+
+
 class PairSampler:
-    """Two models in ONNX Runtime (warmed process, random creation order); ``sample(n)``
-    times ``n`` more interleaved rounds and returns ``(a_ms, b_ms)`` per round. Sessions
-    are kept, so an adaptive comparison can ask for more rounds without re-creating them."""
+    """Two models in ONNX Runtime (warmed process); ``sample(n)`` times ``n`` more interleaved
+    rounds and returns ``(a_ms, b_ms)`` per round. Sessions are kept, so an adaptive
+    comparison can ask for more rounds without re-creating them.
+
+    ``balanced`` (default): two sessions per model created ABBA or BAAB, a round runs all four
+    and a model's time is the mean of its two (measured: warm-up plus a random order still
+    left a 7 % bias toward the session created second on a loaded 2-core machine; see
+    benchmarks/results/onnx_session_order.md). Otherwise one session each, random order."""
 
     def __init__(self, a, b, feeds: dict, *, threads: int = 1, warmup: int = 5, seed: int | None = None,
-                 feeds_b: dict | None = None):
+                 feeds_b: dict | None = None, balanced: bool = True):
         import onnxruntime as ort
 
         from .verify import session
 
         level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.feeds = [feeds, feeds if feeds_b is None else feeds_b]
-        (self.sa, self.sb), self.order = open_sessions(
-            [lambda: session(a, level, threads), lambda: session(b, level, threads)], seed, warm_feeds=feeds)
+        fb = feeds if feeds_b is None else feeds_b
+        make = [lambda: session(a, level, threads), lambda: session(b, level, threads)]
+        if balanced:
+            warm_process(make[0], feeds)
+            self.order = balanced_order(seed)
+            self.runs = [(make[m](), feeds if m == 0 else fb) for m in self.order]
+            self.model_of = list(self.order)
+        else:
+            (sa, sb), self.order = open_sessions(make, seed, warm_feeds=feeds)
+            self.runs, self.model_of = [(sa, feeds), (sb, fb)], [0, 1]
         self._warmup = warmup
         self.seconds = 0.0
 
     def sample(self, rounds: int) -> list[tuple[float, float]]:
         t0 = time.perf_counter()
-        xs = time_interleaved([(self.sa, self.feeds[0]), (self.sb, self.feeds[1])], rounds, self._warmup)
+        xs = time_interleaved(self.runs, rounds, self._warmup)
         self._warmup = 0
         self.seconds += time.perf_counter() - t0
-        return [(x * 1e3, y * 1e3) for x, y in zip(*xs)]
+        out = []
+        for r in range(rounds):
+            per = ([], [])
+            for i, m in enumerate(self.model_of):
+                per[m].append(xs[i][r])
+            out.append((statistics.fmean(per[0]) * 1e3, statistics.fmean(per[1]) * 1e3))
+        return out
 
 
 @dataclass
