@@ -8,12 +8,14 @@ Why each part is there:
   warm-up land on it). Before any timed session exists, a session of the first model is
   created, run a few times and dropped (:func:`warm_process`), so no timed session is
   "the first".
-- **Counterbalanced / randomized creation order.** Creation order still matters after the
-  warm-up (measured on a loaded 2-core machine: the session created second ran about 7 %
-  faster). A pair of models is therefore timed with two sessions each created ABBA or BAAB
-  (:class:`PairSampler`, the end-to-end check and calibration), so a steady position effect
-  cancels; harnesses with more models create them in a seeded random order (reported), which
-  turns the bias into noise across cases.
+- **Counterbalanced / randomized creation order.** Creation order may still matter after the
+  warm-up (benchmarks/onnx_session_order.py on a 2-core machine at load 16-30: the model whose
+  session was created first measured 2-7 % slower in every way tried, within or near the
+  noise of one process). A pair of models is therefore timed with two sessions each created
+  ABBA or BAAB (:class:`PairSampler`: the end-to-end check and calibration), which cancels a
+  steady drift with creation position (not a first-session-only effect); harnesses with more
+  models create them in a seeded random order (reported), which turns a bias into noise
+  across cases.
 - **Interleaved, paired rounds.** Every round runs each session once (the order rotated
   per round); the statistic is the median of per-round ratios, so load drift between
   rounds cancels. Its spread is a 95 % confidence interval for that median from order
@@ -145,8 +147,7 @@ class PairSampler:
     comparison can ask for more rounds without re-creating them.
 
     ``balanced`` (default): two sessions per model created ABBA or BAAB, a round runs all four
-    and a model's time is the mean of its two (measured: warm-up plus a random order still
-    left a 7 % bias toward the session created second on a loaded 2-core machine; see
+    and a model's time is the mean of its two (see the module docstring and
     benchmarks/results/onnx_session_order.md). Otherwise one session each, random order."""
 
     def __init__(self, a, b, feeds: dict, *, threads: int = 1, warmup: int = 5, seed: int | None = None,
