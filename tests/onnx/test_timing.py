@@ -151,8 +151,6 @@ def test_pair_sampler_runs_in_onnx_runtime_and_reports_its_creation_order():
 
 def test_pair_sampler_counterbalances_two_sessions_per_model(monkeypatch):
     """Warm-up session first, then ABBA or BAAB; a round's time of a model is the mean of its two."""
-    from superkernel.onnx import verify as V
-
     log, now = [], [0.0]
     times = {"a": 1.0, "b": 3.0}  # ms; the first session of each model is 0.5 ms slower (a position effect)
 
@@ -165,7 +163,7 @@ def test_pair_sampler_counterbalances_two_sessions_per_model(monkeypatch):
         def run(self, _o, _f):
             now[0] += (times[self.model] + self.extra) / 1e3
 
-    monkeypatch.setattr(V, "session", lambda model, level, threads=0: Sess(model))
+    monkeypatch.setattr(T, "session", lambda model, level, threads=0: Sess(model))
     orders = set()
     for seed in range(10):
         log.clear()

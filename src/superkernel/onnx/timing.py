@@ -49,6 +49,18 @@ class RatioEstimate:
         return asdict(self)
 
 
+def session(model: str | bytes, level, threads: int = 0):
+    """An ONNX Runtime CPU session at ``level`` (``threads``: intra-op threads, 0 = ORT's default)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = level
+    so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads = threads
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+
 def median_ci(xs: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float, float]:
     """(median, lo, hi): the order-statistics (sign-test) interval for the median, whose
     coverage is at least ``confidence`` for any continuous distribution. With too few
@@ -153,8 +165,6 @@ class PairSampler:
     def __init__(self, a, b, feeds: dict, *, threads: int = 1, warmup: int = 5, seed: int | None = None,
                  feeds_b: dict | None = None, balanced: bool = True):
         import onnxruntime as ort
-
-        from .verify import session
 
         level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         fb = feeds if feeds_b is None else feeds_b

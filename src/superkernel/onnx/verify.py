@@ -9,7 +9,7 @@ from typing import Mapping
 import numpy as np
 import onnxruntime as ort
 
-from .timing import time_interleaved  # noqa: F401 - the one interleaved loop, re-exported
+from .timing import session, time_interleaved  # noqa: F401 - re-exported (one session builder, one loop)
 
 # (atol, rtol) per output dtype; an element passes when |a - b| <= atol + rtol * |a|.
 TOLERANCES: dict[str, tuple[float, float]] = {
@@ -26,15 +26,6 @@ _ORT_TYPES = {
     "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int8)": np.int8, "tensor(uint8)": np.uint8,
     "tensor(bool)": np.bool_,
 }
-
-
-def session(model: str | bytes, level: ort.GraphOptimizationLevel, threads: int = 0) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.graph_optimization_level = level
-    so.log_severity_level = 3
-    if threads:
-        so.intra_op_num_threads = threads
-    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
 
 def make_inputs(sess: ort.InferenceSession, dims: Mapping[str, int], default_dim: int, seed: int) -> dict:
