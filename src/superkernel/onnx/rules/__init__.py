@@ -15,8 +15,9 @@ from superkernel.onnx.rules.norms import LayerNormDecomposed, RMSNormDecomposed,
 from superkernel.onnx.rules.activations import GeluErf, GeluTanh, QuickGelu, SiLU, _close, _half_times  # noqa: F401
 from superkernel.onnx.rules.matmul import BiasGelu, Gemm, MatMulConcat, MatMulScale, MatMulTranspose, _bias_ok  # noqa: F401
 from superkernel.onnx.rules.rotary import Rotary, _cos_sin_source, _through_identity, rotary_cache  # noqa: F401
+from superkernel.onnx.rules.attention_decode import DecodeGQA  # noqa: F401
 from superkernel.onnx.rules.attention import (  # noqa: F401
-    AttentionCore, CausalGQA, DecodeGQA, PackedAttention, PaddedMHA, _heads_view, _is_causal_mask, _k_of_kt, _kt_chain, _mask_value,
+    AttentionCore, CausalGQA, PackedAttention, PaddedMHA, _heads_view, _is_causal_mask, _k_of_kt, _kt_chain, _mask_value,
     _projection,
 )
 from superkernel.onnx.rules.embedding import EmbedLayerNorm  # noqa: F401
