@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_precision_args(opt)
     opt.add_argument("--output", type=Path, default=Path("superkernel_out"), metavar="DIR",
                      help="directory for the report, chart, plan and results (default ./superkernel_out)")
+    opt.add_argument("--exhaustive", action="store_true",
+                     help="with --strategy auto: measure every plan in every mode instead of the best predicted "
+                          "first (slower; the report still shows predicted next to measured gain)")
     opt.add_argument("--quiet", action="store_true", help="no progress bars, only the table and the result line")
     _add_distributed_args(opt)
     opt.set_defaults(func=_cmd_optimize)
@@ -114,6 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="sequences decoded together in the trial capture (default 1)")
     ana.add_argument("--prompt-len", type=positive_int("--prompt-len"), default=8,
                      help="prompt tokens prefilled before the trial capture (default 8)")
+    ana.add_argument("--profile", action="store_true",
+                     help="also run the decode step under torch.profiler: time, operators, launches and weights per "
+                          "module kind and layer, and what each candidate plan covers")
     ana.add_argument("--json", type=Path, metavar="FILE", help="also write the analysis as JSON to FILE")
     ana.set_defaults(func=_cmd_analyze)
 
@@ -189,7 +195,9 @@ def _cmd_optimize(args) -> int:
                            custom_scopes=_custom_scopes(args), options=args.options, seed=args.seed,
                            device=args.device, tolerance=args.tolerance, threads=args.threads,
                            quiet=args.quiet, inputs=[p for p in (args.scopes_file,) if p is not None],
-                           dtype=args.dtype, batch_size=args.batch_size)
+                           dtype=args.dtype, batch_size=args.batch_size, exhaustive=args.exhaustive)
+    if args.exhaustive and args.strategy != "auto":
+        raise ValueError("--exhaustive applies to --strategy auto (a single strategy is always measured in full)")
     from superkernel.tools.distributed import cli as distributed
 
     if distributed.wanted(args):
@@ -200,7 +208,7 @@ def _cmd_optimize(args) -> int:
     if marked is None and outcome.decision is not None and outcome.decision.kind == "torch.compile":
         marked = outcome.decision.baseline
     print_results(outcome.results, marked, f"superkernel optimize: {args.model}", console)
-    for key in ("report", "chart", "plan", "results"):
+    for key in ("report", "chart", "profile_chart", "plan", "results", "log"):
         if key in outcome.files:
             console.print(f"  {key}: {outcome.files[key]}")
     if not outcome.has_recommendation:
@@ -234,9 +242,10 @@ def _cmd_analyze(args) -> int:
     if args.json is not None:
         check_output_file(args.json, "--json", [p for p in (args.scopes_file,) if p is not None])
     reporter = Reporter(quiet=False)
+    profile_steps = 6 if args.profile else 1
     loaded, session = load_and_prepare(
-        OptimizeOptions(model=args.model, prompt_len=args.prompt_len, steps=2, warmup=1, seed=args.seed,
-                        device=args.device, dtype=args.dtype, batch_size=args.batch_size), reporter)
+        OptimizeOptions(model=args.model, prompt_len=args.prompt_len, steps=profile_steps + 1, warmup=1,
+                        seed=args.seed, device=args.device, dtype=args.dtype, batch_size=args.batch_size), reporter)
     plans = select_plans(args.strategy, analyze_structure(loaded.model), custom)
     validate_scopes(loaded.model, plans, "")
     with reporter.task(f"trial capture of {len(plans)} plan(s)", total=len(plans)) as update:
@@ -248,11 +257,25 @@ def _cmd_analyze(args) -> int:
 
         result = analyze(loaded.name, session, plans, on_trial=on_trial)
         update(done=len(plans))
-    from superkernel.tools.advisor.console import print_analysis
+    from superkernel.tools.advisor.console import print_analysis, print_profile
 
-    print_analysis(result, _console())
+    console = _console()
+    print_analysis(result, console)
+    payload = result.to_dict()
+    if args.profile:
+        from superkernel.tools.advisor.predict import forecasts_for
+        from superkernel.tools.advisor.profile import profile_step
+
+        with reporter.task("profiling the eager decode step"):
+            profile = profile_step(session, session.step_fn(), structure=result.structure, steps=profile_steps)
+        forecasts = forecasts_for(plans, ("reduce-overhead",), profile, loaded.model, result.trials)
+        print_profile(profile, forecasts, console)
+        payload["profile"] = profile.to_dict()
+        payload["plans"] = [{k: v for k, v in f.to_dict().items()
+                             if k in ("strategy", "covered_share", "fused_fraction", "launches_removed", "segments",
+                                      "cuts", "trial_error")} for f in forecasts]
     if args.json is not None:
-        atomic_write(args.json, json.dumps(result.to_dict(), indent=2, default=str) + "\n",
+        atomic_write(args.json, json.dumps(payload, indent=2, default=str) + "\n",
                      [p for p in (args.scopes_file,) if p is not None])
     failed = [t for t in result.trials if t.error]
     if result.trials and len(failed) == len(result.trials):

@@ -63,3 +63,42 @@ def print_analysis(a: Analysis, console: Console) -> None:
 
 def print_results(results: list[RunResult], recommended: RunResult | None, title: str, console: Console) -> None:
     console.print(rich_table(results, recommended, title, width=console.width))
+
+
+def print_profile(profile, forecasts, console: Console) -> None:
+    """``analyze --profile``: time per module kind and layer, the top modules, each plan's coverage."""
+    from superkernel.tools.advisor.profile import KINDS
+
+    step = profile.step_ms or float("nan")
+    console.print(f"  decode step profile ({profile.steps} steps, eager): {profile.step_ms:.3f} ms with module hooks, "
+                  f"{profile.measured_ms:.3f} ms without ({profile.coverage:.2f}x); {profile.ops:.0f} operators, "
+                  f"{profile.launches:.0f} launches, {profile.weight_bytes / 2**20:.2f} MiB of weights per step",
+                  highlight=False)
+    kinds = Table(title="where the eager decode step spends its time", header_style="bold")
+    for col in ("kind", "ms/step", "share", "operators", "launches", "weights MiB", "covered by"):
+        kinds.add_column(col, justify="left" if col in ("kind", "covered by") else "right")
+    for kind in KINDS:
+        rows = [r for r in profile.rows if r.kind == kind]
+        if rows:
+            ms = sum(r.ms for r in rows)
+            kinds.add_row(kind, f"{ms:.3f}", f"{ms / step:.1%}", f"{sum(r.ops for r in rows):.0f}",
+                          f"{sum(r.launches for r in rows):.0f}", f"{sum(r.weight_bytes for r in rows) / 2**20:.2f}",
+                          rows[0].covered_by or ("decoder_layer / all_layers (layer glue)" if kind == "other" else "-"))
+    console.print(kinds)
+    top = Table(title="top modules", header_style="bold")
+    for col in ("module", "layer", "ms/step", "share", "launches", "covered by"):
+        top.add_column(col, justify="left" if col in ("module", "covered by") else "right", overflow="fold")
+    for r in profile.top(8):
+        top.add_row(f"{r.kind}: {', '.join(r.modules[:2]) or '(outside marked modules)'}",
+                    "-" if r.layer is None else str(r.layer), f"{r.ms:.3f}", f"{r.ms / step:.1%}", f"{r.launches:.0f}",
+                    r.covered_by or ("decoder_layer / all_layers" if r.layer is not None else "-"))
+    console.print(top)
+    if not forecasts:
+        return
+    plans = Table(title="candidate plans: what the profile says they cover", header_style="bold")
+    for col in ("plan", "covered share", "fused fraction", "launches removed", "segments", "cuts"):
+        plans.add_column(col, justify="left" if col == "plan" else "right")
+    for f in forecasts:
+        plans.add_row(f.strategy, f"{f.share:.0%}", f"{f.fused_fraction:.0%}", str(f.launches_removed),
+                      str(f.segments), str(f.cuts) + (" (capture failed)" if f.trial_error else ""))
+    console.print(plans)

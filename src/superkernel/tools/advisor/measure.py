@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -69,12 +69,24 @@ def _explain_into(result: RunResult, backend: Any) -> None:
     result.uncaptured = missing_labels(list(result.scopes), ex.segments)
 
 
+def _profile_into(result: RunResult, profile: Callable[[Any, RunResult], Any], step, reporter: Reporter) -> None:
+    with reporter.task(f"profiling {result.name}"):
+        try:
+            result.profile = profile(step, result)
+        except Exception as exc:  # the profile is extra information: never fails the plan
+            result.profile_error = exception_summary(exc, 240, first_line=False)
+
+
 def run_plan(session: DecodeSession, plan: ScopePlan, modes: tuple[str, ...], eager_logits: torch.Tensor, *,
              options: str = "", tolerance: float = MAX_AUTOTUNE_TOLERANCE, reporter: Reporter,
-             references: dict[str, torch.Tensor] | None = None) -> list[RunResult]:
+             references: dict[str, torch.Tensor] | None = None,
+             profile: Callable[[Any, RunResult], Any] | None = None) -> list[RunResult]:
     """One exactness reference for the plan's scopes, then one measured run per mode.
 
-    The reference logits are stored in ``references[plan.strategy]`` when a dict is given.
+    The reference logits are stored in ``references[plan.strategy]`` when a dict is given,
+    and reused from there when that strategy's reference was already run (the auto search
+    measures a strategy's modes at different times). ``profile(step, result)``, when given,
+    profiles each measured step while it is still compiled (``result.profile``).
     """
     import superkernel
 
@@ -86,8 +98,10 @@ def run_plan(session: DecodeSession, plan: ScopePlan, modes: tuple[str, ...], ea
         for r in results:
             r.wrapped = wrapped
         try:
-            ref_step, _ = compile_superkernel(session, "reduce-overhead", run_eagerly=True)
-            reference = _run(session, ref_step, f"{plan.strategy} / exactness reference", reporter).logits
+            reference = references.get(plan.strategy) if references is not None else None
+            if reference is None:
+                ref_step, _ = compile_superkernel(session, "reduce-overhead", run_eagerly=True)
+                reference = _run(session, ref_step, f"{plan.strategy} / exactness reference", reporter).logits
             if references is not None:
                 references[plan.strategy] = reference
         except Exception as exc:
@@ -99,6 +113,8 @@ def run_plan(session: DecodeSession, plan: ScopePlan, modes: tuple[str, ...], ea
                 step, backend = compile_superkernel(session, r.mode)
                 _fill_timing(r, _run(session, step, r.name, reporter))
                 _explain_into(r, backend)
+                if profile is not None:
+                    _profile_into(r, profile, step, reporter)
             except Exception as exc:
                 r.error = exception_summary(exc, 440, first_line=False)
                 continue

@@ -99,7 +99,8 @@ def apply_section(best: RunResult, options: str, model_name: str) -> list[str]:
 def render(*, analysis: Analysis, model_name: str, model_source: str, notes: list[str], results: list[RunResult],
            recommended: RunResult | None, settings: dict[str, Any], hardware: str, versions: dict[str, str],
            tolerance: float, plan_yaml: str | None, prefill_ms: float, eager_drift: float | None = None,
-           decision: Any = None) -> str:
+           decision: Any = None, profile: Any = None, plan_profiles: list | None = None,
+           search: dict | None = None) -> str:
     eager = next((r for r in results if r.name == "eager"), None)
     inductor = next((r for r in results if r.name == "torch.compile"), None)
     plans = [r for r in results if r.kind == "plan"]
@@ -120,6 +121,7 @@ def render(*, analysis: Analysis, model_name: str, model_source: str, notes: lis
              f"- Hardware: {hardware}",
              f"- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()), "",
              "## Step 1: model analysis", "", *structure_section(analysis), "",
+             *_profile_sections(profile, plan_profiles or [], search, eager),
              "## Results", "",
              markdown_table(results, recommended), "",
              f"![decode step latency per plan]({CHART_NAME})", "",
@@ -184,6 +186,19 @@ def render(*, analysis: Analysis, model_name: str, model_source: str, notes: lis
                      f"median ({verdict}).")
     lines.append("- Decode steps use a preallocated StaticCache; prefill is never scoped or compiled.")
     return "\n".join(lines) + "\n"
+
+
+def _profile_sections(profile: Any, plan_profiles: list, search: dict | None, eager: RunResult | None) -> list[str]:
+    from superkernel.tools.advisor.profile_report import profile_lines, search_lines
+
+    out = []
+    if profile is not None:
+        out += ["## Where the decode step spends its time", "", *profile_lines(profile, plan_profiles), ""]
+    if search is not None and search["forecasts"] and eager is not None and eager.median_ms:
+        out += ["## Plans: predicted vs measured gain", "",
+                *search_lines(search["forecasts"], eager.median_ms, search["prior_efficiency"], search["exhaustive"]),
+                ""]
+    return out
 
 
 def _not_recommended(r: RunResult, inductor: RunResult | None) -> str:

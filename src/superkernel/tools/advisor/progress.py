@@ -11,8 +11,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 class Reporter:
     def __init__(self, quiet: bool = False, console: Console | None = None) -> None:
+        import sys
+
         self.quiet = quiet
-        self.console = console or Console(stderr=True)
+        # Bound to the terminal stream of now: while a run's log captures sys.stderr (compiler
+        # output, see run_log), the progress display keeps writing to the terminal.
+        self.console = console or Console(file=sys.stderr)
 
     def note(self, text: str) -> None:
         if not self.quiet:
@@ -25,7 +29,7 @@ class Reporter:
             yield lambda *a, **k: None
             return
         progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), console=self.console, transient=False)
+                            TimeElapsedColumn(), console=self.console, transient=False, redirect_stderr=False)
         with progress:
             task_id = progress.add_task(description, total=total)
 

@@ -39,6 +39,8 @@ class RunResult:
     speedup_vs_eager: float | None = None
     speedup_vs_compile: float | None = None
     dynamo: Any = None                                    # decode.DynamoCounts of the measured run
+    profile: Any = None                                   # profile.StepProfile of the compiled step
+    profile_error: str | None = None
 
     @property
     def recompiles_timed(self) -> int | None:
@@ -89,6 +91,8 @@ class RunResult:
             "dynamo": self.dynamo.to_dict() if self.dynamo is not None else None,
             "recompiles_timed": self.recompiles_timed,
             "recompiles_in_steady_state": self.recompiles,
+            "profile": self.profile.to_dict() if self.profile is not None else None,
+            "profile_error": self.profile_error,
         }
 
 

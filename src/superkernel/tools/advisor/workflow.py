@@ -24,6 +24,12 @@ from superkernel.tools.advisor.plan_file import PlanFile, write_plan
 from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE
 from superkernel.tools.advisor.progress import Reporter
 from superkernel.tools.advisor.optimize_report import CHART_NAME, PLAN_NAME, REPORT_NAME, render
+from superkernel.tools.advisor.predict import Forecast, forecasts_for, prior_efficiency
+from superkernel.tools.advisor.profile import StepProfile, profile_step
+from superkernel.tools.advisor.profile_chart import profile_chart
+from superkernel.tools.advisor.profile_report import PROFILE_CHART_NAME
+from superkernel.tools.advisor.run_log import LOG_NAME, RunLog
+from superkernel.tools.advisor.search import run_search
 from superkernel.tools.advisor.results import Recommendation, RunResult, decide, fill_speedups
 from superkernel.tools.advisor.structure import analyze_structure
 from superkernel.tools.advisor.strategies import STRATEGIES, ScopePlan, StrategyError, auto_plans, custom_plan, plan_for
@@ -31,7 +37,9 @@ from superkernel.util import exception_summary
 
 RESULTS_NAME = "results.json"
 LOGITS_NAME = "logits.safetensors"
-OUTPUT_NAMES = (REPORT_NAME, CHART_NAME, PLAN_NAME, RESULTS_NAME, LOGITS_NAME)
+OUTPUT_NAMES = (REPORT_NAME, CHART_NAME, PLAN_NAME, RESULTS_NAME, LOGITS_NAME, PROFILE_CHART_NAME, LOG_NAME)
+#: Decode steps profiled per run (each pass: hooks + wall clock, then torch.profiler).
+PROFILE_STEPS = 6
 
 
 class WorkflowError(RuntimeError):
@@ -57,6 +65,7 @@ class OptimizeOptions:
     inputs: list[Path] = field(default_factory=list)   # files given by the user, never overwritten
     dtype: str | None = None                            # None: the checkpoint's dtype (float32 for zoo models)
     batch_size: int = 1
+    exhaustive: bool = False                            # auto: measure every plan instead of the best predicted
 
 
 @dataclass
@@ -67,6 +76,8 @@ class Outcome:
     files: dict[str, Path]
     message: str
     decision: Recommendation | None = None             # plan, "use torch.compile", or none
+    profile: StepProfile | None = None                 # the eager decode step's profile
+    forecasts: list[Forecast] = field(default_factory=list)  # predicted vs measured, per plan and mode
 
     @property
     def has_recommendation(self) -> bool:
@@ -192,33 +203,65 @@ def check_options(opts: OptimizeOptions) -> None:
 
 
 def optimize(opts: OptimizeOptions, reporter: Reporter | None = None) -> Outcome:
-    """Run the whole workflow; raises on bad input, returns an Outcome (recommended may be None)."""
+    """Run the whole workflow; raises on bad input, returns an Outcome (recommended may be None).
+
+    Compiler output (Inductor's autotune tables, warnings) goes to ``<output>/superkernel.log``.
+    """
     reporter = reporter or Reporter(quiet=opts.quiet)
     check_options(opts)
+    log = RunLog(Path(opts.output) / LOG_NAME, _inputs(opts))
+    try:
+        with log.capture():
+            outcome = _optimize(opts, reporter, log)
+    finally:
+        path = log.close()
+    outcome.files["log"] = path
+    return outcome
+
+
+def _optimize(opts: OptimizeOptions, reporter: Reporter, log: RunLog) -> Outcome:
     loaded, session = load_and_prepare(opts, reporter)
-    plans = select_plans(opts.strategy, analyze_structure(loaded.model), opts.custom_scopes)
+    structure = analyze_structure(loaded.model)
+    plans = select_plans(opts.strategy, structure, opts.custom_scopes)
     validate_scopes(loaded.model, plans, opts.options)
-    with reporter.task("analysing model structure and decode capture"):
-        analysis = analyze(loaded.name, session, plans=[])
+    with reporter.task(f"analysing model structure, decode capture, trial capture of {len(plans)} plan(s)"):
+        analysis = analyze(loaded.name, session, plans=plans)
+    exhaustive = opts.exhaustive or opts.strategy != "auto"
     reporter.note(f"[bold]{loaded.name}[/]: {analysis.architecture}, {analysis.structure.num_layers} layers, "
                   f"{analysis.structure.attention_kind} attention, {len(analysis.structure.moe_paths)} MoE layer(s); "
-                  f"plans: {', '.join(p.strategy for p in plans)} x {', '.join(opts.modes)}")
+                  f"plans: {', '.join(p.strategy for p in plans)} x {', '.join(opts.modes)}"
+                  + ("" if exhaustive else " (auto: best predicted first)"))
 
     results = run_baselines(session, reporter)
     eager = results[0]
-    references: dict[str, torch.Tensor] = {}
-    for plan in plans:
-        results += run_plan(session, plan, tuple(opts.modes), eager.logits, options=opts.options,
-                            tolerance=opts.tolerance, reporter=reporter, references=references)
     inductor = next((r for r in results if r.name == "torch.compile" and not r.error), None)
+    with reporter.task("profiling the eager decode step"):
+        profile = profile_step(session, session.step_fn(), structure=structure, steps=PROFILE_STEPS, log=log.stream)
+    forecasts = forecasts_for(plans, tuple(opts.modes), profile, loaded.model, analysis.trials)
+    prior = prior_efficiency(eager.median_ms, inductor.median_ms if inductor is not None else None)
+    references: dict[str, torch.Tensor] = {}
+
+    def profile_plan(step, result):
+        return profile_step(session, step, label=result.name, steps=PROFILE_STEPS, measured_ms=result.median_ms,
+                            log=log.stream)
+
+    def measure(plan: ScopePlan, modes: tuple[str, ...]) -> list[RunResult]:
+        return run_plan(session, plan, modes, eager.logits, options=opts.options, tolerance=opts.tolerance,
+                        reporter=reporter, references=references, profile=profile_plan)
+
+    results += run_search(plans, tuple(opts.modes), forecasts, measure, eager_ms=eager.median_ms, prior=prior,
+                          exhaustive=exhaustive, note=reporter.note)
     fill_speedups(results, eager, inductor)
     drift = eager_drift(session, eager, reporter)
     decision = decide(results, drift)
     best = decision.plan if decision.kind == "plan" else None
 
-    files = write_outputs(opts, loaded, session, analysis, results, decision, references, drift)
+    search = {"exhaustive": exhaustive, "prior_efficiency": prior, "forecasts": forecasts}
+    files = write_outputs(opts, loaded, session, analysis, results, decision, references, drift,
+                          profile=profile, search=search)
     return Outcome(results=results, recommended=best, analysis=analysis, files=files,
-                   message=outcome_message(results, decision), decision=decision)
+                   message=outcome_message(results, decision), decision=decision, profile=profile,
+                   forecasts=forecasts)
 
 
 def plans_summary(results: list[RunResult]) -> str:
@@ -271,7 +314,8 @@ def eager_drift(session: DecodeSession, eager: RunResult, reporter: Reporter) ->
 
 def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSession, analysis: Analysis,
                   results: list[RunResult], decision: Recommendation,
-                  references: dict[str, torch.Tensor], drift: float | None = None) -> dict[str, Path]:
+                  references: dict[str, torch.Tensor], drift: float | None = None, *,
+                  profile: StepProfile | None = None, search: dict | None = None) -> dict[str, Path]:
     from superkernel.tools.advisor.plan_file import TORCH_COMPILE
 
     out = Path(opts.output)
@@ -293,6 +337,11 @@ def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSes
         plan_yaml = files["plan"].read_text()
     title = f"{loaded.name}: decode step latency ({hardware(session.device).split(' (')[0]})"
     files["chart"] = atomic_write(out / CHART_NAME, latency_chart(results, marked, title), inputs)
+    shown = best if best is not None else decision.plan   # the recommended plan, else the best passing one
+    plan_profiles = [r.profile for r in results if r.profile is not None and r is shown]
+    if profile is not None:
+        files["profile_chart"] = atomic_write(out / PROFILE_CHART_NAME, profile_chart(
+            profile, plan_profiles, f"{loaded.name}: where the decode step spends its time"), inputs)
     settings = {"strategy": opts.strategy, "modes": list(opts.modes), "options": opts.options, "steps": opts.steps,
                 "warmup": opts.warmup, "prompt_len": opts.prompt_len, "batch_size": session.batch,
                 "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
@@ -301,13 +350,19 @@ def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSes
     report = render(analysis=analysis, model_name=loaded.name, model_source=loaded.source, notes=loaded.notes,
                     results=results, recommended=marked, settings=settings, hardware=hardware(session.device),
                     versions=versions(), tolerance=opts.tolerance, plan_yaml=plan_yaml,
-                    prefill_ms=session.prefill_seconds * 1e3, eager_drift=drift, decision=decision)
+                    prefill_ms=session.prefill_seconds * 1e3, eager_drift=drift, decision=decision,
+                    profile=profile, plan_profiles=[r.profile for r in results if r.profile is not None],
+                    search=search)
     files["report"] = atomic_write(out / REPORT_NAME, report, inputs)
     payload = {"model": loaded.name, "hardware": hardware(session.device), "versions": versions(),
                "settings": settings, "tolerance": opts.tolerance, "prefill_ms": session.prefill_seconds * 1e3,
                "recommended": decision.name, "recommendation": {"kind": decision.kind, "reason": decision.reason,
                                                                 "noise_threshold": decision.noise},
-               "eager_drift": drift, "results": [r.to_dict() for r in results]}
+               "eager_drift": drift, "results": [r.to_dict() for r in results],
+               "profile": profile.to_dict() if profile is not None else None,
+               "search": None if search is None else {
+                   "exhaustive": search["exhaustive"], "prior_efficiency": search["prior_efficiency"],
+                   "plans": [f.to_dict() for f in search["forecasts"]]}}
     files["results"] = atomic_write(out / RESULTS_NAME, json.dumps(payload, indent=2, default=str) + "\n", inputs)
     files["logits"] = atomic_write(out / LOGITS_NAME, _logits_bytes(results, references, session), inputs)
     return files

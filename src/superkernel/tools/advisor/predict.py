@@ -1,0 +1,147 @@
+"""Predicted gain of each candidate plan from the eager profile and the trial captures.
+
+The model is deliberately simple and stated in the report next to the measured numbers:
+
+- **covered time**: the eager step's time inside the modules a plan's scopes wrap (the
+  profile's inclusive module times, as a share of the profiled step, times the measured
+  eager median), scaled by the share of the scoped operators that end up in segments of
+  more than one operator (a cut operator runs alone: ``analyze``'s trial capture says where);
+- **efficiency** of a mode: the part of the covered time it removes. Before any plan is
+  measured it is the part of the eager step plain ``torch.compile`` removed in this run
+  (the prior); once a plan of that mode was measured, the largest efficiency a measured
+  plan of that mode reached (calibrated, optimistic);
+- predicted step = eager - covered x efficiency; launches removed = scoped operators
+  minus segments (from the trial capture).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+#: Plans whose fused covered time is under this share of the eager step are not tried by auto.
+MIN_SHARE = 0.10
+#: Efficiency prior when plain torch.compile could not be timed.
+DEFAULT_EFFICIENCY = 0.5
+
+
+@dataclass
+class Forecast:
+    """One candidate plan (strategy x mode): what the profile predicts, what happened."""
+
+    strategy: str
+    mode: str
+    share: float                       # of the eager step inside the plan's scopes
+    fused_fraction: float              # of the scoped operators, those in segments of > 1 operator
+    launches_removed: int
+    segments: int
+    cuts: int
+    trial_error: str | None = None
+    uncaptured: list[str] | None = None
+    prior_ms: float | None = None      # predicted before any plan was measured
+    predicted_ms: float | None = None  # predicted when the search decided about it
+    status: str = "pending"            # "measured", "skipped" (auto) or "pending"
+    reason: str = ""
+    measured_ms: float | None = None
+    passed: bool | None = None
+
+    @property
+    def name(self) -> str:
+        return f"{self.strategy} / {self.mode}"
+
+    @property
+    def fused_share(self) -> float:
+        return self.share * self.fused_fraction
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"plan": self.name, "strategy": self.strategy, "mode": self.mode, "covered_share": self.share,
+                "fused_fraction": self.fused_fraction, "launches_removed": self.launches_removed,
+                "segments": self.segments, "cuts": self.cuts, "trial_error": self.trial_error,
+                "predicted_ms_prior": self.prior_ms, "predicted_ms": self.predicted_ms, "status": self.status,
+                "reason": self.reason, "measured_ms": self.measured_ms, "passed": self.passed}
+
+
+def covered_paths(model, scopes: dict[str, list[str]]) -> list[str]:
+    """The outermost module paths a plan's globs match."""
+    from superkernel.scope_apply import match_modules
+
+    paths = sorted({name for globs in scopes.values() for g in globs for name, _ in match_modules(model, g)})
+    return [p for p in paths if not any(p != q and p.startswith(q + ".") for q in paths)]
+
+
+def covered_share(profile, model, scopes: dict[str, list[str]]) -> float:
+    """Share of the profiled eager step spent inside the plan's scoped modules."""
+    if not profile.step_ms:
+        return 0.0
+    total = 0.0
+    for path in covered_paths(model, scopes):
+        if path in profile.module_ms:
+            total += profile.module_ms[path]
+        else:  # a module the profile did not mark: the marked modules inside it
+            total += sum(ms for p, ms in profile.module_ms.items() if p.startswith(path + ".")
+                         and not any(q != p and p.startswith(q + ".") and q.startswith(path + ".")
+                                     for q in profile.module_ms))
+    return min(1.0, total / profile.step_ms)
+
+
+def forecasts_for(plans, modes, profile, model, trials) -> list[Forecast]:
+    """One forecast per plan and mode; ``trials`` are analyze's trial captures, by strategy."""
+    out = []
+    by_strategy = {t.plan.strategy: t for t in trials}
+    for plan in plans:
+        trial = by_strategy.get(plan.strategy)
+        share = covered_share(profile, model, plan.scopes)
+        fused, removed, segments, cuts, error, uncaptured = 1.0, 0, 0, 0, None, []
+        if trial is not None:
+            error = trial.error
+            scoped = sum(s.num_ops for s in trial.segments)
+            fused = (sum(s.num_ops for s in trial.segments if s.num_ops > 1) / scoped) if scoped else 0.0
+            removed = sum(max(0, s.num_ops - 1) for s in trial.segments)
+            segments, cuts, uncaptured = len(trial.segments), len(trial.cuts), trial.uncaptured
+            if uncaptured and set(uncaptured) == set(plan.labels):
+                fused = 0.0
+        for mode in modes:
+            out.append(Forecast(plan.strategy, mode, share, fused, removed, segments, cuts, error, uncaptured))
+    return out
+
+
+def prior_efficiency(eager_ms: float | None, inductor_ms: float | None) -> float:
+    if eager_ms and inductor_ms:
+        return min(0.95, max(0.0, 1 - inductor_ms / eager_ms))
+    return DEFAULT_EFFICIENCY
+
+
+def efficiency(forecasts: list[Forecast], mode: str, eager_ms: float) -> float | None:
+    """The largest efficiency a measured, passing plan of ``mode`` reached (None: none measured yet)."""
+    effs = [(eager_ms - f.measured_ms) / (eager_ms * f.fused_share) for f in forecasts
+            if f.mode == mode and f.status == "measured" and f.passed and f.measured_ms and f.fused_share > 0]
+    return max(max(effs), 0.0) if effs else None
+
+
+def predict_ms(f: Forecast, eager_ms: float, eff: float) -> float:
+    return eager_ms * (1 - f.fused_share * eff)
+
+
+def next_decision(forecasts: list[Forecast], eager_ms: float, prior: float, best_ms: float | None,
+                  best_name: str | None, noise: float) -> tuple[Forecast, bool] | None:
+    """The pending plan predicted best now, and whether to run it (False: skipped, reason set)."""
+    pending = [f for f in forecasts if f.status == "pending"]
+    if not pending:
+        return None
+    calibrated = {m: efficiency(forecasts, m, eager_ms) for m in {f.mode for f in forecasts}}
+    for f in pending:
+        eff = calibrated[f.mode]
+        f.predicted_ms = predict_ms(f, eager_ms, prior if eff is None else eff)
+    f = min(pending, key=lambda x: (x.predicted_ms, x.segments, x.cuts))
+    if f.trial_error:
+        f.reason = f"the trial capture failed: {f.trial_error[:200]}"
+        return f, False
+    if f.fused_share < MIN_SHARE:
+        f.reason = (f"covers {f.fused_share:.0%} of the eager step in fused segments (< {MIN_SHARE:.0%}): too little "
+                    "to pay for a compile")
+        return f, False
+    if best_ms is not None and calibrated[f.mode] is not None and f.predicted_ms >= best_ms * (1 - noise):
+        f.reason = (f"predicted {f.predicted_ms:.3f} ms cannot beat the best measured plan ({best_name}, "
+                    f"{best_ms:.3f} ms) by more than the noise threshold ({noise:.0%})")
+        return f, False
+    return f, True

@@ -1,0 +1,101 @@
+"""The run's log file: compiler chatter goes there, the user's terminal keeps the progress bars.
+
+TorchInductor's max-autotune writes its autotune tables straight to ``sys.stderr``, and
+torch, transformers and Python warnings write through logging handlers and
+``warnings.showwarning``. While :meth:`RunLog.capture` is active all of these land in
+``<output>/superkernel.log``; the progress display writes to the terminal stream it was
+created with (see :class:`~superkernel.tools.advisor.progress.Reporter`), so it is unaffected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import IO, Iterator
+
+from superkernel.util import _umask, check_not_input, temp_sibling
+
+LOG_NAME = "superkernel.log"
+
+
+def _stderr_handlers() -> list[logging.StreamHandler]:
+    """Logging handlers that write to the process's stderr (not files)."""
+    loggers = [logging.getLogger()] + [v for v in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(v, logging.Logger)]
+    out = []
+    for logger in loggers:
+        for h in logger.handlers:
+            if (isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
+                    and h.stream in (sys.stderr, sys.__stderr__)):
+                out.append(h)
+    return out
+
+
+@contextlib.contextmanager
+def redirect_process_stderr(stream: IO[str]) -> Iterator[None]:
+    """Send ``sys.stderr``, stderr logging handlers and warnings to ``stream`` for the duration."""
+    handlers = _stderr_handlers()
+    before = [h.stream for h in handlers]
+    with contextlib.redirect_stderr(stream):
+        for h in handlers:
+            h.setStream(stream)
+        try:
+            yield
+        finally:
+            for h, s in zip(handlers, before):
+                h.setStream(s)
+
+
+@contextlib.contextmanager
+def native_stderr_to(stream: IO[str] | None) -> Iterator[None]:
+    """File descriptor 2 (C++ messages, e.g. the profiler's start/stop lines) to ``stream`` or /dev/null."""
+    try:
+        sys.__stderr__.flush()
+        saved = os.dup(2)
+    except (OSError, AttributeError, ValueError):
+        yield
+        return
+    target = stream.fileno() if stream is not None and hasattr(stream, "fileno") else None
+    devnull = None
+    if target is None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        target = devnull
+    try:
+        if stream is not None:
+            stream.flush()
+        os.dup2(target, 2)
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.dup2(saved, 2)
+        os.close(saved)
+        if devnull is not None:
+            os.close(devnull)
+
+
+class RunLog:
+    """``<output>/superkernel.log``, written to a temporary sibling and renamed in place on close."""
+
+    def __init__(self, path: Path | str, inputs=()) -> None:
+        self.path = Path(path)
+        check_not_input(self.path, inputs)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = temp_sibling(self.path)
+        self.stream = open(self._tmp, "w", encoding="utf-8", buffering=1)
+
+    def capture(self):
+        return redirect_process_stderr(self.stream)
+
+    def write(self, text: str) -> None:
+        self.stream.write(text if text.endswith("\n") else text + "\n")
+
+    def close(self) -> Path:
+        """Finish the file (also after a failed run: the log is most useful then)."""
+        if not self.stream.closed:
+            self.stream.close()
+            os.chmod(self._tmp, 0o666 & ~_umask())
+            os.replace(self._tmp, self.path)
+        return self.path
