@@ -21,7 +21,7 @@ def test_optimize_exits_zero_and_writes_every_output(e2e):
     result, out, data = e2e
     assert result.code == 0, result.err
     for name in ("superkernel_optimization_report.md", "decode_latency.png", "superkernel.yaml", "results.json",
-                 "logits.safetensors"):
+                 "logits.safetensors", "decode_profile.png", "superkernel.log"):
         assert (out / name).is_file(), name
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp")]  # atomic writes leave nothing behind
     assert "recommended:" in result.out and "attention" in result.out
@@ -101,6 +101,26 @@ def test_report_is_complete(e2e):
     for r in data["results"][2:]:  # one realization line per mode, from that plan's own explain()
         realized = ", ".join(f"{k} x{v}" for k, v in r["realizations"].items())
         assert f"  - {r['mode']}: {r['segments']} segment(s), realized as {realized}" in cuts
+
+
+def test_profile_and_predictions_are_in_the_results_and_the_report(e2e):
+    _, out, data = e2e
+    prof = data["profile"]
+    assert sum(v["share"] for v in prof["kinds"].values()) == pytest.approx(1.0)
+    assert prof["ops_per_step"] > prof["launches_per_step"] > 0
+    search = data["search"]
+    assert search["exhaustive"] is True  # a single strategy is measured in full
+    assert [p["plan"] for p in search["plans"]] == ["attention / reduce-overhead", "attention / max-autotune"]
+    runs = {r["name"]: r for r in data["results"]}
+    for p in search["plans"]:
+        assert p["status"] == "measured" and p["measured_ms"] == runs[p["plan"]]["decode_ms_median"]
+        assert 0 < p["covered_share"] <= 1 and p["segments"] == 4 and p["predicted_ms"] > 0
+        assert runs[p["plan"]]["profile"]["launches_per_step"] > 0   # the compiled step, profiled while compiled
+    report = (out / "superkernel_optimization_report.md").read_text()
+    assert "## Where the decode step spends its time" in report and "](decode_profile.png)" in report
+    assert "## Plans: predicted vs measured gain" in report
+    assert "| `attention / max-autotune` |" in report
+    assert (out / "decode_profile.png").read_bytes().startswith(PNG_MAGIC)
 
 
 def test_chart_is_a_png_with_a_bar_per_run(e2e):

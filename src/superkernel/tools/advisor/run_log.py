@@ -21,6 +21,13 @@ from superkernel.util import _umask, check_not_input, temp_sibling
 LOG_NAME = "superkernel.log"
 
 
+def _fileno(stream) -> int | None:
+    try:
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
 def _stderr_handlers() -> list[logging.StreamHandler]:
     """Logging handlers that write to the process's stderr (not files)."""
     loggers = [logging.getLogger()] + [v for v in logging.Logger.manager.loggerDict.values()
@@ -29,7 +36,7 @@ def _stderr_handlers() -> list[logging.StreamHandler]:
     for logger in loggers:
         for h in logger.handlers:
             if (isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)
-                    and h.stream in (sys.stderr, sys.__stderr__)):
+                    and (h.stream in (sys.stderr, sys.__stderr__) or _fileno(h.stream) == 2)):
                 out.append(h)
     return out
 

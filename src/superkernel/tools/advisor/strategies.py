@@ -1,8 +1,9 @@
 """Scope strategies: which submodules get which scope label.
 
 Each strategy turns a :class:`ModelStructure` into ``{label: [module globs]}`` for
-``superkernel.apply_scopes``. ``auto`` tries, bottom-up from the smallest scope
-(the adaptation guide's first method, docs/workflow.md), every strategy that applies to the model.
+``superkernel.apply_scopes``. ``auto`` considers every strategy that applies to the model
+(listed bottom-up, from the smallest scope); ``optimize`` tries them in the order the
+profile predicts (:mod:`~superkernel.tools.advisor.search`, docs/workflow.md).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ DESCRIPTIONS = {
     "decoder_layer": "one scope per decoder layer ('decoder_layer_<i>'): attention + MLP/MoE + norms",
     "all_layers": "one scope 'all_layers' over the whole stack of decoder layers",
     "custom": "your labels -> module globs (--scope LABEL=GLOB or --scopes-file FILE.yaml)",
-    "auto": "try every strategy that applies, bottom-up, recommend the fastest that passes precision",
+    "auto": "every strategy that applies, tried in order of the gain the decode-step profile predicts; plans "
+            "that cover too little or cannot beat the best measured one are skipped (--exhaustive: try all)",
 }
 
 

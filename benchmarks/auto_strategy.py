@@ -1,0 +1,145 @@
+"""Does ``optimize --strategy auto`` (profile-driven search) pick as well as ``--exhaustive``, in less time?
+
+    .venv/bin/python benchmarks/auto_strategy.py [--models llama-tiny,qwen2_moe,gemma2,gpt_neox] [--steps N]
+
+Per model: ``superkernel optimize`` runs twice in fresh processes, each with its own empty
+TorchInductor cache (no run profits from the other's compiles): once auto, once
+``--exhaustive``; their wall times are compared. The plan each run found best (the fastest
+that passed precision) is then timed again in one process, both interleaved over several
+rounds on identical model copies, and the ratio auto pick / exhaustive pick is reported (the
+issue asks for <= 1.03 and auto wall time <= 0.5 x exhaustive). Zoo names load as they are;
+architecture names (``superkernel.tools.models.archs``) are written as a checkpoint first.
+Results: ``benchmarks/results/auto_strategy.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results"
+SRC = HERE.parent / "src"
+DEFAULT_MODELS = "llama-tiny,qwen2_moe,gemma2,gpt_neox"   # dense, MoE, hybrid sliding-window, parallel residual
+
+
+def model_arg(name: str, scratch: Path) -> str:
+    from superkernel.tools.models import ZOO
+    from superkernel.tools.models.archs import save_checkpoint
+
+    if name in ZOO:
+        return name
+    return str(save_checkpoint(name, scratch / name))
+
+
+def run_optimize(model: str, out: Path, steps: int, warmup: int, exhaustive: bool) -> dict:
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix="sk_auto_inductor_"),
+               PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    argv = [sys.executable, "-m", "superkernel.tools.cli", "optimize", "--model", model, "--steps", str(steps),
+            "--warmup", str(warmup), "--output", str(out), "--quiet"] + (["--exhaustive"] if exhaustive else [])
+    start = time.perf_counter()
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    data = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else {}
+    plans = [r for r in data.get("results", []) if r["kind"] == "plan" and r["status"] == "passed"
+             and not r["recompiles_in_steady_state"]]
+    best = min(plans, key=lambda r: r["decode_ms_median"]) if plans else None
+    search = (data.get("search") or {}).get("plans", [])
+    return {"exit": proc.returncode, "wall_s": wall, "best": best and {k: best[k] for k in (
+                "name", "strategy", "mode", "scopes", "decode_ms_median", "compile_s")},
+            "measured": sum(1 for p in search if p["status"] == "measured"), "plans": len(search),
+            "compile_s_total": sum(r.get("compile_s") or 0 for r in data.get("results", [])),
+            "recommended": data.get("recommended"), "stderr_tail": proc.stderr[-400:] if proc.returncode else "",
+            "search": search}
+
+
+def interleaved(model_spec: str, picks: list[dict], steps: int, warmup: int, rounds: int) -> list[float]:
+    """Median step of each pick per round, the picks alternating (rotating order) in one process."""
+    import torch
+
+    import superkernel
+    from superkernel.tools.advisor.compiling import superkernel_backend
+    from superkernel.tools.decode import prepare, run_decode
+    from superkernel.tools.models import load_model
+
+    base = load_model(model_spec).model
+    torch.set_num_threads(1)
+    runs = []
+    for pick in picks:
+        model = copy.deepcopy(base)
+        superkernel.apply_scopes(model, pick["scopes"])
+        session = prepare(model, prompt_len=32, steps=steps, warmup=warmup, seed=0)
+        step = torch.compile(session.step_fn(), backend=superkernel_backend(pick["mode"]), dynamic=False)
+        run_decode(session, step)  # compile
+        runs.append((session, step))
+    medians: list[list[float]] = [[] for _ in picks]
+    for r in range(rounds):
+        order = list(range(len(picks)))
+        order = order[r % len(order):] + order[:r % len(order)]
+        for i in order:
+            medians[i].append(run_decode(runs[i][0], runs[i][1]).median_ms)
+    return [sorted(m)[len(m) // 2] for m in medians]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=DEFAULT_MODELS)
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(SRC))
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="sk_auto_") as tmp:
+        scratch = Path(tmp)
+        for name in args.models.split(","):
+            spec = model_arg(name, scratch)
+            auto = run_optimize(spec, scratch / f"{name}_auto", args.steps, args.warmup, exhaustive=False)
+            full = run_optimize(spec, scratch / f"{name}_exhaustive", args.steps, args.warmup, exhaustive=True)
+            row = {"model": name, "auto": auto, "exhaustive": full, "wall_ratio": auto["wall_s"] / full["wall_s"]}
+            if auto["best"] and full["best"]:
+                same = (auto["best"]["strategy"], auto["best"]["mode"]) == (full["best"]["strategy"], full["best"]["mode"])
+                picks = [auto["best"]] if same else [auto["best"], full["best"]]
+                ms = interleaved(spec, picks, args.steps, args.warmup, args.rounds)
+                row["interleaved_ms"] = ms if not same else ms * 2
+                row["pick_ratio"] = ms[0] / ms[-1]
+                row["same_plan"] = same
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k not in ("auto", "exhaustive")}), flush=True)
+    load = os.getloadavg()
+    meta = {"hardware": f"{platform.processor() or platform.machine()}, {os.cpu_count()} logical cores",
+            "load_average_end": load, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds}
+    args.output.mkdir(parents=True, exist_ok=True)
+    from superkernel.util import atomic_write
+
+    atomic_write(args.output / "auto_strategy.json", json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    lines = ["# optimize --strategy auto vs --exhaustive", "",
+             f"{meta['hardware']}; load average at the end {load[0]:.1f}; each optimize in a fresh process with an "
+             f"empty Inductor cache; {args.steps} timed steps after {args.warmup}; picks re-timed interleaved over "
+             f"{args.rounds} rounds in one process.", "",
+             "| model | auto wall s | exhaustive wall s | wall ratio | plans measured (auto / all) | auto pick | "
+             "exhaustive pick | pick ms (auto / exhaustive, interleaved) | pick ratio |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        a, e = r["auto"], r["exhaustive"]
+        ms = r.get("interleaved_ms") or ["-", "-"]
+        lines.append(f"| {r['model']} | {a['wall_s']:.0f} | {e['wall_s']:.0f} | {r['wall_ratio']:.2f} | "
+                     f"{a['measured']} / {e['plans']} | {a['best'] and a['best']['name']} | "
+                     f"{e['best'] and e['best']['name']} | "
+                     + (f"{ms[0]:.3f} / {ms[-1]:.3f}" if r.get("interleaved_ms") else "-")
+                     + f" | {r.get('pick_ratio', float('nan')):.3f} |")
+    atomic_write(args.output / "auto_strategy.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

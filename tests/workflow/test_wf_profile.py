@@ -1,0 +1,218 @@
+"""Profiler-driven scope analysis: attribution per module kind, coverage, the auto search, the run log."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import sys
+
+import pytest
+import torch
+
+from superkernel.tools.advisor.predict import Forecast, covered_share, forecasts_for
+from superkernel.tools.advisor.profile import KINDS, StepProfile, module_roles, profile_step
+from superkernel.tools.advisor.results import RunResult
+from superkernel.tools.advisor.precision import Verdict
+from superkernel.tools.advisor.search import run_search
+from superkernel.tools.advisor.strategies import ScopePlan, auto_plans, plan_for
+from superkernel.tools.advisor.structure import analyze_structure
+
+from .wf_helpers import run_cli
+
+
+@pytest.fixture(scope="module")
+def llama_profile(llama, llama_session):
+    structure = analyze_structure(llama.model)
+    return profile_step(llama_session, llama_session.step_fn(), structure=structure, steps=2)
+
+
+def test_time_operators_launches_and_weights_are_attributed_per_kind_and_layer(llama, llama_profile):
+    p = llama_profile
+    kinds = {r.kind for r in p.rows}
+    assert {"embedding", "attention", "mlp", "norm", "lm_head", "other"} <= kinds and "moe" not in kinds
+    assert sorted({r.layer for r in p.rows if r.kind == "attention"}) == [0, 1, 2, 3]
+    # self times partition the step: the kinds add up to the profiled step
+    assert sum(r.ms for r in p.rows) == pytest.approx(p.step_ms, rel=1e-9)
+    assert p.measured_ms > 0 and p.step_ms > 0
+    # operator and launch counts are counted, not timed: every layer's attention runs the same operators
+    attn = [r for r in p.rows if r.kind == "attention"]
+    assert len({r.ops for r in attn}) == 1 and attn[0].ops > 10 and attn[0].launches >= 1
+    assert sum(r.launches for r in p.rows) == pytest.approx(p.launches)
+    assert sum(r.ops for r in p.rows) == pytest.approx(p.ops)
+    # weights: each parameter counted once, the attention row holds exactly its module's parameters
+    total = sum(t.numel() * t.element_size() for t in llama.model.parameters())
+    assert p.weight_bytes == total and sum(r.weight_bytes for r in p.rows) == total
+    attn0 = llama.model.get_submodule("model.layers.0.self_attn")
+    assert attn[0].weight_bytes == sum(t.numel() * t.element_size() for t in attn0.parameters())
+    data = json.loads(json.dumps(p.to_dict()))
+    assert sum(v["share"] for v in data["kinds"].values()) == pytest.approx(1.0)
+    assert set(data["kinds"]) == set(KINDS)
+
+
+def test_module_roles_come_from_the_module_tree_of_a_moe_model(zoo):
+    model = zoo["qwen3-moe-tiny"].model
+    roles = {r.path: r.kind for r in module_roles(analyze_structure(model))}
+    assert roles["model.layers.0.mlp"] == "moe" and roles["model.layers.0.self_attn"] == "attention"
+    assert roles["model.embed_tokens"] == "embedding" and roles["lm_head"] == "lm_head"
+    assert roles["model.layers.0"] == "other" and roles["model.norm"] == "norm"
+
+
+def test_covered_share_grows_with_the_scopes(llama, llama_profile):
+    structure = analyze_structure(llama.model)
+    share = {s: covered_share(llama_profile, llama.model, plan_for(s, structure).scopes)
+             for s in ("attention", "mlp", "decoder_layer", "all_layers")}
+    assert share["all_layers"] == pytest.approx(share["decoder_layer"])
+    assert share["attention"] + share["mlp"] < share["all_layers"] <= 1.0
+    assert 0 < share["attention"] and 0 < share["mlp"]
+    # a glob below the marked modules is charged nothing it did not time
+    assert covered_share(llama_profile, llama.model, {"x": ["model.layers.*.self_attn.q_proj"]}) == 0.0
+
+
+def _profile(step_ms: float, module_ms: dict[str, float]) -> StepProfile:
+    return StepProfile(label="eager", step_ms=step_ms, measured_ms=step_ms, ops=0, launches=0, steps=1,
+                       module_ms=module_ms)
+
+
+def _plans() -> list[ScopePlan]:
+    return [ScopePlan("attention", {"attention": ["a"]}), ScopePlan("mlp", {"mlp": ["m"]}),
+            ScopePlan("all_layers", {"all_layers": ["a", "m"]})]
+
+
+def _forecasts(shares: dict[str, float], modes=("reduce-overhead", "max-autotune")) -> list[Forecast]:
+    return [Forecast(s, m, share, 1.0, 10, 1, 0) for s, share in shares.items() for m in modes]
+
+
+def _fake_runner(measured: dict[str, float], calls: list[str]):
+    def run(plan: ScopePlan, modes: tuple[str, ...]) -> list[RunResult]:
+        out = []
+        for mode in modes:
+            calls.append(f"{plan.strategy} / {mode}")
+            r = RunResult(name=f"{plan.strategy} / {mode}", kind="plan", strategy=plan.strategy, mode=mode,
+                          scopes=plan.scopes, median_ms=measured[f"{plan.strategy} / {mode}"], p90_ms=1.0)
+            r.verdict = Verdict(True, "test", "test")
+            out.append(r)
+        return out
+    return run
+
+
+MEASURED = {"all_layers / max-autotune": 2.0, "all_layers / reduce-overhead": 6.0,
+            "attention / max-autotune": 5.0, "attention / reduce-overhead": 8.0,
+            "mlp / max-autotune": 9.0, "mlp / reduce-overhead": 9.5}
+
+
+def test_auto_search_tries_the_best_predicted_first_skips_and_stops():
+    forecasts = _forecasts({"attention": 0.5, "mlp": 0.05, "all_layers": 0.9})
+    calls: list[str] = []
+    results = run_search(_plans(), ("reduce-overhead", "max-autotune"), forecasts, _fake_runner(MEASURED, calls),
+                         eager_ms=10.0, prior=0.5, exhaustive=False)
+    # the widest plan first in both modes (each mode's efficiency is unknown until one of its plans ran)
+    assert set(calls) == {"all_layers / reduce-overhead", "all_layers / max-autotune"}
+    assert [r.name for r in results] == calls
+    by = {f.name: f for f in forecasts}
+    assert by["mlp / max-autotune"].status == "skipped" and "covers 5%" in by["mlp / max-autotune"].reason
+    att = by["attention / max-autotune"]
+    assert att.status == "skipped" and "cannot beat the best measured plan (all_layers / max-autotune" in att.reason
+    # calibrated: all_layers max-autotune removed (10 - 2) / (10 * 0.9) of its covered time
+    assert att.predicted_ms == pytest.approx(10 * (1 - 0.5 * 8 / 9))
+    assert all(f.prior_ms == pytest.approx(10 * (1 - f.share * 0.5)) for f in forecasts)
+    assert by["all_layers / max-autotune"].measured_ms == 2.0 and by["all_layers / max-autotune"].passed
+
+
+def test_the_search_stops_when_the_calibrated_prediction_cannot_beat_the_best():
+    forecasts = _forecasts({"attention": 0.5, "all_layers": 0.9}, modes=("max-autotune",))
+    measured = dict(MEASURED, **{"all_layers / max-autotune": 9.0, "attention / max-autotune": 3.0})
+    calls: list[str] = []
+    run_search(_plans(), ("max-autotune",), forecasts, _fake_runner(measured, calls), eager_ms=10.0, prior=0.5,
+               exhaustive=False)
+    # all_layers measured only 1.1x: its efficiency predicts attention at ~9.4 ms, not below 9 * 0.97: skipped
+    assert calls == ["all_layers / max-autotune"]
+    # a plan whose trial capture failed is skipped with the reason
+    forecasts = _forecasts({"attention": 0.5, "all_layers": 0.9}, modes=("max-autotune",))
+    forecasts[1].trial_error = "boom"
+    calls = []
+    run_search(_plans(), ("max-autotune",), forecasts, _fake_runner(measured, calls), eager_ms=10.0, prior=0.5,
+               exhaustive=False)
+    assert calls == ["attention / max-autotune"] and "trial capture failed: boom" in forecasts[1].reason
+
+
+def test_exhaustive_measures_every_plan_in_every_mode():
+    forecasts = _forecasts({"attention": 0.5, "mlp": 0.05, "all_layers": 0.9})
+    calls: list[str] = []
+    run_search(_plans(), ("reduce-overhead", "max-autotune"), forecasts, _fake_runner(MEASURED, calls),
+               eager_ms=10.0, prior=0.5, exhaustive=True)
+    assert sorted(calls) == sorted(MEASURED) and all(f.status == "measured" for f in forecasts)
+
+
+def test_forecasts_use_the_trial_captures_cuts_and_segments(llama, llama_profile, llama_session):
+    from superkernel.tools.advisor.analysis import trial_capture
+
+    structure = analyze_structure(llama.model)
+    plans = [p for p in auto_plans(structure) if p.strategy in ("attention", "all_layers")]
+    trials = [trial_capture(llama_session, p) for p in plans]
+    fc = {f.strategy: f for f in forecasts_for(plans, ("reduce-overhead",), llama_profile, llama.model, trials)}
+    assert fc["all_layers"].segments == 1 and fc["attention"].segments == 4
+    assert fc["all_layers"].launches_removed == trials[1].segments[0].num_ops - 1
+    assert fc["all_layers"].launches_removed > fc["attention"].launches_removed > 0
+    assert fc["attention"].fused_fraction == 1.0 and fc["attention"].trial_error is None
+
+
+def test_run_log_takes_compiler_output_and_warnings_not_the_progress(tmp_path):
+    from superkernel.tools.advisor.progress import Reporter
+    from superkernel.tools.advisor.run_log import RunLog
+
+    terminal = io.StringIO()
+    old = sys.stderr
+    sys.stderr = terminal
+    handler = logging.StreamHandler()  # bound to the terminal stream, as torch's handlers are
+    logger = logging.getLogger("torch._inductor.test_run_log")
+    logger.addHandler(handler)
+    try:
+        reporter = Reporter()
+        log = RunLog(tmp_path / "superkernel.log")
+        with log.capture():
+            sys.stderr.write("AUTOTUNE mm(1x256, 256x688)\n")
+            print("a deprecation", file=sys.stderr)  # Python's warning display writes to sys.stderr when called
+            logger.warning("inductor says hello")
+            reporter.note("progress stays on the terminal")
+        path = log.close()
+    finally:
+        sys.stderr = old
+        logger.removeHandler(handler)
+    text = path.read_text()
+    assert "AUTOTUNE mm" in text and "a deprecation" in text and "inductor says hello" in text
+    assert "progress stays" not in text and "progress stays on the terminal" in terminal.getvalue()
+    assert "AUTOTUNE" not in terminal.getvalue() and "hello" not in terminal.getvalue()
+    assert not list(tmp_path.glob(".superkernel.log.*"))      # renamed in place
+
+
+def test_analyze_profile_cli_json(tmp_path):
+    out = tmp_path / "a.json"
+    result = run_cli("analyze", "--model", "llama-tiny", "--prompt-len", "4", "--profile", "--json", str(out))
+    assert result.code == 0, result.err
+    data = json.loads(out.read_text())
+    prof = data["profile"]
+    assert sum(v["share"] for v in prof["kinds"].values()) == pytest.approx(1.0)
+    assert prof["launches_per_step"] > 0 and prof["measured_ms"] > 0
+    assert [p["strategy"] for p in data["plans"]] == ["attention", "mlp", "decoder_layer", "all_layers"]
+    assert "where the eager decode step spends its time" in result.out and "top modules" in result.out
+
+
+@pytest.mark.parametrize("arch", ["mistral", "opt"])
+def test_analyze_profile_on_the_sweep_subset(arch, tmp_path):
+    from superkernel.tools.models.archs import save_checkpoint
+
+    ckpt = save_checkpoint(arch, tmp_path / arch)
+    out = tmp_path / "a.json"
+    result = run_cli("analyze", "--model", str(ckpt), "--prompt-len", "4", "--profile", "--json", str(out))
+    assert result.code == 0, result.err
+    prof = json.loads(out.read_text())["profile"]
+    assert sum(r["ms"] for r in prof["rows"]) == pytest.approx(prof["step_ms"])
+    # OPT's feed-forward is fc1/fc2 directly in the layer (no MLP module): its time is the layer's own ("other")
+    expected = {"attention", "norm", "embedding", "lm_head"} | ({"mlp"} if arch == "mistral" else set())
+    assert {r["kind"] for r in prof["rows"]} >= expected
+
+
+def test_exhaustive_needs_auto():
+    result = run_cli("optimize", "--strategy", "attention", "--exhaustive")
+    assert result.code == 2 and "--exhaustive applies to --strategy auto" in result.err
