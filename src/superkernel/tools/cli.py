@@ -242,9 +242,10 @@ def _cmd_analyze(args) -> int:
     if args.json is not None:
         check_output_file(args.json, "--json", [p for p in (args.scopes_file,) if p is not None])
     reporter = Reporter(quiet=False)
-    profile_steps = 6 if args.profile else 1
+    profile_steps = 6  # the profile alternates hooked and bare steps: 2 x 6 after one untimed step
     loaded, session = load_and_prepare(
-        OptimizeOptions(model=args.model, prompt_len=args.prompt_len, steps=profile_steps + 1, warmup=1,
+        OptimizeOptions(model=args.model, prompt_len=args.prompt_len,
+                        steps=2 * profile_steps + 1 if args.profile else 2, warmup=1,
                         seed=args.seed, device=args.device, dtype=args.dtype, batch_size=args.batch_size), reporter)
     plans = select_plans(args.strategy, analyze_structure(loaded.model), custom)
     validate_scopes(loaded.model, plans, "")

@@ -10,7 +10,7 @@ clock instead (the profiler's per-operator cost would inflate a launch-bound CPU
 the step itself), averaged over the faster half of the profiled steps (a preempted step says
 nothing about the model): exclusive module times plus "other" (everything outside the marked modules)
 add up to that pass's step time, which :attr:`StepProfile.coverage` compares with the step
-timed without hooks. On CUDA the profiler's own CPU-side times are used (not run on hardware yet).
+timed without hooks (interleaved with the hooked steps, the faster half of each). On CUDA the profiler's own CPU-side times are used (not run on hardware yet).
 
 A compiled step (a plan) is profiled without hooks (Dynamo would trace them into the graph):
 its time, operators and launches are measured as a whole.
@@ -203,9 +203,10 @@ def profile_step(session, step, *, structure: ModelStructure | None = None, labe
                  steps: int = 3, measured_ms: float | None = None, log=None) -> StepProfile:
     """Profile ``step`` (eager when ``structure`` is given: module ranges; else a compiled step).
 
-    After one untimed call: ``steps`` steps timed per module (hooks and a wall clock), the same
-    steps under ``torch.profiler`` (operators, launches) and, when ``measured_ms`` is None, the
-    same steps without hooks (the median the profile is compared with).
+    After one untimed call: ``steps`` steps timed per module (hooks and a wall clock), alternating,
+    when ``measured_ms`` is None, with as many steps without hooks (what the profile is compared
+    with, under the same load); then ``steps`` steps under ``torch.profiler`` (operators, launches).
+    Both timings average the faster half of their steps.
     """
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -213,27 +214,32 @@ def profile_step(session, step, *, structure: ModelStructure | None = None, labe
 
     model = session.model
     roles = module_roles(structure) if structure is not None else []
-    steps = max(1, min(steps, session.total_steps - 1))
+    interleave = measured_ms is None
+    steps = max(1, min(steps, (session.total_steps - 1) // (2 if interleave else 1)))
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if session.device.type == "cuda" else [])
     session.restore_cache()
     times = []
     with torch.no_grad(), session.dynamo_config():
         step(*session.inputs(0))  # compile / warm caches, not profiled
         per_step: list[_Marks] = []
-        try:  # pass 1: wall clock per step and per module (hooks only)
-            for i in range(1, steps + 1):
-                per_step.append(_Marks(model, roles, profiler=False))
+        bare: list[float] = []
+        try:  # pass 1: wall clock per step and per module (hooks), alternating with steps without hooks
+            for i in range(1, (2 * steps if interleave else steps) + 1):
+                hooked = not interleave or i % 2 == 1
+                if hooked:
+                    per_step.append(_Marks(model, roles, profiler=False))
                 synchronize(session.device)
                 start = time.perf_counter()
                 step(*session.inputs(i))
                 synchronize(session.device)
-                times.append(time.perf_counter() - start)
-                per_step[-1].remove()
+                (times if hooked else bare).append(time.perf_counter() - start)
+                if hooked:
+                    per_step[-1].remove()
         finally:
             for marks in per_step:
                 marks.remove()
         # The faster half of the steps: a step the OS preempted says nothing about the model.
-        kept = sorted(range(len(times)), key=times.__getitem__)[:max(1, (len(times) + 1) // 2)]
+        kept = _faster_half(times)
         timing = _Marks(model, [], profiler=False)
         for k in kept:
             for path, t in per_step[k].inclusive.items():
@@ -254,8 +260,8 @@ def profile_step(session, step, *, structure: ModelStructure | None = None, labe
             marks.remove()
     session.restore_cache()
     step_ms = sum(times[k] for k in kept) / len(kept) * 1e3
-    if measured_ms is None:  # the step without any hook, timed in this process
-        measured_ms = _median_ms(session, step, steps)
+    if measured_ms is None:  # the step without any hook, interleaved with the hooked ones (same load)
+        measured_ms = sum(bare[k] for k in _faster_half(bare)) / len(_faster_half(bare)) * 1e3
     prof_view = _attribute(prof.events(), roles, weight_bytes(model, roles) if roles else {}, label, steps,
                            measured_ms, sum(p.numel() * p.element_size() for p in model.parameters()),
                            session.device.type)
@@ -264,21 +270,8 @@ def profile_step(session, step, *, structure: ModelStructure | None = None, labe
     return prof_view
 
 
-def _median_ms(session, step, steps: int) -> float:
-    from superkernel.tools.decode import synchronize
-
-    times = []
-    session.restore_cache()
-    with torch.no_grad(), session.dynamo_config():
-        step(*session.inputs(0))
-        for i in range(1, steps + 1):
-            synchronize(session.device)
-            start = time.perf_counter()
-            step(*session.inputs(i))
-            synchronize(session.device)
-            times.append(time.perf_counter() - start)
-    session.restore_cache()
-    return sorted(times)[len(times) // 2] * 1e3
+def _faster_half(times: list[float]) -> list[int]:
+    return sorted(range(len(times)), key=times.__getitem__)[:max(1, (len(times) + 1) // 2)]
 
 
 def _use_wall_times(view: "StepProfile", timing: _Marks, roles: list[ModuleRole], step_ms: float, steps: int) -> None:
