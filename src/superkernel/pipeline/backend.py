@@ -28,6 +28,7 @@ import torch.fx as fx
 
 from superkernel.config import CompilerConfig
 from superkernel.pipeline.capture import break_text, capture, dynamo_graph_breaks
+from superkernel.pipeline.capture_fallback import install as install_capture_fallback
 from superkernel.pipeline.graph_dump import dump_graph
 from superkernel.pipeline.ir import (
     Cut, Explanation, GraphInfo, SegmentInfo, SuperKernelScopeError, device_kind, graph_device, parse_options,
@@ -215,6 +216,7 @@ def _register() -> None:
     if "superkernel" not in _BACKENDS or _BACKENDS["superkernel"] is None:
         register_backend(name="superkernel")(superkernel_backend)
     forward_backend_context()
+    install_capture_fallback()
 
 
 _register()

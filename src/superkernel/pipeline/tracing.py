@@ -160,7 +160,7 @@ class CaptureContext:
     def apply(self) -> None:
         """Put this call's Dynamo settings in place (for one compile; :meth:`restore` undoes it)."""
         cfg = torch._dynamo.config
-        for key, value in CAPTURE_SETTINGS.items():
+        for key, value in _capture_settings().items():
             if getattr(cfg, key) != value:
                 self.saved.setdefault(key, getattr(cfg, key))
                 setattr(cfg, key, value)
@@ -180,6 +180,19 @@ class CaptureContext:
         if self.saved_sources is not None:
             torch.compiler.config.dynamic_sources = self.saved_sources
             self.saved_sources = None
+
+
+def _capture_settings() -> dict[str, bool]:
+    """CAPTURE_SETTINGS, or all off while a frame is traced again after a data-dependent failure
+    (``pipeline.capture_fallback``), whoever turned them on."""
+    from superkernel.pipeline import capture_fallback
+
+    return dict.fromkeys(CAPTURE_SETTINGS, False) if capture_fallback.state.disabled else CAPTURE_SETTINGS
+
+
+def active_backend() -> Any:
+    """The backend of the innermost superkernel call running on this thread, or None."""
+    return _active.stack[-1].backend if _active.stack else None
 
 
 # The call whose settings the running compile uses. Dynamo runs the start callbacks only for

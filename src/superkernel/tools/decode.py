@@ -192,12 +192,21 @@ def _python_ints(cache: Any) -> dict[tuple[int, str], int]:
 
 
 def prepare(model: torch.nn.Module, *, prompt_len: int = 32, steps: int = 32, warmup: int = 4, seed: int = 0,
-            device: str | torch.device | None = None, batch: int = 1, reference_tokens: bool = True) -> DecodeSession:
+            device: str | torch.device | None = None, batch: int = 1, reference_tokens: bool = True,
+            spare_slots: int = 1) -> DecodeSession:
     """Prefill once and fix the token sequence all plans are fed (see module doc).
 
     ``reference_tokens=False`` skips the greedy reference decode (batch 1 only): ``tokens``
     is then each sequence's next token after the prompt, enough to run one decode step
     (static kernel builds and cold starts use this).
+
+    ``spare_slots``: cache positions left free after the last decode step (where the model
+    allows). A decode step that fills the cache's last slot takes another branch in
+    transformers' mask preparation (``masking_utils._preprocess_mask_arguments``: a 2-D mask as
+    long as the cache is used as is, a shorter one is padded), so models that build their
+    own growing 2-D mask (BioGPT: ``torch.ones(batch, past + 1)``) recompiled on the last
+    timed step; one spare slot keeps every timed step on the same branch, as in a real
+    decode whose cache is longer than what it has written.
     """
     from transformers import StaticCache
 
@@ -213,6 +222,7 @@ def prepare(model: torch.nn.Module, *, prompt_len: int = 32, steps: int = 32, wa
                          f"max_position_embeddings ({max_pos})")
     if batch < 1:
         raise ValueError(f"batch must be >= 1 (got {batch})")
+    max_cache_len += max(0, min(spare_slots, (max_pos or max_cache_len + spare_slots) - max_cache_len))
     vocab = getattr(model.config, "vocab_size", None) or getattr(model.config.get_text_config(), "vocab_size")
     prompt = make_prompt(int(vocab), prompt_len, seed, device, batch)
     cache = StaticCache(config=model.config, max_cache_len=max_cache_len)

@@ -217,7 +217,7 @@ def decode_session(model: Any, *, batch: int, prompt_len: int, max_cache_len: in
     if steps < 1:
         raise ValueError(f"--max-cache-len {max_cache_len} leaves no decode steps after a {prompt_len}-token prompt")
     return prepare(model, prompt_len=prompt_len, steps=steps, warmup=warmup, seed=seed, device=device, batch=batch,
-                   reference_tokens=False)
+                   reference_tokens=False, spare_slots=0)  # the package is built for exactly --max-cache-len
 
 
 def batch_inputs(session: Any, i: int, batch: int) -> tuple[Any, Any]:

@@ -84,6 +84,20 @@ def find_layer_stack(model: torch.nn.Module) -> tuple[str | None, torch.nn.Modul
             continue
         if best[1] is None or len(module) > len(best[1]):
             best = (name, module)
+    return best if best[1] is not None else _find_block_stack(model)
+
+
+def _find_block_stack(model: torch.nn.Module) -> tuple[str | None, torch.nn.ModuleList | None]:
+    """No stack has attention (Mamba, RWKV, xLSTM: a recurrent token mixer instead): the longest
+    ModuleList of same-class ``...Block``/``...Layer`` modules that hold weights."""
+    best: tuple[str | None, torch.nn.ModuleList | None] = (None, None)
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.ModuleList) or len(module) == 0 or len({_cls(m) for m in module}) > 2:
+            continue
+        if not all(_cls(m).endswith(("Block", "Layer")) and any(True for _ in m.parameters()) for m in module):
+            continue
+        if best[1] is None or len(module) > len(best[1]):
+            best = (name, module)
     return best
 
 

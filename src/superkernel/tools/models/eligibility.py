@@ -1,0 +1,68 @@
+"""Can an architecture run the decode harness at all? Measured in eager, with the reason when not.
+
+An architecture is *eligible* for the sweep when its tiny config (:mod:`.registry`) builds,
+prefills and decodes on a transformers ``StaticCache`` uncompiled, and two eager decodes
+from the restored cache give identical logits (the harness restores the complete cache
+state; a difference means state it cannot restore, or a model that is not deterministic).
+Everything else is listed with the first line of what failed and where: a failure of eager
+itself, never hidden as a superkernel failure.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from typing import Any
+
+import torch
+
+#: Stages of the probe, in order; a failure names the stage it happened in.
+STAGES = ("config", "build", "prefill", "decode", "repeat")
+
+
+def _where(exc: BaseException) -> str:
+    """The innermost transformers frame of an exception (file:line), for the reason column."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    for frame in reversed(frames):
+        if "transformers" in frame.filename:
+            return f"{frame.filename.split('site-packages/')[-1]}:{frame.lineno}"
+    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+
+
+def _reason(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())[:240] or type(exc).__name__
+    return f"{type(exc).__name__}: {text} ({_where(exc)})"
+
+
+def probe(model_type: str, *, prompt_len: int = 20, steps: int = 3, seed: int = 0) -> dict[str, Any]:
+    """Build the tiny ``model_type`` and decode it eagerly twice; a row for the sweep's table."""
+    from superkernel.tools.decode import prepare, run_decode
+    from superkernel.tools.models.registry import build_tiny, tiny_config
+
+    row: dict[str, Any] = {"model_type": model_type, "eligible": False}
+    start = time.perf_counter()
+    stage = "config"
+    try:
+        tiny_config(model_type)
+        stage = "build"
+        model = build_tiny(model_type, seed=seed)
+        row["class"] = type(model).__name__
+        row["parameters"] = sum(p.numel() for p in model.parameters())
+        stage = "prefill"
+        session = prepare(model, prompt_len=prompt_len, steps=steps, warmup=1, seed=seed)
+        row["cache_layers"] = sorted({type(layer).__name__ for layer in getattr(session.cache, "layers", [])})
+        row["growing_ints"] = session.growing_ints
+        stage = "decode"
+        first = run_decode(session, session.step_fn())
+        if not torch.isfinite(first.logits).all():
+            raise FloatingPointError("eager decode gives non-finite logits")
+        stage = "repeat"
+        second = run_decode(session, session.step_fn())
+        if not torch.equal(first.logits, second.logits):
+            diff = (first.logits - second.logits).abs().max().item()
+            raise AssertionError(f"two eager decodes from the restored cache differ (max abs diff {diff:.3g})")
+        row["eligible"] = True
+    except Exception as exc:  # noqa: BLE001 - every failure of eager is a row of the table, with its reason
+        row.update(stage=stage, reason=_reason(exc))
+    row["seconds"] = round(time.perf_counter() - start, 2)
+    return row

@@ -1,0 +1,145 @@
+"""Tiny configs for every causal-LM architecture transformers registers, generated, not hand-listed.
+
+The list comes from transformers itself (``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``, each
+``model_type`` also in ``CONFIG_MAPPING_NAMES``). A tiny config is the architecture's
+default config with its size attributes shrunk generically by name (:data:`SHRINK`:
+hidden size 64, 2 layers, 4 heads, vocabulary 256, ...), recursively in sub-configs
+(a vision tower, a text config). Where a hand-checked entry of :mod:`.archs` exists it is
+used instead (its overrides are explained there), and :data:`OVERRIDES` holds the few
+per-architecture fixes the generic shrink cannot guess, each with its reason.
+
+Which of them can run the decode harness at all is measured, not assumed: see
+:mod:`.eligibility`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+#: Attribute name -> tiny value. Only attributes the default config already has are set.
+SHRINK: dict[str, Any] = {
+    **dict.fromkeys(("hidden_size", "n_embd", "d_model", "embed_dim", "hidden_dim", "word_embed_proj_dim"), 64),
+    **dict.fromkeys(("num_hidden_layers", "n_layer", "n_layers", "num_layers", "decoder_layers",
+                     "encoder_layers"), 2),
+    **dict.fromkeys(("num_attention_heads", "n_head", "n_heads", "decoder_attention_heads",
+                     "encoder_attention_heads"), 4),
+    **dict.fromkeys(("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num"), 2),
+    **dict.fromkeys(("intermediate_size", "ffn_dim", "n_inner", "decoder_ffn_dim", "encoder_ffn_dim",
+                     "ffn_hidden_size", "intermediate_size_mlp"), 128),
+    **dict.fromkeys(("moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size"), 32),
+    **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts"), 4),
+    "head_dim": 16,
+    "vocab_size": 256,
+    **dict.fromkeys(("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length"), 256),
+    **dict.fromkeys(("sliding_window", "attention_chunk_size"), 16),  # < the sweep's prompt of 20: they roll
+    "tie_word_embeddings": False,
+}
+
+#: Caps: an attribute is lowered to this when larger (top-k must stay <= the experts).
+CAP: dict[str, int] = {"num_experts_per_tok": 2, "top_k": 2, "n_group": 2, "topk_group": 1, "kv_lora_rank": 32,
+                       "q_lora_rank": 48, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16, "v_head_dim": 16,
+                       "first_k_dense_replace": 1, "n_shared_experts": 1, "num_shared_experts": 1,
+                       "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 16,
+                       "linear_value_head_dim": 16, "num_key_value_groups": 2, "rotary_dim": 8}
+
+#: Token ids outside the tiny vocabulary are moved into it (some models need a pad id: the
+#: position ids of RoBERTa-like models skip it): pad 255, bos 254, eos 253, others 252.
+TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")
+_HEADS = ("num_attention_heads", "n_head", "n_heads", "decoder_attention_heads")
+_KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num")
+
+#: Per-architecture fixes the generic shrink cannot guess: model_type -> (overrides, why).
+OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
+    "falcon": ({"new_decoder_architecture": True, "parallel_attn": True},
+               "the default is the 7B multi-query layout; the 40B/180B layout exercises grouped KV heads"),
+    "gpt_neox": ({"rotary_pct": 0.5}, "partial rotary, as the released models"),
+    "phi": ({"partial_rotary_factor": 0.5}, "partial rotary, as the released models"),
+    "deepseek_v3": ({"rope_scaling": None}, "YaRN scaling of the 671B default needs its original length"),
+}
+
+
+def causal_lm_types() -> list[str]:
+    """Every model_type transformers maps to a causal-LM class and a config class, sorted."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return sorted(t for t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES if t in CONFIG_MAPPING_NAMES)
+
+
+def _shrink_dict(values: dict[str, Any]) -> dict[str, Any]:
+    """The tiny version of one config's attributes (sub-config dicts recursively)."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict) and "model_type" in value:
+            out[key] = {**value, **_shrink_dict(value)}  # the sub-config's own defaults, shrunk
+        elif key == "tie_word_embeddings":
+            out[key] = False
+        elif key in SHRINK:
+            if key == "head_dim" and value is None and "hidden_size" in values:
+                out[key] = SHRINK[key]  # some attentions read head_dim even when the config leaves it None
+                continue
+            if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue  # e.g. sliding_window=None (no window)
+            out[key] = SHRINK[key]
+            if key in _KV_HEADS:  # multi-query stays multi-query, multi-head stays multi-head
+                heads = next((values[h] for h in _HEADS if isinstance(values.get(h), int)), None)
+                out[key] = 1 if value == 1 else (SHRINK["num_attention_heads"] if value == heads else SHRINK[key])
+        elif key in CAP and isinstance(value, int) and not isinstance(value, bool) and value > CAP[key]:
+            out[key] = CAP[key]
+        elif key.endswith("_token_id") and isinstance(value, int) and value >= SHRINK["vocab_size"]:
+            out[key] = SHRINK["vocab_size"] - 1 - TOKEN_IDS.index(key) if key in TOKEN_IDS else SHRINK["vocab_size"] - 4
+    layer_types = values.get("layer_types")
+    if isinstance(layer_types, list) and layer_types:
+        kinds = list(dict.fromkeys(layer_types))  # one layer of every kind, in order (hybrid stacks stay hybrid)
+        n = max(2, len(kinds))
+        out["layer_types"] = (kinds + [kinds[-1]] * n)[:n]
+        for key in ("num_hidden_layers", "n_layer", "num_layers"):
+            if key in values:
+                out[key] = n
+    layers = next((out[k] for k in ("num_hidden_layers", "n_layer", "num_layers") if k in out), None)
+    per_layer = values.get("per_layer_config")
+    if isinstance(per_layer, dict) and layers is not None:  # settings of layers beyond the tiny depth go
+        out["per_layer_config"] = {k: v for k, v in per_layer.items() if str(k).isdigit() and int(k) < layers}
+    return out
+
+
+def tiny_config(model_type: str):
+    """A tiny config of ``model_type``: hand-checked (.archs) if there is one, else generated."""
+    from transformers import AutoConfig
+
+    from superkernel.tools.models.archs import ARCHS
+
+    hand = next((a for a in ARCHS.values() if a.model_type == model_type), None)
+    if hand is not None:
+        return hand.config()
+    default = AutoConfig.for_model(model_type)
+    kwargs = _shrink_dict(default.to_dict())
+    kwargs.update(OVERRIDES.get(model_type, ({}, ""))[0])
+    return AutoConfig.for_model(model_type, **kwargs)
+
+def build_tiny(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """The tiny causal LM of ``model_type`` with seeded random weights, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    config = tiny_config(model_type)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.eval().requires_grad_(False)
+
+
+def save_tiny_checkpoint(model_type: str, directory, *, seed: int = 0, dtype: torch.dtype = torch.float32):
+    """Build the tiny ``model_type`` and write it as a Hugging Face checkpoint (config.json + safetensors)."""
+    from pathlib import Path
+
+    directory = Path(directory)
+    build_tiny(model_type, seed=seed, dtype=dtype).save_pretrained(directory, safe_serialization=True)
+    return directory
+
+
+#: The CI subset of the generated sweep (tests/): one per kind of cache and per failure class the
+#: issue found: full (llama), sliding (mistral), recurrent state (mamba), a position bias sliced
+#: with an index computed from a tensor (mpt), learned absolute positions with an offset (biogpt).
+CI_SUBSET = ("llama", "mistral", "mamba", "mpt", "biogpt")

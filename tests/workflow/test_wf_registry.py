@@ -1,0 +1,59 @@
+"""The generated architecture sweep: transformers' own registry, tiny configs, eligibility in eager,
+and its CI subset through the analyze / optimize harness (benchmarks/hf_registry_sweep.py runs all).
+
+The CI subset is one model per failure class the issue found on architectures nobody on the
+project wrote: a recurrent state cache (Mamba), a position bias sliced with an index computed
+from a tensor (MPT: capturing it made Dynamo fail), learned absolute positions with an offset
+and a growing mask (BioGPT: it recompiled in the timed steps).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from superkernel.tools.models.eligibility import probe
+from superkernel.tools.models.registry import CI_SUBSET, causal_lm_types, tiny_config
+from superkernel.tools.models.sweep import sweep_one
+
+
+def test_the_list_is_transformers_registry_not_a_hand_list():
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    types = causal_lm_types()
+    assert types == sorted(t for t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES if t in CONFIG_MAPPING_NAMES)
+    assert {"llama", "mamba", "mpt", "biogpt", "rwkv", "bart"} <= set(types)
+
+
+@pytest.mark.parametrize("model_type", ["mpt", "mamba", "biogpt", "olmo_hybrid", "gpt_bigcode"])
+def test_generated_tiny_configs_are_tiny(model_type):
+    config = tiny_config(model_type)
+    text = config.get_text_config()
+    hidden = getattr(text, "hidden_size", None) or getattr(text, "d_model", None) or getattr(text, "n_embd")
+    layers = getattr(text, "num_hidden_layers", None) or getattr(text, "n_layers", None) or getattr(text, "n_layer")
+    assert hidden == 64 and text.vocab_size == 256
+    assert 2 <= layers <= 4
+    if getattr(text, "layer_types", None):  # hybrid stacks keep one layer of every kind
+        from transformers import AutoConfig
+
+        assert set(text.layer_types) == set(AutoConfig.for_model(model_type).get_text_config().layer_types)
+
+
+def test_an_architecture_eager_cannot_decode_is_listed_with_the_reason():
+    row = probe("minimax")  # MiniMax brings its own cache class and rejects a StaticCache
+    assert row["eligible"] is False and row["stage"] == "prefill"
+    assert "StaticCache" in row["reason"] and "modeling_minimax.py:" in row["reason"]
+
+
+@pytest.mark.parametrize("model_type", CI_SUBSET)
+def test_ci_subset_is_bit_exact_and_compiles_once(model_type):
+    row = sweep_one(model_type)
+    assert row["eligible"] and row.get("exit") == 0, row.get("reason")
+    assert row["bit_exact"] is True
+    assert row["recompiles_timed"] == 0 and not row["limit_hit"], row["recompile_reasons"]
+    assert row["segments"] >= 1
+    if model_type == "mpt":  # the data-dependent slice fell back to a graph break, named with its source line
+        assert row["capture_fallbacks"] and "modeling_mpt.py:" in row["capture_fallbacks"][0]
+        assert row["graph_breaks"] >= 1
+    torch._dynamo.reset()
