@@ -26,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
         ["onnx_autofusion.py"] + (["--quick"] if args.quick else []),
         ["hf_sweep.py"] + (["--quick"] if args.quick else []),  # >= 20 transformers architectures
         ["tp_cpu.py"] + (["--quick"] if args.quick else []),  # tensor parallelism on CPU vs one process
+        ["hf_registry_sweep.py"] + (["--quick"] if args.quick else ["--jobs", "2"]),  # every registered causal LM
     ]
     failed = []
     for script, *rest in runs:

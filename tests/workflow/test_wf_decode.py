@@ -12,7 +12,7 @@ def test_session_shapes_and_teacher_tokens(llama_session):
     s = llama_session
     assert s.prompt_ids.shape == (1, 8)
     assert s.tokens.shape == (s.warmup + s.steps, 1)  # [steps, batch]
-    assert s.max_cache_len == 8 + s.warmup + s.steps
+    assert s.max_cache_len == 8 + s.warmup + s.steps + 1  # one spare slot (see prepare)
     assert all(layer.keys.shape[2] == s.max_cache_len for layer in s.cache.layers)  # preallocated
     assert s.prefill_seconds > 0
 

@@ -57,3 +57,25 @@ def test_ci_subset_is_bit_exact_and_compiles_once(model_type):
         assert row["capture_fallbacks"] and "modeling_mpt.py:" in row["capture_fallbacks"][0]
         assert row["graph_breaks"] >= 1
     torch._dynamo.reset()
+
+
+def test_strict_scope_check_abort_raises_instead_of_falling_back():
+    import superkernel
+    from superkernel.pipeline.ir import SuperKernelScopeError
+    from superkernel.tools.advisor.compiling import compile_superkernel
+    from superkernel.tools.advisor.strategies import plan_for
+    from superkernel.tools.advisor.structure import analyze_structure
+    from superkernel.tools.decode import prepare, run_decode
+    from superkernel.tools.models.registry import build_tiny
+
+    model = build_tiny("mpt")
+    session = prepare(model, prompt_len=20, steps=1, warmup=1)
+    superkernel.apply_scopes(model, plan_for("decoder_layer", analyze_structure(model)).scopes,
+                             options="strict-scope-check=abort")
+    try:
+        step, _ = compile_superkernel(session, "reduce-overhead")
+        with pytest.raises(SuperKernelScopeError, match=r"strict-scope-check=abort.*modeling_mpt\.py:\d+"):
+            run_decode(session, step)
+    finally:
+        superkernel.remove_scopes(model)
+        torch._dynamo.reset()

@@ -38,8 +38,8 @@ from superkernel.pipeline.passes import reinplace_input_updates
 from superkernel.pipeline.realize import Realizer
 from superkernel.pipeline.segments import build_segments, last_scope
 from superkernel.pipeline.tracing import (
-    BREAK_AT, GRAPH_BREAK_IN_SCOPE, CaptureContext, SuperKernelScopeBreakWarning, forward_backend_context,
-    install_break_log, scope_of_break,
+    BREAK_AT, GRAPH_BREAK_IN_SCOPE, CaptureContext, SuperKernelScopeBreakWarning, active_backend,
+    forward_backend_context, install_break_log, scope_of_break,
 )
 from superkernel.runtime.realizations import GraphContext, NullStaticCompiler, StaticCompilerSeam, realization_for
 
@@ -216,7 +216,7 @@ def _register() -> None:
     if "superkernel" not in _BACKENDS or _BACKENDS["superkernel"] is None:
         register_backend(name="superkernel")(superkernel_backend)
     forward_backend_context()
-    install_capture_fallback()
+    install_capture_fallback(active_backend, scope_of_break)
 
 
 _register()

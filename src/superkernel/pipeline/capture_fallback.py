@@ -19,11 +19,12 @@ the source line; ``strict-scope-check=abort`` on a scope of the compiled model r
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import threading
 import warnings
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -40,9 +41,23 @@ class SuperKernelCaptureFallbackWarning(UserWarning):
 class _State(threading.local):
     def __init__(self) -> None:
         self.disabled = False  # True while a frame is converted again without the capture settings
+        self.harness = 0       # > 0 inside allowed(): every compile may fall back, whatever its backend
 
 
 state = _State()
+_warned: set[str] = set()  # sources warned about outside a superkernel backend (once per process)
+
+
+@contextlib.contextmanager
+def allowed() -> Iterator[None]:
+    """Let every compile inside fall back, not only superkernel's: the decode harness turns the
+    captures on for its baselines too (plain torch.compile, ``torch._dynamo.explain``), so they
+    must fall back the same way, as plain torch.compile without the captures would graph-break."""
+    state.harness += 1
+    try:
+        yield
+    finally:
+        state.harness -= 1
 
 
 def is_data_dependent_error(exc: BaseException) -> bool:
@@ -71,8 +86,13 @@ def describe(exc: BaseException) -> tuple[str, str]:
     return error, "(source line not reported by Dynamo)"
 
 
-def install() -> None:
-    """Wrap Dynamo's frame converter once (see module doc); a no-op when this torch has none."""
+def install(active_backend: Callable[[], Any], scope_of_break: Callable[[str], tuple[str, str] | None]) -> None:
+    """Wrap Dynamo's frame converter once (see module doc); a no-op when this torch has none.
+
+    ``active_backend()``: the superkernel backend whose call is running on this thread, or None
+    (only its compiles fall back); ``scope_of_break(text)``: (label, options) of the scope a
+    Dynamo message points into (both from ``pipeline.tracing``, passed in to keep imports one-way).
+    """
     try:
         from torch._dynamo.convert_frame import ConvertFrame
     except ImportError:  # pragma: no cover - other torch versions
@@ -83,18 +103,17 @@ def install() -> None:
 
     @functools.wraps(original)
     def __call__(self, frame, cache_entry, hooks, frame_state, *args: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
-        from superkernel.pipeline.tracing import active_backend
-
         try:
             return original(self, frame, cache_entry, hooks, frame_state, *args, **kwargs)
         except Exception as exc:
             backend = active_backend()
-            if backend is None or state.disabled or not is_data_dependent_error(exc):
+            if (backend is None and not state.harness) or state.disabled or not is_data_dependent_error(exc):
                 raise
-            _fall_back(backend, exc)
+            _fall_back(backend, exc, scope_of_break(str(exc)))
             state.disabled = True
             try:
-                return original(self, frame, cache_entry, hooks, frame_state, *args, **kwargs)
+                with torch._dynamo.config.patch(capture_scalar_outputs=False, capture_dynamic_output_shape_ops=False):
+                    return original(self, frame, cache_entry, hooks, frame_state, *args, **kwargs)
             finally:
                 state.disabled = False
 
@@ -102,18 +121,19 @@ def install() -> None:
     ConvertFrame.__call__ = __call__
 
 
-def _fall_back(backend: Any, exc: BaseException) -> None:
+def _fall_back(backend: Any, exc: BaseException, scope: tuple[str, str] | None) -> None:
     """Warn (or, under strict-scope-check=abort, raise) and record the fallback as a cut of its scope."""
     from superkernel.pipeline.ir import Cut, SuperKernelScopeError, parse_options
-    from superkernel.pipeline.tracing import scope_of_break
 
     error, where = describe(exc)
     message = (f"capturing a data-dependent value made Dynamo fail at {where} ({error}); the frame is traced "
                "again without capture_scalar_outputs / capture_dynamic_output_shape_ops, so it graph-breaks "
                "there as plain torch.compile does")
-    scope = scope_of_break(str(exc))
-    if scope is None:
-        warnings.warn(f"superkernel: {message}", SuperKernelCaptureFallbackWarning, stacklevel=3)
+    if scope is None or backend is None:
+        warned = _warned if backend is None else backend.__dict__.setdefault("_capture_fallbacks_warned", set())
+        if where not in warned:  # once per source line and backend: the frame may be converted again
+            warned.add(where)
+            warnings.warn(f"superkernel: {message}", SuperKernelCaptureFallbackWarning, stacklevel=3)
         return
     label, options = scope
     cut = Cut(scope=label, node_index=-1, op="capture fallback", reason=message[:400],
@@ -126,4 +146,4 @@ def _fall_back(backend: Any, exc: BaseException) -> None:
         raise SuperKernelScopeError(f"strict-scope-check=abort: {cut.describe()}", cut) from exc
     if not any(c.source == cut.source and c.scope == cut.scope for c in backend.scope_breaks):
         backend.scope_breaks.append(cut)
-    warnings.warn(f"superkernel: {cut.describe()}", SuperKernelCaptureFallbackWarning, stacklevel=3)
+        warnings.warn(f"superkernel: {cut.describe()}", SuperKernelCaptureFallbackWarning, stacklevel=3)

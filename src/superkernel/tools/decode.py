@@ -82,7 +82,11 @@ class DecodeSession:
         """
         import contextlib
 
+        import superkernel.pipeline.backend  # noqa: F401 - registering the backend installs the capture fallback
+        from superkernel.pipeline import capture_fallback
+
         stack = contextlib.ExitStack()
+        stack.enter_context(capture_fallback.allowed())  # where capturing makes Dynamo fail: a graph break
         stack.enter_context(torch._dynamo.config.patch(capture_scalar_outputs=True,
                                                        capture_dynamic_output_shape_ops=True))
         if self.growing_ints:
