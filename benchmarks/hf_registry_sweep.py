@@ -35,12 +35,14 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
+_ONLY = "SK_REGISTRY_ELIGIBILITY_ONLY"  # how --eligibility-only reaches the workers
 
 
-def worker(types: list[str], out: Path) -> None:
+def worker(types: list[str], out: Path, eligibility_only: bool = False) -> None:
     """Child process: one JSON row per architecture, appended as soon as it is known."""
     import warnings
 
+    from superkernel.tools.models.eligibility import probe
     from superkernel.tools.models.sweep import sweep_one
 
     import torch
@@ -51,7 +53,7 @@ def worker(types: list[str], out: Path) -> None:
         for name in types:
             fh.write(json.dumps({"model_type": name, "started": True}) + "\n")
             fh.flush()
-            row = sweep_one(name)
+            row = probe(name) if eligibility_only else sweep_one(name)
             fh.write(json.dumps(row, default=str) + "\n")
             fh.flush()
 
@@ -68,8 +70,8 @@ def _rows(path: Path) -> dict[str, dict]:
 
 def _start(types: list[str], log: Path) -> subprocess.Popen:
     code = f"import sys, pathlib; sys.path.insert(0, {str(HERE)!r}); import hf_registry_sweep as s; " \
-           "s.worker(sys.argv[2].split(','), pathlib.Path(sys.argv[1]))"
-    return subprocess.Popen([sys.executable, "-c", code, str(log), ",".join(types)], stdout=subprocess.DEVNULL,
+           "s.worker(sys.argv[2].split(','), pathlib.Path(sys.argv[1]), sys.argv[3] == '1')"
+    return subprocess.Popen([sys.executable, "-c", code, str(log), ",".join(types), os.environ.get(_ONLY, "0")], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
 
 
@@ -158,6 +160,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
              "weights, `superkernel.tools.models.registry`); prompt 20 tokens, decode steps "
              f"{meta['warmup']} warm-up + {meta['steps']} timed on a `StaticCache`; strategy `decoder_layer`, "
              "mode reduce-overhead against its exactness reference. Compile: the plan's first step (s).", "",
+             *(["Eligibility only (`--eligibility-only`): eager decodes, no superkernel plan compiled in this run.", ""]
+               if meta.get("eligibility_only") else []),
              f"**{len(eligible)} decode in eager; of those {len(ran)} exit 0, "
              f"{sum(1 for r in ran if r.get('bit_exact'))} bit-exact, "
              f"{sum(1 for r in ran if r.get('recompiles_timed') == 0 and not r.get('limit_hit'))} with 0 recompiles "
@@ -185,9 +189,23 @@ def markdown(rows: list[dict], meta: dict) -> str:
               "prefill/decode: the forward with a `StaticCache` fails; repeat: two eager decodes differ).", "",
               "| model type | stage | reason |", "|---|---|---|"]
     for r in rows:
-        if not r.get("eligible"):
-            lines.append(f"| {r['model_type']} | {r.get('stage', r.get('exit', '-'))} | "
+        if r.get("eligible") is False:
+            lines.append(f"| {r['model_type']} | {r.get('stage', '-')} | "
                          f"{(r.get('reason') or '').replace('|', '/')[:300]} |")
+    unknown = [r for r in rows if r.get("eligible") is None]
+    if unknown:
+        lines += ["", f"## No result ({len(unknown)}): the worker timed out or died (eligibility unknown)", "",
+                  "| model type | reason |", "|---|---|"]
+        lines += [f"| {r['model_type']} | {(r.get('reason') or '').replace('|', '/')[:300]} |" for r in unknown]
+    if meta.get("requested") is None:
+        from superkernel.tools.models.registry import causal_lm_types
+
+        meta = {**meta, "requested": causal_lm_types()}
+    have = {r["model_type"] for r in rows}
+    missing = [t for t in meta["requested"] if t not in have]
+    if missing:
+        lines += ["", f"## Not run ({len(missing)}): the run was stopped before reaching them", "",
+                  ", ".join(missing)]
     return "\n".join(lines) + "\n"
 
 
@@ -195,9 +213,9 @@ def write(rows: list[dict], meta: dict, out: Path) -> None:
     from superkernel.util import atomic_write
 
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "hf_registry_sweep.json", json.dumps({"meta": meta, "rows": rows}, indent=1,
-                                                                  default=str) + "\n")
-    atomic_write(out / "hf_registry_sweep.md", markdown(rows, meta))
+    stem = "hf_registry_eligibility" if meta.get("eligibility_only") else "hf_registry_sweep"
+    atomic_write(out / f"{stem}.json", json.dumps({"meta": meta, "rows": rows}, indent=1, default=str) + "\n")
+    atomic_write(out / f"{stem}.md", markdown(rows, meta))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--types", default="", help="comma-separated model types (default: every registered one)")
     p.add_argument("--quick", action="store_true", help="only the CI subset (smoke run)")
     p.add_argument("--timeout", type=int, default=600, help="seconds per architecture")
+    p.add_argument("--eligibility-only", action="store_true",
+                   help="only decode each architecture in eager (fast): the eligible / not eligible lists")
     p.add_argument("--jobs", type=int, default=1, help="worker processes at once (default 1)")
     p.add_argument("--cli", default="", help="comma-separated types to also run through the real CLI commands")
     p.add_argument("--output", type=Path, default=RESULTS)
@@ -229,13 +249,16 @@ def main(argv: list[str] | None = None) -> int:
     import transformers
 
     from superkernel.tools.advisor.environment import cpu_name
+
+    if args.eligibility_only:
+        os.environ[_ONLY] = "1"
     from superkernel.tools.models.sweep import STEPS, WARMUP
 
     meta = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "hardware": f"{cpu_name()} ({platform.machine()}, {os.cpu_count()} logical cores)",
             "load": " ".join(f"{x:.1f}" for x in os.getloadavg()), "torch": torch.__version__,
             "transformers": transformers.__version__, "registered": len(registered), "steps": STEPS,
-            "warmup": WARMUP}
+            "warmup": WARMUP, "requested": names, "eligibility_only": args.eligibility_only}
     rows: list[dict] = []
 
     def on_row(row: dict) -> None:
