@@ -8,7 +8,8 @@ The model is ``Qwen2ForCausalLM`` with Qwen2-0.5B's shape (hidden 896, 24 layers
 (nothing is downloaded). Per (dtype, threads): eager, ``torch.compile`` (default Inductor) and
 superkernel ``reduce-overhead`` and ``max-autotune`` with one scope per decoder layer, each
 compiled once (compile time = its first step), then timed in rotating rounds. Every round of
-every peer runs on a **fresh** ``StaticCache`` (as a user's next ``generate()`` would) and its
+every peer runs on a **fresh** ``StaticCache`` prefilled with another prompt (as a user's
+next ``generate()`` would) and its
 logits are checked against eager on that round (``superkernel.tools.peer_check``); a wrong peer
 is marked and not used as a baseline. reduce-overhead is checked bit for bit against its
 exactness reference. The roofline is (bytes of weights + KV cache) / memory bandwidth measured
@@ -151,7 +152,7 @@ def run_config(dtype_name: str, threads: int, args: argparse.Namespace, bandwidt
         order = live[r % len(live):] + live[:r % len(live)]
         logits = {}
         for peer in order:
-            out = run(peer, fresh_cache(session, model))   # a brand-new cache every round
+            out = run(peer, fresh_cache(session, model, seed=1000 + r))   # a new cache, another prompt
             peer.medians.append(out.median_ms)
             peer.p90s.append(out.p90_ms)
             peer.recompiles_timed += out.dynamo.recompiles_timed

@@ -5,9 +5,11 @@ runs: its tensors keep their addresses, which is what compiled steps and CUDA gr
 the measured plans expect. A user's next ``generate()`` call, though, builds a *new*
 ``StaticCache``. A compiled peer that folded the first cache into its graph (Inductor
 freezing) is right on the cache it was compiled with and wrong on the new one; only a run
-on a fresh cache shows it. :func:`holder_step` reads ``holder.cache`` at every call and
-:func:`fresh_cache` builds that new cache, prefilled with the session's prompt by the
-uncompiled model (the same state as the session's snapshot: eager prefill is deterministic).
+on a fresh cache shows it, and only when that cache holds *other* contents (another
+prompt): a stale cache of the same prompt gives the same logits. :func:`holder_step` reads
+``holder.cache`` at every call and :func:`fresh_cache` builds that new cache, prefilled by
+the uncompiled model with the session's prompt or, given ``seed``, another seeded prompt of
+the same shape.
 """
 
 from __future__ import annotations
@@ -26,14 +28,21 @@ class CacheHolder:
         self.cache = cache
 
 
-def fresh_cache(session: DecodeSession, model: torch.nn.Module | None = None) -> Any:
-    """A new ``StaticCache`` like the session's, prefilled with its prompt (uncompiled, unscoped)."""
+def fresh_cache(session: DecodeSession, model: torch.nn.Module | None = None, seed: int | None = None) -> Any:
+    """A new ``StaticCache`` like the session's, prefilled (uncompiled, unscoped) with its prompt,
+    or with a prompt of the same shape drawn from ``seed``."""
     from transformers import StaticCache
 
+    from superkernel.tools.decode import make_prompt
+
     model = model if model is not None else session.model
+    prompt = session.prompt_ids
+    if seed is not None:
+        vocab = getattr(model.config, "vocab_size", None) or model.config.get_text_config().vocab_size
+        prompt = make_prompt(int(vocab), session.prompt_len, seed, session.device, session.batch)
     cache = StaticCache(config=model.config, max_cache_len=session.max_cache_len)
     with torch.no_grad():
-        model(input_ids=session.prompt_ids, past_key_values=cache, use_cache=True,
+        model(input_ids=prompt, past_key_values=cache, use_cache=True,
               cache_position=torch.arange(session.prompt_len, device=session.device))
     synchronize(session.device)
     return cache
