@@ -20,8 +20,8 @@ from typing import Any, Mapping
 
 from superkernel.tools.advisor.plan_file import TORCH_COMPILE, PlanFile, read_plan
 
-#: Strategies ``apply_for_generate`` accepts by name (a plan file or dict gives its own scopes).
 def _strategies() -> tuple[str, ...]:
+    """Strategies ``apply_for_generate`` accepts by name (a plan file or dict gives its own scopes)."""
     from superkernel.tools.advisor.strategies import STRATEGIES
 
     return tuple(s for s in STRATEGIES if s not in ("auto", "custom"))
