@@ -20,7 +20,13 @@ rotating order, so machine drift spreads over all of them. Reported per plan: me
 rounds of the per-run median step time (and p90), and the median over rounds of the
 per-round ratios against eager, plain torch.compile, ``lite`` and freezing. Every
 reduce-overhead plan is checked bit for bit (``torch.equal`` over all steps' logits)
-against its exactness reference (the same scopes, ``debug.run_eagerly``). Also printed:
+against its exactness reference (the same scopes, ``debug.run_eagerly``) on every round.
+Every timing round runs each plan on a **fresh** ``StaticCache`` prefilled with another
+prompt (as a user's next ``generate()`` would): a peer that folded the cache it was compiled
+with into its graph is right on the first run only. Every round of every plan is checked against
+eager's logits of that round (``superkernel.tools.peer_check``); a plan wrong on any round
+is marked WRONG, gets no ratios, and is not used as a baseline (``--trust-wrong-baselines``
+keeps its ratio columns, flagged). Also printed:
 the achieved fraction of the memory roofline (bytes of weights + KV cache read per step /
 measured copy bandwidth). Writes benchmarks/results/decode_latency_<model>_<device>.{json,md}.
 """
@@ -45,6 +51,8 @@ from superkernel.tools.advisor.environment import hardware as describe_hardware
 from superkernel.tools.advisor.strategies import plan_for
 from superkernel.tools.advisor.structure import analyze_structure
 from superkernel.tools.decode import DecodeSession, prepare, run_decode, synchronize
+from superkernel.tools.fresh_cache import CacheHolder, fresh_cache, holder_step
+from superkernel.tools.peer_check import PeerCheck, peer_tolerance
 from superkernel.tools.models import load_model
 from superkernel.tools.models.loader import looks_like_path
 from superkernel.util import atomic_write
@@ -96,6 +104,9 @@ class Plan:
         self.bit_exact: bool | None = None
         self.realizations: list[str] = []
         self.cpu_ms: list[float] = []  # per round: CPU time of this thread per step (not stretched by other processes)
+        self.holder: CacheHolder | None = None  # the cache the step reads: a fresh one every round
+        self.check: PeerCheck | None = None     # agreement with eager, every round
+        self.exact_rounds: list[bool] = []      # reduce-overhead: torch.equal to the reference, every round
 
 
 def superkernel_plan(label: str, mode: str, scopes: dict[str, list[str]], run_eagerly: bool = False,
@@ -116,14 +127,45 @@ def inductor_plan(label: str, **kwargs: Any) -> Plan:
     return Plan(label, lambda fn: torch.compile(fn, dynamic=False, **kwargs))
 
 
-def step_for(session: DecodeSession, model: torch.nn.Module) -> Callable[..., Any]:
-    """The session's decode step running ``model`` (a scoped copy) on the session's cache."""
-    original = session.model
-    session.model = model
-    try:
-        return session.step_fn()
-    finally:
-        session.model = original
+def step_for(session: DecodeSession, model: torch.nn.Module, plan: Plan) -> Callable[..., Any]:
+    """The session's decode step running ``model`` (a scoped copy) on ``plan.holder.cache``."""
+    plan.holder = CacheHolder(session.cache)
+    return holder_step(session, plan.holder, model)
+
+
+def time_rounds(session: DecodeSession, live: list[Plan], rounds: int, references: dict[str, Plan],
+                tolerance: float, log: Callable[[str], None] = print) -> None:
+    """Time every plan once per round (rotating order), each run on a fresh cache, and check each run.
+
+    Every run is compared with eager's run of the same round (:class:`PeerCheck`), and a
+    reduce-overhead plan with its exactness reference's logits, bit for bit.
+    """
+    for plan in live:
+        plan.check = PeerCheck(tolerance)
+    eager = next(p for p in live if p.label == "eager")
+    for r in range(rounds):
+        order = live[r % len(live):] + live[:r % len(live)]
+        logits = {}
+        seed = 1000 + r  # another prompt every round: a step holding on to an old cache shows
+        for plan in order:
+            if plan.holder is not None:
+                plan.holder.cache = fresh_cache(session, seed=seed)
+            cpu_start = time.thread_time()
+            run = run_decode(session, plan.step, label=plan.label)
+            plan.cpu_ms.append((time.thread_time() - cpu_start) / session.total_steps * 1e3)
+            plan.runs.append(run)
+            logits[plan.label] = run.logits
+        for strategy, ref in references.items():  # untimed: the exactness reference of this round's prompt
+            if ref.step is not None and ref.holder is not None:
+                ref.holder.cache = fresh_cache(session, seed=seed)
+                logits[ref.label] = run_decode(session, ref.step, label=ref.label).logits
+        for plan in live:
+            plan.check.check(logits[plan.label], logits[eager.label])
+            ref = references.get(plan.label.split()[1]) if plan.mode == "reduce-overhead" else None
+            if ref is not None and ref.label in logits:
+                plan.exact_rounds.append(bool(torch.equal(logits[plan.label], logits[ref.label])))
+        log(f"round {r + 1}/{rounds}: " + "  ".join(f"{p.label.replace('superkernel ', 'sk ')} {p.runs[-1].median_ms:.3f}"
+                                                    + ("(WRONG)" if p.check.wrong else "") for p in live))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="add, per strategy, reduce-overhead with every Dynamo guard skipped (unsafe; a "
                              "diagnostic of how much of a step the guard check takes, never a plan)")
     parser.add_argument("--output", type=Path, default=RESULTS, help="folder for the .json and .md results")
+    parser.add_argument("--trust-wrong-baselines", action="store_true",
+                        help="keep ratio columns against baselines whose output was wrong on some round (flagged)")
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     wanted = {b for b in args.baselines.split(",") if b} | {"eager"}
@@ -192,9 +236,10 @@ def main(argv: list[str] | None = None) -> int:
     # Compile every plan (its first run); each on its own code object.
     for i, plan in enumerate([*plans, *references.values()]):
         strategy = plan.label.split()[1] if plan.scopes else None
-        base = step_for(session, scoped[strategy]) if strategy else session.step_fn()
+        base = step_for(session, scoped[strategy] if strategy else model, plan)
         try:
             plan.step = plan.make(own_code(base, f"plan{i}"))
+            session.restore_cache()
             plan.first = run_decode(session, plan.step, label=plan.label)
         except Exception as exc:  # noqa: BLE001 - a baseline that fails to compile is reported, not fatal
             plan.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:200]
@@ -209,23 +254,21 @@ def main(argv: list[str] | None = None) -> int:
         if ref is not None and plan.first is not None and ref.first is not None:
             plan.bit_exact = bool(torch.equal(plan.first.logits, ref.first.logits))
 
-    # Timing rounds: every plan once per round, the order rotating from round to round.
+    # Timing rounds: every plan once per round, the order rotating, each run on a fresh cache and checked.
     live = [p for p in plans if p.step is not None]
-    for r in range(args.rounds):
-        order = live[r % len(live):] + live[:r % len(live)]
-        for plan in order:
-            cpu_start = time.thread_time()
-            plan.runs.append(run_decode(session, plan.step, label=plan.label))
-            plan.cpu_ms.append((time.thread_time() - cpu_start) / session.total_steps * 1e3)
-        print(f"round {r + 1}/{args.rounds}: " + "  ".join(f"{p.label.replace('superkernel ', 'sk ')} {p.runs[-1].median_ms:.3f}"
-                                                      for p in live), flush=True)
+    dtype = next(model.parameters()).dtype
+    time_rounds(session, live, args.rounds, references, peer_tolerance(dtype), lambda line: print(line, flush=True))
+    for plan in live:
+        if plan.exact_rounds:
+            plan.bit_exact = bool(plan.bit_exact is not False and all(plan.exact_rounds))
 
-    by_label = {p.label: p for p in live}
+    wrong = {p.label for p in live if p.check.wrong}
+    by_label = {p.label: p for p in live if args.trust_wrong_baselines or p.label not in wrong}
     eager = by_label["eager"]
 
     def ratio_to(baseline: str, plan: Plan, cpu: bool = False) -> float | None:
         other = by_label.get(baseline)
-        if other is None:
+        if other is None or (plan.label in wrong and not args.trust_wrong_baselines):
             return None
         if cpu:
             return statistics.median(p / o for p, o in zip(plan.cpu_ms, other.cpu_ms))
@@ -247,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
             "compile_s": plan.first.compile_seconds if plan is not eager else 0.0,
             "roofline_fraction": roofline_ms / median,
             "max_abs_diff_vs_eager": float((plan.first.logits - eager.first.logits).abs().max()),
+            "correct_every_round": not plan.check.wrong, "check": plan.check.to_dict(),
+            "check_summary": plan.check.summary(),
         })
         for baseline in BASELINES:
             value = ratio_to(baseline, plan)
@@ -272,22 +317,31 @@ def main(argv: list[str] | None = None) -> int:
              "\"time vs X\" is the median over rounds of (plan time / X time) in the same round: below 1.00 is faster. "
              "\"CPU ms\" and \"CPU vs\" use this thread's CPU time per step instead of the wall clock: on a shared machine "
              "they are not stretched by other processes taking the core (cache and memory contention remain). "
-             f"Roofline {roofline_ms:.3f} ms at {bandwidth / 1e9:.1f} GB/s measured copy bandwidth.", "",
+             f"Roofline {roofline_ms:.3f} ms at {bandwidth / 1e9:.1f} GB/s measured copy bandwidth. "
+             "Every round runs each plan on a fresh StaticCache and checks its logits against eager's of that round "
+             "(\"correct every round\"); a plan wrong on any round gets no ratios and is no baseline"
+             + (" (--trust-wrong-baselines: kept, flagged)" if args.trust_wrong_baselines else "") + ".", "",
              "| plan | median ms | p90 ms | " + " | ".join(f"time vs {b}" for b in present) +
-             " | CPU ms | CPU vs eager | CPU vs torch.compile | bit-exact vs reference | max abs diff vs eager | compile s | realization |",
-             "|---|---|---|" + "---|" * len(present) + "---|---|---|---|---|---|---|"]
+             " | CPU ms | CPU vs eager | CPU vs torch.compile | bit-exact vs reference | correct every round | max abs diff vs eager "
+             "| compile s | realization |",
+             "|---|---|---|" + "---|" * len(present) + "---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['plan']} | failed: {r['error']} |" + " |" * (len(present) + 9))
+            lines.append(f"| {r['plan']} | failed: {r['error']} |" + " |" * (len(present) + 10))
             continue
         exact = {True: "yes", False: "NO"}.get(r.get("bit_exact_vs_reference"), "-")
         ratios = " | ".join(f"{r[k]:.2f}x" if k in r else "-" for k in keys)
-        cpu = f"{r['cpu_ms']:.3f} | {r.get('cpu_vs_eager', 0):.2f}x | {r.get('cpu_vs_torch_compile', 0):.2f}x"
+        cpu = " | ".join(f"{r[k]:.2f}x" if r.get(k) is not None else "-" for k in ("cpu_vs_eager", "cpu_vs_torch_compile"))
+        cpu = f"{r['cpu_ms']:.3f} | {cpu}"
         lines.append(f"| {r['plan']} | {r['median_ms']:.3f} | {r['p90_ms']:.3f} | {ratios} | {cpu} | {exact} | "
+                     f"{r['check_summary']} | "
                      f"{r['max_abs_diff_vs_eager']:.2e} | {r['compile_s']:.1f} | {', '.join(r.get('realizations', [])) or '-'} |")
     if any(r.get("roofline_fraction", 0) > 1 for r in rows):
         lines += ["", "A roofline fraction above 100 % (JSON) means the weights and cache stay in the CPU caches, "
                   "which are faster than the DRAM copy bandwidth the roofline uses."]
+    if wrong:
+        lines += ["", f"WRONG on some round (output differs from eager beyond the tolerance; not used as a baseline"
+                  f"{' unless trusted' if args.trust_wrong_baselines else ''}): {', '.join(sorted(wrong))}."]
     args.output.mkdir(parents=True, exist_ok=True)
     stem = f"decode_latency_{Path(args.model).name if looks_like_path(args.model) else args.model}_{device.type}"
     atomic_write(args.output / f"{stem}.json", json.dumps(result, indent=2) + "\n")
@@ -296,8 +350,10 @@ def main(argv: list[str] | None = None) -> int:
     failed = [r["plan"] for r in rows if r.get("bit_exact_vs_reference") is False]
     if failed:
         print(f"reduce-overhead not bit-exact: {', '.join(failed)}", file=sys.stderr)
-        return 1
-    return 0
+    ours_wrong = sorted(label for label in wrong if label.startswith("superkernel"))
+    if ours_wrong:
+        print(f"superkernel plans wrong on some round: {', '.join(ours_wrong)}", file=sys.stderr)
+    return 1 if failed or ours_wrong else 0
 
 
 if __name__ == "__main__":

@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
         ["hf_sweep.py"] + (["--quick"] if args.quick else []),  # >= 20 transformers architectures
         ["tp_cpu.py"] + (["--quick"] if args.quick else []),  # tensor parallelism on CPU vs one process
         ["hf_registry_sweep.py"] + (["--quick"] if args.quick else ["--jobs", "2"]),  # every registered causal LM
+        # a Qwen2-0.5B-shaped model, f32 and bf16, 1 and all threads (slow: 24-layer compiles)
+        ["real_width.py"] + (["--layers", "2", "--dtypes", "float32", "--threads", "1", "--steps", "4",
+                              "--warmup", "1", "--rounds", "1", "--name", "real_width_quick"] if args.quick else []),
     ]
     failed = []
     for script, *rest in runs:

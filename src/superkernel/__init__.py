@@ -4,6 +4,7 @@ Public API (see README.md and docs/api.md)::
 
     from superkernel import super_kernel, superkernel_scope, apply_scopes, remove_scopes
     from superkernel import CompilerConfig, get_backend, compile, explain, register_unfusable
+    from superkernel import apply, apply_for_generate      # superkernel[tools]: a plan on a Hugging Face model
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ _LAZY = {
     "register_unfusable": ("pipeline.segments", "register_unfusable"),
     "unregister_unfusable": ("pipeline.segments", "unregister_unfusable"),
     "apply": ("tools.advisor.plan_file", "apply"),
+    "apply_for_generate": ("tools.generate", "apply_for_generate"),
 }
 
 

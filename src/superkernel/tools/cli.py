@@ -135,6 +135,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_precision_args(ben)
     ben.add_argument("--quiet", action="store_true", help="no progress bars")
     _add_distributed_args(ben)
+    ben.add_argument("--generate", action="store_true",
+                     help="measure model.generate() instead of the decode step: tokens/s, time to first token and "
+                          "compile time of --prompt-len + --new-tokens with the plan, against eager and torch.compile "
+                          "generate(); every round's greedy tokens are checked against eager's")
+    ben.add_argument("--new-tokens", type=positive_int("--new-tokens"), default=32, metavar="N",
+                     help="with --generate: new tokens per generate() call (default 32)")
+    ben.add_argument("--rounds", type=positive_int("--rounds"), default=3, metavar="N",
+                     help="with --generate: timed generate() calls per peer, in rotating order (default 3)")
+    ben.add_argument("--report", type=Path, metavar="FILE.md",
+                     help="with --generate: also write the report section (markdown) to FILE.md and its numbers "
+                          "to FILE.json")
     ben.set_defaults(func=_cmd_bench)
 
     _register_static_compile(sub)
@@ -285,8 +296,62 @@ def _cmd_analyze(args) -> int:
     return 0
 
 
+def _cmd_bench_generate(args) -> int:
+    import json
+
+    import torch
+
+    from superkernel.tools.advisor.environment import choose_threads, hardware, pick_device
+    from superkernel.tools.advisor.plan_file import read_plan
+    from superkernel.tools.generate_bench import bench_generate, markdown_section
+    from superkernel.tools.models import load_model
+    from superkernel.util import atomic_write, check_output_file
+
+    if args.mode is not None:
+        _modes(args.mode)
+    spec = read_plan(args.config)
+    model_name = args.model or spec.model
+    if not model_name:
+        raise ValueError(f"{args.config} names no model; pass --model NAME|PATH")
+    report = args.report
+    if report is not None:
+        check_output_file(report, "--report", [args.config])
+        check_output_file(report.with_suffix(".json"), "--report", [args.config])
+    device = pick_device(args.device)
+    loaded = load_model(model_name, seed=args.seed, device=device, dtype=args.dtype)
+    threads = choose_threads(args.threads, device, loaded.num_parameters)
+    label = f"superkernel generate() ({spec.strategy or 'plan'} / {args.mode or spec.mode})" \
+        if spec.backend == "superkernel" else "plan generate() (backend: torch.compile)"
+    result = bench_generate(loaded.model, str(args.config), mode=args.mode, prompt_len=args.prompt_len,
+                            new_tokens=args.new_tokens, rounds=args.rounds, seed=args.seed, plan_label=label)
+    title = f"## `generate()`: {loaded.name} with {args.config} on {hardware(device)}"
+    section = markdown_section(result, title)
+    sys.stdout.write(section)
+    if report is not None:
+        data = {"model": loaded.name, "config": str(args.config), "hardware": hardware(device), "threads": threads,
+                "torch": torch.__version__, **result.to_dict()}
+        atomic_write(report, section, [args.config])
+        atomic_write(report.with_suffix(".json"), json.dumps(data, indent=2) + "\n", [args.config])
+    plan = result.runs[-1]
+    if plan.error:
+        sys.stderr.write(f"{PROG}: error: generate() with the plan failed: {plan.error}\n")
+        return EXIT_NO_RESULT
+    if plan.wrong and (args.mode or spec.mode) == "reduce-overhead":
+        sys.stderr.write(f"{PROG}: error: generate() with the reduce-overhead plan gave other tokens than eager "
+                         f"in round(s) {plan.wrong_rounds}\n")
+        return EXIT_NO_RESULT
+    return 0
+
+
 def _cmd_bench(args) -> int:
     from superkernel.tools.advisor.plan_bench import BenchOptions, bench
+
+    if args.generate:
+        if getattr(args, "nproc", None) is not None:
+            raise ValueError("--generate measures generate() in one process; drop --nproc")
+        return _cmd_bench_generate(args)
+    if args.report is not None:
+        raise ValueError("--report goes with --generate (the decode-step bench prints its table)")
     from superkernel.tools.advisor.console import print_results
     from superkernel.tools.advisor.progress import Reporter
 

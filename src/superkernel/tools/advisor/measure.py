@@ -14,6 +14,7 @@ from superkernel.tools.advisor.plan_file import inductor_choices
 from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE, compare, judge
 from superkernel.tools.advisor.progress import Reporter
 from superkernel.tools.advisor.results import RunResult
+from superkernel.tools.peer_check import PeerCheck, peer_tolerance
 from superkernel.tools.advisor.strategies import ScopePlan
 from superkernel.util import exception_summary
 
@@ -32,7 +33,11 @@ def _fill_timing(result: RunResult, run: DecodeRun) -> None:
 
 
 def run_baselines(session: DecodeSession, reporter: Reporter) -> list[RunResult]:
-    """Eager (uncompiled), plain torch.compile (Inductor) and, on CUDA, torch.compile reduce-overhead."""
+    """Eager (uncompiled), plain torch.compile (Inductor) and, on CUDA, torch.compile reduce-overhead.
+
+    Each compiled baseline's logits are checked against eager's (:mod:`superkernel.tools.peer_check`);
+    one that is wrong gets ``error`` set: it stays in the table and is never a baseline.
+    """
     results = []
     eager = RunResult(name="eager", kind="baseline")
     run = _run(session, session.step_fn(), "eager (uncompiled)", reporter)
@@ -49,9 +54,14 @@ def run_baselines(session: DecodeSession, reporter: Reporter) -> list[RunResult]
         except Exception as exc:  # reported in the table; plans still run
             res.error = exception_summary(exc, 440, first_line=False)
         results.append(res)
+    dtype = next(session.model.parameters()).dtype
     for r in results:
         if r.logits is not None:
             r.vs_eager = compare(r.logits, eager.logits)
+            check = PeerCheck(peer_tolerance(dtype))
+            if r is not eager and not check.check(r.logits, eager.logits):
+                # a wrong peer is shown, never used as a baseline (the workflow skips errored baselines)
+                r.error = f"wrong output, not used as a baseline: {check.summary()}"
     torch._dynamo.reset()
     return results
 

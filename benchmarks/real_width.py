@@ -1,0 +1,270 @@
+"""Real-width decode: a Qwen2-0.5B-shaped model in float32 and bfloat16, on 1 and all threads.
+
+    .venv/bin/python benchmarks/real_width.py [--dtypes float32,bfloat16] [--threads 1,all]
+                                              [--steps 16] [--warmup 3] [--rounds 3] [--layers 24]
+
+The model is ``Qwen2ForCausalLM`` with Qwen2-0.5B's shape (hidden 896, 24 layers, 14 heads /
+2 KV heads, intermediate 4864, vocabulary 151936, tied embeddings) and seeded random weights
+(nothing is downloaded). Per (dtype, threads): eager, ``torch.compile`` (default Inductor) and
+superkernel ``reduce-overhead`` and ``max-autotune`` with one scope per decoder layer, each
+compiled once (compile time = its first step), then timed in rotating rounds. Every round of
+every peer runs on a **fresh** ``StaticCache`` prefilled with another prompt (as a user's
+next ``generate()`` would) and its
+logits are checked against eager on that round (``superkernel.tools.peer_check``); a wrong peer
+is marked and not used as a baseline. reduce-overhead is checked bit for bit against its
+exactness reference. The roofline is (bytes of weights + KV cache) / memory bandwidth measured
+here with the same thread count (a STREAM-like read: ``sum`` of a 512 MiB tensor; and copy).
+Writes benchmarks/results/real_width.{json,md}. It is slow: a max-autotune compile of 24 layers
+takes minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+import superkernel as sk
+from superkernel.tools.advisor.environment import hardware as describe_hardware
+from superkernel.tools.advisor.strategies import plan_for
+from superkernel.tools.advisor.structure import analyze_structure
+from superkernel.tools.decode import DecodeSession, prepare, run_decode, synchronize
+from superkernel.tools.fresh_cache import CacheHolder, fresh_cache, holder_step
+from superkernel.tools.peer_check import PeerCheck, peer_tolerance
+from superkernel.util import atomic_write
+
+RESULTS = Path(__file__).resolve().parent / "results"
+QWEN2_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                 intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768, rope_theta=1000000.0,
+                 tie_word_embeddings=True, rms_norm_eps=1e-6)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def build_model(layers: int, dtype: torch.dtype, seed: int = 0) -> torch.nn.Module:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(**{**QWEN2_05B, "num_hidden_layers": layers})
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    return model.to(dtype).eval().requires_grad_(False)
+
+
+def memory_bandwidth(megabytes: int = 512, repeats: int = 5) -> dict[str, float]:
+    """Best-of-``repeats`` bytes/s of a read (``sum``) and a copy (read + write) of a large float32 tensor."""
+    n = megabytes * 2**20 // 4
+    src, dst = torch.rand(n), torch.empty(n)
+    read = copy_ = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        src.sum()
+        read = min(read, time.perf_counter() - start)
+        start = time.perf_counter()
+        dst.copy_(src)
+        copy_ = min(copy_, time.perf_counter() - start)
+    return {"read": n * 4 / read, "copy": 2 * n * 4 / copy_}
+
+
+def bytes_per_step(model: torch.nn.Module, session: DecodeSession) -> int:
+    """Weights (tied ones once) + the whole KV cache: what one decode step reads at most."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    kv = sum(t.numel() * t.element_size() for layer in session.cache.layers
+             for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(t, torch.Tensor))
+    return weights + kv
+
+
+class Peer:
+    def __init__(self, label: str, compile_fn: Callable[[Callable], Callable], model: torch.nn.Module,
+                 mode: str | None = None) -> None:
+        self.label, self.compile_fn, self.model, self.mode = label, compile_fn, model, mode
+        self.holder: CacheHolder | None = None
+        self.step: Callable | None = None
+        self.compile_s: float | None = None
+        self.medians: list[float] = []
+        self.p90s: list[float] = []
+        self.first_logits: torch.Tensor | None = None
+        self.check: PeerCheck | None = None
+        self.error: str | None = None
+        self.bit_exact: bool | None = None
+        self.recompiles_timed = 0
+
+
+def _superkernel(mode: str, run_eagerly: bool = False) -> Callable[[Callable], Callable]:
+    def make(fn: Callable) -> Callable:
+        cfg = sk.CompilerConfig.from_dict({"mode": mode, "debug": {"run_eagerly": run_eagerly}})
+        return torch.compile(fn, backend=sk.get_backend(cfg), dynamic=False)
+    return make
+
+
+def run_config(dtype_name: str, threads: int, args: argparse.Namespace, bandwidth: dict[str, float]) -> dict[str, Any]:
+    dtype = DTYPES[dtype_name]
+    torch.set_num_threads(threads)
+    torch._dynamo.reset()
+    start = time.perf_counter()
+    model = build_model(args.layers, dtype, args.seed)
+    print(f"[{dtype_name}, {threads} thread(s)] built model in {time.perf_counter() - start:.1f} s", flush=True)
+    session = prepare(model, prompt_len=args.prompt_len, steps=args.steps, warmup=args.warmup, seed=args.seed)
+    scopes = plan_for(args.strategy, analyze_structure(model)).scopes
+    scoped = copy.deepcopy(model)   # scopes wrap module forwards, which Dynamo guards on: own copy
+    sk.apply_scopes(scoped, scopes)
+    peers = [Peer("eager", lambda fn: fn, model),
+             Peer("torch.compile", lambda fn: torch.compile(fn, dynamic=False), model)]
+    peers += [Peer(f"superkernel {args.strategy} {m}", _superkernel(m), scoped, m) for m in args.modes]
+    reference = Peer("reference", _superkernel("reduce-overhead", run_eagerly=True), scoped)
+    tolerance = peer_tolerance(dtype)
+
+    def run(peer: Peer, cache: Any) -> Any:
+        peer.holder.cache = cache
+        return run_decode(session, peer.step, label=peer.label)
+
+    for peer in [*peers, reference]:
+        peer.holder = CacheHolder(session.cache)
+        base = holder_step(session, peer.holder, peer.model)
+        base = type(base)(base.__code__.replace(co_name=f"step_{len(peer.label)}_{id(peer)}"), base.__globals__,
+                          None, base.__defaults__, base.__closure__)  # own code object: every graph stays live
+        try:
+            peer.step = peer.compile_fn(base)
+            session.restore_cache()
+            first = run(peer, session.cache)
+        except Exception as exc:  # noqa: BLE001 - reported in the table
+            peer.error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+            print(f"  {peer.label}: failed: {peer.error}", flush=True)
+            continue
+        peer.compile_s = first.compile_seconds if peer.label != "eager" else 0.0
+        peer.first_logits = first.logits
+        print(f"  compiled {peer.label:<40} first step {first.compile_seconds:7.1f} s", flush=True)
+    eager = peers[0]
+    for peer in peers:
+        if peer.mode == "reduce-overhead" and peer.first_logits is not None and reference.first_logits is not None:
+            peer.bit_exact = bool(torch.equal(peer.first_logits, reference.first_logits))
+    live = [p for p in peers if p.step is not None]
+    for p in live:
+        p.check = PeerCheck(tolerance)
+    for r in range(args.rounds):
+        order = live[r % len(live):] + live[:r % len(live)]
+        logits = {}
+        for peer in order:
+            out = run(peer, fresh_cache(session, model, seed=1000 + r))   # a new cache, another prompt
+            peer.medians.append(out.median_ms)
+            peer.p90s.append(out.p90_ms)
+            peer.recompiles_timed += out.dynamo.recompiles_timed
+            logits[peer.label] = out.logits
+        for peer in live:
+            peer.check.check(logits[peer.label], logits["eager"])
+        print(f"  round {r + 1}/{args.rounds}: " + "  ".join(f"{p.label.replace('superkernel ', 'sk ')} "
+                                                            f"{p.medians[-1]:.1f}" for p in live), flush=True)
+    total_bytes = bytes_per_step(model, session)
+    roofline_ms = total_bytes / bandwidth["read"] * 1e3
+    good = {p.label: p for p in live if not p.check.wrong}
+
+    def ratio(peer: Peer, base: str) -> float | None:
+        other = good.get(base)
+        if other is None or peer.check.wrong:
+            return None
+        return statistics.median(a / b for a, b in zip(peer.medians, other.medians))
+
+    rows = []
+    for peer in peers:
+        row: dict[str, Any] = {"peer": peer.label}
+        if peer.step is None:
+            row["error"] = peer.error
+            rows.append(row)
+            continue
+        median = statistics.median(peer.medians)
+        row.update({"median_ms": median, "p90_ms": statistics.median(peer.p90s), "compile_s": peer.compile_s,
+                    "time_vs_eager": ratio(peer, "eager"), "time_vs_torch_compile": ratio(peer, "torch.compile"),
+                    "x_roofline": median / roofline_ms, "correct_every_round": not peer.check.wrong,
+                    "check": peer.check.to_dict(), "check_summary": peer.check.summary(),
+                    "recompiles_timed": peer.recompiles_timed})
+        if peer.bit_exact is not None:
+            row["bit_exact_vs_reference"] = peer.bit_exact
+        rows.append(row)
+    del scoped, model, session
+    return {"dtype": dtype_name, "threads": threads, "bytes_per_step": total_bytes, "roofline_ms": roofline_ms,
+            "bandwidth_read_GBps": bandwidth["read"] / 1e9, "bandwidth_copy_GBps": bandwidth["copy"] / 1e9,
+            "rows": rows}
+
+
+def _markdown(result: dict[str, Any]) -> str:
+    lines = [f"# Real-width decode: Qwen2-0.5B-shaped ({result['layers']} layers, random weights) on {result['hardware']}",
+             "", f"torch {result['torch']}; batch 1, prompt {result['prompt_len']}, {result['steps']} timed steps after "
+             f"{result['warmup']} warm-up, {result['rounds']} rotating rounds, each on a fresh StaticCache whose logits "
+             "are checked against eager's on that round. Times: median over rounds of each run's median step. "
+             "\"x roofline\" = median / ((weights + KV cache bytes) / measured read bandwidth): 1.00 is the memory "
+             "bound. Ratios are medians of per-round ratios; a peer wrong on any round has none (never a baseline).",
+             f"Load when it started: {result['load']}.", ""]
+    for config in result["configs"]:
+        lines += [f"## {config['dtype']}, {config['threads']} thread(s)", "",
+                  f"{config['bytes_per_step'] / 1e9:.2f} GB per step; read bandwidth {config['bandwidth_read_GBps']:.1f} "
+                  f"GB/s, copy {config['bandwidth_copy_GBps']:.1f} GB/s; roofline {config['roofline_ms']:.1f} ms.", "",
+                  "| peer | median ms | p90 ms | vs eager | vs torch.compile | x roofline | compile s | "
+                  "correct every round | bit-exact vs reference | recompiles (timed) |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in config["rows"]:
+            if "error" in r:
+                lines.append(f"| {r['peer']} | failed: {r['error']} |" + " |" * 8)
+                continue
+            fmt = lambda v: f"{v:.2f}x" if v is not None else "-"  # noqa: E731
+            exact = {True: "yes", False: "NO"}.get(r.get("bit_exact_vs_reference"), "-")
+            lines.append(f"| {r['peer']} | {r['median_ms']:.1f} | {r['p90_ms']:.1f} | {fmt(r['time_vs_eager'])} | "
+                         f"{fmt(r['time_vs_torch_compile'])} | {r['x_roofline']:.2f} | {r['compile_s']:.1f} | "
+                         f"{r['check_summary']} | {exact} | {r['recompiles_timed']} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--threads", default="1,all", help="comma-separated thread counts; 'all' = os.cpu_count()")
+    parser.add_argument("--layers", type=int, default=24)
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--strategy", default="decoder_layer")
+    parser.add_argument("--modes", default="reduce-overhead,max-autotune")
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--name", default="real_width", help="stem of the result files")
+    args = parser.parse_args(argv)
+    args.modes = [m for m in args.modes.split(",") if m]
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    threads = [os.cpu_count() or 1 if t == "all" else int(t) for t in args.threads.split(",") if t]
+    if set(dtypes) - set(DTYPES) or set(args.modes) - {"reduce-overhead", "max-autotune"}:
+        parser.error(f"dtypes: {', '.join(DTYPES)}; modes: reduce-overhead, max-autotune")
+    threads = list(dict.fromkeys(threads))
+    result: dict[str, Any] = {"hardware": describe_hardware(torch.device("cpu")), "torch": torch.__version__,
+                              "python": sys.version.split()[0], "layers": args.layers, "steps": args.steps,
+                              "warmup": args.warmup, "rounds": args.rounds, "prompt_len": args.prompt_len,
+                              "strategy": args.strategy, "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+                              "configs": []}
+    args.output.mkdir(parents=True, exist_ok=True)
+    wrong = []
+    for n in threads:
+        torch.set_num_threads(n)
+        bandwidth = memory_bandwidth()
+        for dtype in dtypes:
+            config = run_config(dtype, n, args, bandwidth)
+            result["configs"].append(config)
+            wrong += [f"{r['peer']} ({dtype}, {n} threads)" for r in config["rows"]
+                      if r.get("bit_exact_vs_reference") is False]
+            atomic_write(args.output / f"{args.name}.json", json.dumps(result, indent=2) + "\n")
+            atomic_write(args.output / f"{args.name}.md", _markdown(result) + "\n")
+    print(_markdown(result))
+    if wrong:
+        print(f"reduce-overhead not bit-exact: {', '.join(wrong)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,108 @@
+"""``model.generate()`` with a superkernel plan: the same greedy tokens as eager, compiled once."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import superkernel
+from superkernel.tools.generate import apply_for_generate, remove_for_generate
+
+from .wf_helpers import run_cli
+
+
+def _generate(model, prompt, n=6, **kwargs):
+    with torch.no_grad():
+        return model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=n, min_new_tokens=n,
+                              do_sample=False, **kwargs)
+
+
+def _graphs() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def _check_same_tokens(model, vocab, strategy="decoder_layer", mode="reduce-overhead"):
+    prompt = torch.randint(0, vocab, (1, 5), generator=torch.Generator().manual_seed(1))
+    eager = _generate(model, prompt, cache_implementation="static", disable_compile=True)
+    torch._dynamo.reset()
+    try:
+        apply_for_generate(model, strategy, mode=mode)
+        before = _graphs()
+        first = _generate(model, prompt)
+        after_first = _graphs()
+        second = _generate(model, prompt)                 # a new StaticCache: must not recompile
+        assert after_first > before, "generate() did not compile its decode step"
+        assert _graphs() == after_first, "the second generate() compiled again"
+        assert torch.equal(first, eager) and torch.equal(second, eager)
+        backend = model.generation_config.compile_config.backend
+        assert superkernel.explain(backend).segments, "the decode step was not run by the superkernel backend"
+    finally:
+        remove_for_generate(model)
+        torch._dynamo.reset()
+    assert model.generation_config.compile_config is None
+
+
+def test_generate_llama_tiny_same_tokens_as_eager(llama):
+    _check_same_tokens(llama.model, llama.model.config.vocab_size)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "mistral"])
+def test_generate_other_architectures_same_tokens_as_eager(arch):
+    from superkernel.tools.models.archs import build
+
+    model = build(arch)
+    _check_same_tokens(model, model.config.vocab_size)
+
+
+def test_generate_plan_dict_and_mode_override(llama):
+    model = llama.model
+    plan = {"mode": "max-autotune", "scopes": {"attention": ["model.layers.*.self_attn"]}}
+    try:
+        apply_for_generate(model, plan, mode="reduce-overhead")
+        backend = model.generation_config.compile_config.backend
+        assert backend.config.mode == "reduce-overhead"
+        assert model.generation_config.cache_implementation == "static"
+    finally:
+        remove_for_generate(model)
+
+
+def test_generate_bad_input_is_one_clear_error(llama):
+    with pytest.raises(ValueError, match="needs a mode"):
+        apply_for_generate(llama.model, "decoder_layer")
+    with pytest.raises(ValueError, match="neither a plan file nor a strategy.*decoder_layer"):
+        apply_for_generate(llama.model, "decoder-layers", mode="reduce-overhead")
+    with pytest.raises(ValueError, match="mode must be one of"):
+        apply_for_generate(llama.model, "attention", mode="fast")
+
+
+def test_bench_generate_cli_reports_tokens_per_s_and_checks_tokens(tmp_path):
+    plan = tmp_path / "superkernel.yaml"
+    plan.write_text("version: 1\nmodel: llama-tiny\nstrategy: decoder_layer\nmode: reduce-overhead\n"
+                    "scopes:\n  decoder_layer: [model.layers.*]\n")
+    report = tmp_path / "generate.md"
+    torch._dynamo.reset()
+    result = run_cli("bench", "--config", str(plan), "--generate", "--new-tokens", "4", "--rounds", "1",
+                     "--prompt-len", "4", "--report", str(report))
+    torch._dynamo.reset()
+    assert result.code == 0, result.err
+    data = json.loads(report.with_suffix(".json").read_text())
+    rows = {r["peer"]: r for r in data["rows"]}
+    assert set(rows) == {"eager generate()", "torch.compile generate()",
+                         "superkernel generate() (decoder_layer / reduce-overhead)"}
+    for row in rows.values():
+        assert row["error"] is None
+        assert row["tokens_equal_eager_every_round"] is True
+        assert row["tokens_per_s"] > 0 and row["ttft_ms"] > 0 and row["first_call_s"] > 0
+    assert "TTFT ms" in report.read_text() and "tokens/s" in result.out
+    assert rows["superkernel generate() (decoder_layer / reduce-overhead)"]["compile_s"] is not None
+
+
+def test_bench_report_needs_generate(tmp_path):
+    plan = tmp_path / "p.yaml"
+    plan.write_text("version: 1\nmodel: llama-tiny\nmode: reduce-overhead\nscopes:\n  a: [model.layers.*]\n")
+    result = run_cli("bench", "--config", str(plan), "--report", str(tmp_path / "r.md"))
+    assert result.code == 2 and "--report goes with --generate" in result.err
