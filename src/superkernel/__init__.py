@@ -29,6 +29,8 @@ _LAZY = {
     "register_unfusable": ("pipeline.segments", "register_unfusable"),
     "unregister_unfusable": ("pipeline.segments", "unregister_unfusable"),
     "apply": ("tools.advisor.plan_file", "apply"),
+    "precompile_step": ("precompiled", "precompile_step"),
+    "PrecompiledStepError": ("precompiled", "PrecompiledStepError"),
 }
 
 

@@ -232,8 +232,13 @@ def compile(model: Any, compiler_config: CompilerConfig | None = None, **torch_c
     compiled = torch.compile(model, backend=backend, **torch_compile_kwargs)
     if _frames_apply(model, torch_compile_kwargs):  # (the null static compiler returns ``compiled``)
         compiled = backend.static_kernels.wrap_function(model, backend, compiled)
-    _COMPILED[id(compiled)] = (weakref.ref(compiled), backend)
+    register_compiled(compiled, backend)
     return compiled
+
+
+def register_compiled(compiled: Any, backend: "SuperKernelBackend") -> None:
+    """Let :func:`explain` find ``backend`` from ``compiled`` (a compiled model, function or precompiled step)."""
+    _COMPILED[id(compiled)] = (weakref.ref(compiled), backend)
 
 
 def _frames_apply(model: Any, torch_compile_kwargs: dict[str, Any]) -> bool:
