@@ -112,6 +112,34 @@ def superkernel_plan(label: str, mode: str, scopes: dict[str, list[str]], run_ea
     return plan
 
 
+def precompiled_plan(label: str, scopes: dict[str, list[str]], session: DecodeSession) -> Plan:
+    """reduce-overhead as a precompiled step (``superkernel.precompile_step``): built once, then called without
+    Dynamo's guard tree (a state watch; torch's frame guards when something changed; guarded fallback)."""
+    def make(fn: Callable[..., Any]) -> Callable[..., Any]:
+        cfg = sk.CompilerConfig.from_dict({"mode": "reduce-overhead"})
+        with torch.no_grad(), session.dynamo_config():
+            step = sk.precompile_step(fn, session.inputs(0), cfg)
+        from superkernel.pipeline.backend import find_backend
+
+        plan.backend = find_backend(step)
+        return step
+
+    plan = Plan(label, make, scopes, "reduce-overhead")
+    return plan
+
+
+def guard_path_of(plan: Plan, session: DecodeSession) -> dict[str, Any]:
+    """The plan's guard path (full-guards / precompiled / guards-skipped diagnostic) and its measured per-call cost."""
+    from superkernel.static_kernel.step import full_guard_cost_us
+
+    with torch.no_grad(), session.dynamo_config():
+        if hasattr(plan.step, "guard_cost_us"):
+            return {"guard_path": plan.step.guard_path, "guard_cost_us": plan.step.guard_cost_us(*session.inputs(0))}
+        cost = full_guard_cost_us(getattr(plan.step, "__wrapped__", plan.step), session.inputs(0))
+    path = "guards-skipped-diagnostic" if "guards-skipped" in plan.label else "full-guards"
+    return {"guard_path": path, "guard_cost_us": {"dynamo_guards": cost} if cost is not None else {}}
+
+
 def inductor_plan(label: str, **kwargs: Any) -> Plan:
     return Plan(label, lambda fn: torch.compile(fn, dynamic=False, **kwargs))
 
@@ -147,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--guard-diagnostic", action="store_true",
                         help="add, per strategy, reduce-overhead with every Dynamo guard skipped (unsafe; a "
                              "diagnostic of how much of a step the guard check takes, never a plan)")
+    parser.add_argument("--no-precompiled", action="store_true",
+                        help="leave out, per strategy, reduce-overhead as a precompiled step (superkernel.precompile_step)")
     parser.add_argument("--output", type=Path, default=RESULTS, help="folder for the .json and .md results")
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
@@ -184,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
         sk.apply_scopes(scoped[strategy], scopes)
         for mode in modes:
             plans.append(superkernel_plan(f"superkernel {strategy} {mode}", mode, scopes))
+        if "reduce-overhead" in modes and not args.no_precompiled:
+            plans.append(precompiled_plan(f"superkernel {strategy} reduce-overhead precompiled", scopes, session))
         if args.guard_diagnostic:
             plans.append(superkernel_plan(f"superkernel {strategy} reduce-overhead guards-skipped-diagnostic",
                                           "reduce-overhead", scopes, skip_guards=True))
@@ -194,8 +226,11 @@ def main(argv: list[str] | None = None) -> int:
         strategy = plan.label.split()[1] if plan.scopes else None
         base = step_for(session, scoped[strategy]) if strategy else session.step_fn()
         try:
+            made = time.perf_counter()
             plan.step = plan.make(own_code(base, f"plan{i}"))
+            made = time.perf_counter() - made  # a precompiled step compiles here, before its first call
             plan.first = run_decode(session, plan.step, label=plan.label)
+            plan.first.compile_seconds += made
         except Exception as exc:  # noqa: BLE001 - a baseline that fails to compile is reported, not fatal
             plan.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:200]
             print(f"{plan.label}: failed: {plan.error}", flush=True)
@@ -258,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
             row["bit_exact_vs_reference"] = plan.bit_exact
         if plan.realizations:
             row["realizations"] = plan.realizations
+        if plan.backend is not None:  # which checks a call runs, and what one check costs (measured here)
+            row.update(guard_path_of(plan, session))
         rows.append(row)
 
     hardware = describe_hardware(device)
@@ -285,6 +322,13 @@ def main(argv: list[str] | None = None) -> int:
         cpu = f"{r['cpu_ms']:.3f} | {r.get('cpu_vs_eager', 0):.2f}x | {r.get('cpu_vs_torch_compile', 0):.2f}x"
         lines.append(f"| {r['plan']} | {r['median_ms']:.3f} | {r['p90_ms']:.3f} | {ratios} | {cpu} | {exact} | "
                      f"{r['max_abs_diff_vs_eager']:.2e} | {r['compile_s']:.1f} | {', '.join(r.get('realizations', [])) or '-'} |")
+    guarded = [r for r in rows if "guard_path" in r]
+    if guarded:
+        lines += ["", "Guard path per superkernel plan, and the measured cost of one check (µs, this run): "
+                  "full-guards = Dynamo's guard tree; precompiled = a state watch, torch's frame guards only when "
+                  "something changed (superkernel.precompile_step)."]
+        lines += [f"- {r['plan']}: {r['guard_path']}" + "".join(f", {k} {v:.1f} µs" for k, v in
+                                                            r.get("guard_cost_us", {}).items()) for r in guarded]
     if any(r.get("roofline_fraction", 0) > 1 for r in rows):
         lines += ["", "A roofline fraction above 100 % (JSON) means the weights and cache stay in the CPU caches, "
                   "which are faster than the DRAM copy bandwidth the roofline uses."]

@@ -28,6 +28,8 @@ import time
 from collections import Counter
 from typing import Any, Callable
 
+import torch
+
 from superkernel.static_kernel import frame_keys, frames
 from superkernel.static_kernel.watch import StateWatch, WatchUnsupported
 
@@ -141,21 +143,41 @@ class PrecompiledStep:
     def guard_cost_us(self, *args: Any, repeats: int = 200) -> dict[str, float]:
         """Measured cost of one check, in microseconds: torch's frame guards and (once watched) the watch."""
         frame_args = frame_keys.frame_args(self._fn, args)
-        out: dict[str, float] = {}
         watch = self.watch
         checks = {"frame_guards": lambda: self._aot.guard_check(*frame_args)}
         if watch is not None:
             checks["watch"] = lambda: watch.unchanged(frame_args)
-        for name, check in checks.items():
-            check()
-            start = time.perf_counter()
-            for _ in range(repeats):
-                check()
-            out[name] = (time.perf_counter() - start) / repeats * 1e6
-        return out
+        return {name: _time_us(check, repeats) for name, check in checks.items()}
 
     def __repr__(self) -> str:
         return f"PrecompiledStep({frame_keys.function_name(self._fn)}, {self.guard_path})"
 
 
-__all__ = ["ON_VIOLATION", "PrecompiledStep", "PrecompiledStepError", "WatchedFrame", "closure_cells"]
+def _time_us(check: Callable[[], Any], repeats: int) -> float:
+    check()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        check()
+    return (time.perf_counter() - start) / repeats * 1e6
+
+
+def full_guard_cost_us(fn: Callable[..., Any], args: tuple[Any, ...], repeats: int = 200) -> float | None:
+    """Measured cost (µs) of Dynamo's guard check for a call of ``fn`` compiled with ``torch.compile`` (the cache
+    entry that accepts ``args``); None when no entry accepts it (or this torch does not expose them)."""
+    import inspect
+
+    inner = frame_keys._inner(fn)
+    try:
+        entries = torch._dynamo.eval_frame._debug_get_cache_entry_list(inner.__code__)
+        f_locals = {name: cell.cell_contents for name, cell in zip(inner.__code__.co_freevars, closure_cells(fn))}
+        f_locals.update(inspect.signature(inner).bind(*frame_keys.frame_args(fn, args)).arguments)
+    except Exception:  # noqa: BLE001 - private torch structure: a measurement, not a feature
+        return None
+    for entry in entries:
+        manager = getattr(entry, "guard_manager", None)
+        if manager is not None and manager.check(f_locals):
+            return _time_us(lambda: manager.check(f_locals), repeats)
+    return None
+
+
+__all__ = ["ON_VIOLATION", "PrecompiledStep", "PrecompiledStepError", "WatchedFrame", "closure_cells", "full_guard_cost_us"]

@@ -8,10 +8,14 @@ from the objects a step closes over, everything those guards can reach by plain 
 (instance ``__dict__``\\ s, dicts, lists, tuples, tensors) and answers "is all of it as it
 was?" from a handful of C-level calls:
 
-* every dict reached (module ``__dict__``, ``_parameters``, ``_buffers``, ``_modules``, the
-  forward-hook dicts, a config's and a cache's ``__dict__``): its version tag, which
+* every dict reached (module ``__dict__``, ``_parameters``, ``_buffers``, ``_modules``, hook
+  dicts holding hooks, a config's and a cache's ``__dict__``): its version tag, which
   CPython changes on every insertion, deletion or assignment (``dict_version``, the tag
-  Dynamo's own ``DICT_VERSION`` guard reads). The tags only grow, so one sum compares them all;
+  Dynamo's own ``DICT_VERSION`` guard reads). The tags only grow, so one sum compares them
+  all. An empty module *hook* dict can only
+  be filled by ``register_*_hook``, which creates a ``RemovableHandle``: the watch reads that
+  class's counter once (any hook registered anywhere in the process sends the next call to
+  torch's guards);
 * every list, set and closure cell reached: the identity of what it holds;
 * every object with a ``__dict__`` reached (modules, configs, caches): its class;
 * every tensor reached (weights, buffers, the KV cache): dtype, device, shape, stride,
@@ -25,6 +29,7 @@ was?" from a handful of C-level calls:
 What it does not see, by design (precisely what a user of the fast path assumes): class
 attributes and methods (a class monkeypatched while the step is used), the insides of
 functions (``__code__``, ``__defaults__``, a closure cell's contents of a *nested* function),
+hooks written into a module's hook dicts directly instead of through ``register_*_hook``,
 ``Module._non_persistent_buffers_set`` and module state-dict hooks (they do not affect a
 forward), objects only reachable through properties, and Python globals (which a precompiled
 function does not guard either). A change to any of those must go with a new step.
@@ -41,10 +46,15 @@ import types
 from typing import Any, Iterable
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 # Module dicts that do not affect a forward (state-dict hooks): not watched.
 _IGNORED_MODULE_ATTRS = frozenset({"_state_dict_hooks", "_state_dict_pre_hooks", "_load_state_dict_pre_hooks",
                                    "_load_state_dict_post_hooks", "_non_persistent_buffers_set"})
+# Module hook dicts: while empty, a hook can only enter them through a RemovableHandle (register_*_hook),
+# whose class-wide counter the watch reads once instead of checking every empty dict.
+_HOOK_DICTS = frozenset({"_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
+                         "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs"})
 _OPAQUE = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, types.ModuleType, type, types.CodeType,
            str, bytes, int, float, complex, bool, type(None), torch.dtype, torch.device, torch.layout,
            torch.memory_format)
@@ -108,17 +118,17 @@ class StateWatch:
                 typed.append(obj)
                 attrs = vars(obj)
                 dicts.append(attrs)
-                todo.extend(v for k, v in attrs.items() if k not in _IGNORED_MODULE_ATTRS)
+                todo.extend(v for k, v in attrs.items() if k not in _IGNORED_MODULE_ATTRS
+                            and not (k in _HOOK_DICTS and isinstance(v, dict) and not v))
             else:  # no instance dict (slots, C objects): its class at least
                 typed.append(obj)
         # torch.nn.Module's global hooks apply to every module's forward
         from torch.nn.modules import module as _m
 
         dicts.extend(d for d in (getattr(_m, n, None) for n in dir(_m) if n.startswith("_global_") and "hooks" in n)
-                     if isinstance(d, dict))
-        # An empty dict (most hook dicts) only has to stay empty; the others are compared by version tag.
-        self._empty = [d for d in dicts if not d]
-        self._dicts = [d for d in dicts if d]
+                     if isinstance(d, dict) and d)
+        self._handles = RemovableHandle.next_id
+        self._dicts = dicts
         self._version_sum = sum(map(self._g.dict_version, self._dicts))
         self._seqs = seqs
         self._seq_items = [list(s) if isinstance(s, list) else frozenset(s) for s in seqs]
@@ -149,7 +159,9 @@ class StateWatch:
                 return False
         if not self._global.check() or torch._C._len_torch_function_stack() != self._modes:
             return False
-        if any(map(len, self._empty)) or sum(map(self._g.dict_version, self._dicts)) != self._version_sum:
+        if RemovableHandle.next_id != self._handles:
+            return False
+        if sum(map(self._g.dict_version, self._dicts)) != self._version_sum:
             return False
         if list(map(type, self._typed)) != self._types:
             return False
@@ -173,7 +185,9 @@ class StateWatch:
             return f"torch global state ({self._global.reason()})"
         if torch._C._len_torch_function_stack() != self._modes:
             return "the torch-function mode stack (e.g. a default device)"
-        if any(map(len, self._empty)) or sum(map(self._g.dict_version, self._dicts)) != self._version_sum:
+        if RemovableHandle.next_id != self._handles:
+            return "a hook was registered (on any module or tensor of this process)"
+        if sum(map(self._g.dict_version, self._dicts)) != self._version_sum:
             return "an attribute, parameter, buffer, submodule, hook or dict entry was set"
         if list(map(type, self._typed)) != self._types:
             return "the class of an object"
@@ -184,7 +198,7 @@ class StateWatch:
     @property
     def size(self) -> dict[str, int]:
         """How much is watched (reported by explain and the benchmarks)."""
-        return {"dicts": len(self._dicts) + len(self._empty), "tensors": len(self._tensors), "objects": len(self._typed),
+        return {"dicts": len(self._dicts), "tensors": len(self._tensors), "objects": len(self._typed),
                 "sequences": len(self._seqs)}
 
 
