@@ -40,6 +40,7 @@ from typing import Any, Callable
 import torch
 
 import superkernel as sk
+from superkernel.tools.advisor.compiling import guard_path_of
 from superkernel.tools.advisor.environment import choose_threads
 from superkernel.tools.advisor.environment import hardware as describe_hardware
 from superkernel.tools.advisor.strategies import plan_for
@@ -126,18 +127,6 @@ def precompiled_plan(label: str, scopes: dict[str, list[str]], session: DecodeSe
 
     plan = Plan(label, make, scopes, "reduce-overhead")
     return plan
-
-
-def guard_path_of(plan: Plan, session: DecodeSession) -> dict[str, Any]:
-    """The plan's guard path (full-guards / precompiled / guards-skipped diagnostic) and its measured per-call cost."""
-    from superkernel.static_kernel.step import full_guard_cost_us
-
-    with torch.no_grad(), session.dynamo_config():
-        if hasattr(plan.step, "guard_cost_us"):
-            return {"guard_path": plan.step.guard_path, "guard_cost_us": plan.step.guard_cost_us(*session.inputs(0))}
-        cost = full_guard_cost_us(getattr(plan.step, "__wrapped__", plan.step), session.inputs(0))
-    path = "guards-skipped-diagnostic" if "guards-skipped" in plan.label else "full-guards"
-    return {"guard_path": path, "guard_cost_us": {"dynamo_guards": cost} if cost is not None else {}}
 
 
 def inductor_plan(label: str, **kwargs: Any) -> Plan:
@@ -294,7 +283,9 @@ def main(argv: list[str] | None = None) -> int:
         if plan.realizations:
             row["realizations"] = plan.realizations
         if plan.backend is not None:  # which checks a call runs, and what one check costs (measured here)
-            row.update(guard_path_of(plan, session))
+            path, cost = guard_path_of(plan.step, session)
+            row["guard_path"] = "guards-skipped-diagnostic" if "guards-skipped" in plan.label else path
+            row["guard_cost_us"] = cost
         rows.append(row)
 
     hardware = describe_hardware(device)

@@ -138,6 +138,9 @@ def main() -> int:
         "warnings": [str(w.message) for w in caught if "static kernels" in str(w.message)],
         "notices": list(static.notices) if static.enabled else [],
     }
+    if hasattr(compiled, "guard_path"):  # a function with static kernels: which checks its calls ran
+        result["guard_path"] = compiled.guard_path
+        result["frame_counters"] = compiled.frame_counters
     if reduce_overhead:
         from superkernel.runtime.native import compiler_available
 

@@ -177,3 +177,18 @@ def test_state_watch_sees_each_kind_of_change():
     assert not watch.unchanged(inputs(0, dtype=torch.float64))
     with torch.no_grad():  # the snapshot was taken with grad enabled
         assert not watch.unchanged(inputs(0))
+
+
+def test_explain_shows_the_guard_path(setup):
+    model, cache, step = setup
+    with torch.no_grad():
+        step(*inputs(0))
+    ex = sk.explain(step)
+    assert ex.guard_path == "precompiled" and ex.guard_cost_us["frame_guards_last_check"] > 0
+    assert "guard path: precompiled (frame_guards_last_check" in str(ex)
+    assert ex.to_dict()["guard_path"] == "precompiled"
+    plain = sk.compile(make_step(model, cache), ro())
+    assert sk.explain(plain).guard_path == "full-guards"
+    with torch.no_grad():
+        costs = step.guard_cost_us(*inputs(0))
+    assert set(costs) == {"frame_guards", "watch"} and min(costs.values()) > 0

@@ -294,6 +294,11 @@ def find_backend(obj: Any) -> SuperKernelBackend:
 def explain(obj: Any) -> Explanation:
     """Return the Explanation of a superkernel backend or of a model compiled with one.
 
-    ``str()`` of the result is a readable table of graphs, scopes, segments and cuts.
+    ``str()`` of the result is a readable table of graphs, scopes, segments and cuts, and, for a compiled
+    object, its guard path (what a call checks) with the measured cost of one check where one was taken.
     """
-    return find_backend(obj).explanation()
+    explanation = find_backend(obj).explanation()
+    if not isinstance(obj, SuperKernelBackend) and not isinstance(obj, str):
+        explanation.guard_path = getattr(obj, "guard_path", "full-guards")
+        explanation.guard_cost_us = dict(getattr(obj, "guard_costs", {}))
+    return explanation

@@ -50,6 +50,12 @@ class StaticFunction:
         return "precompiled-frame-guards" if self._last.unsupported else "precompiled"
 
     @property
+    def guard_costs(self) -> dict[str, float]:
+        """The last check of torch's guards of the frame in use, as measured when it ran (µs)."""
+        us = self._last.guard_check_us if self._last is not None else None
+        return {"frame_guards_last_check": us} if us is not None else {}
+
+    @property
     def frame_counters(self) -> dict[str, int]:
         """Summed over the frames in use: ``guard_checks`` (calls that checked torch's frame guards), ``snapshots``."""
         total: dict[str, int] = {}

@@ -58,6 +58,7 @@ class WatchedFrame:
         self.aot = aot_fn
         self.watch: StateWatch | None = None
         self.unsupported: str | None = None  # why this frame cannot be watched (every call checks its guards)
+        self.guard_check_us: float | None = None  # the last check of torch's frame guards took this long
         self.counters: Counter[str] = Counter()
 
     def fast(self, frame_args: tuple[Any, ...]) -> bool:
@@ -67,7 +68,10 @@ class WatchedFrame:
     def accepts(self, frame_args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """Torch's guards of the frame; on acceptance, a new snapshot for the fast path."""
         self.counters["guard_checks"] += 1
-        if not self.aot.guard_check(*frame_args, **kwargs):
+        start = time.perf_counter()
+        accepted = self.aot.guard_check(*frame_args, **kwargs)
+        self.guard_check_us = (time.perf_counter() - start) * 1e6
+        if not accepted:
             return False
         if kwargs or self.unsupported is not None:
             return True
@@ -111,6 +115,12 @@ class PrecompiledStep:
     @property
     def watch(self) -> StateWatch | None:
         return self._frame.watch
+
+    @property
+    def guard_costs(self) -> dict[str, float]:
+        """The last check of torch's frame guards, as measured when it ran (µs); see :meth:`guard_cost_us`."""
+        us = self._frame.guard_check_us
+        return {"frame_guards_last_check": us} if us is not None else {}
 
     @property
     def guard_path(self) -> str:
