@@ -31,7 +31,8 @@ def compile_superkernel(session: DecodeSession, mode: str, *, run_eagerly: bool 
                         precompiled: bool | None = None) -> tuple[StepFn, Any]:
     """The session's decode step under a new superkernel backend; returns (step, backend).
 
-    ``precompiled`` (default: reduce-overhead, not the exactness reference): the step is a
+    ``precompiled`` (default: reduce-overhead, not the exactness reference, and a cache without Python ints
+    that grow every step — those are dynamic sources a precompiled frame would specialize): the step is a
     ``superkernel.precompile_step``, built now (its seconds in ``step.build_seconds``) and called without
     Dynamo's guard tree; a step that cannot be one precompiled frame is compiled the usual way.
     """
@@ -39,7 +40,7 @@ def compile_superkernel(session: DecodeSession, mode: str, *, run_eagerly: bool 
 
     torch._dynamo.reset()
     if precompiled is None:
-        precompiled = mode == REDUCE_OVERHEAD and not run_eagerly
+        precompiled = mode == REDUCE_OVERHEAD and not run_eagerly and not session.growing_ints
     if precompiled:
         import superkernel
         from superkernel.precompiled import FrameUnsupported
