@@ -46,6 +46,7 @@ from typing import Any, Callable
 import torch
 
 import superkernel as sk
+from superkernel.tools.advisor.compiling import guard_path_of
 from superkernel.tools.advisor.environment import choose_threads
 from superkernel.tools.advisor.environment import hardware as describe_hardware
 from superkernel.tools.advisor.strategies import plan_for
@@ -123,6 +124,22 @@ def superkernel_plan(label: str, mode: str, scopes: dict[str, list[str]], run_ea
     return plan
 
 
+def precompiled_plan(label: str, scopes: dict[str, list[str]], session: DecodeSession) -> Plan:
+    """reduce-overhead as a precompiled step (``superkernel.precompile_step``): built once, then called without
+    Dynamo's guard tree (a state watch; torch's frame guards when something changed; guarded fallback)."""
+    def make(fn: Callable[..., Any]) -> Callable[..., Any]:
+        cfg = sk.CompilerConfig.from_dict({"mode": "reduce-overhead"})
+        with torch.no_grad(), session.dynamo_config():
+            step = sk.precompile_step(fn, session.inputs(0), cfg)
+        from superkernel.pipeline.backend import find_backend
+
+        plan.backend = find_backend(step)
+        return step
+
+    plan = Plan(label, make, scopes, "reduce-overhead")
+    return plan
+
+
 def inductor_plan(label: str, **kwargs: Any) -> Plan:
     return Plan(label, lambda fn: torch.compile(fn, dynamic=False, **kwargs))
 
@@ -189,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--guard-diagnostic", action="store_true",
                         help="add, per strategy, reduce-overhead with every Dynamo guard skipped (unsafe; a "
                              "diagnostic of how much of a step the guard check takes, never a plan)")
+    parser.add_argument("--no-precompiled", action="store_true",
+                        help="leave out, per strategy, reduce-overhead as a precompiled step (superkernel.precompile_step)")
     parser.add_argument("--output", type=Path, default=RESULTS, help="folder for the .json and .md results")
     parser.add_argument("--trust-wrong-baselines", action="store_true",
                         help="keep ratio columns against baselines whose output was wrong on some round (flagged)")
@@ -228,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         sk.apply_scopes(scoped[strategy], scopes)
         for mode in modes:
             plans.append(superkernel_plan(f"superkernel {strategy} {mode}", mode, scopes))
+        if "reduce-overhead" in modes and not args.no_precompiled:
+            plans.append(precompiled_plan(f"superkernel {strategy} reduce-overhead precompiled", scopes, session))
         if args.guard_diagnostic:
             plans.append(superkernel_plan(f"superkernel {strategy} reduce-overhead guards-skipped-diagnostic",
                                           "reduce-overhead", scopes, skip_guards=True))
@@ -238,9 +259,12 @@ def main(argv: list[str] | None = None) -> int:
         strategy = plan.label.split()[1] if plan.scopes else None
         base = step_for(session, scoped[strategy] if strategy else model, plan)
         try:
+            made = time.perf_counter()
             plan.step = plan.make(own_code(base, f"plan{i}"))
+            made = time.perf_counter() - made  # a precompiled step compiles here, before its first call
             session.restore_cache()
             plan.first = run_decode(session, plan.step, label=plan.label)
+            plan.first.compile_seconds += made
         except Exception as exc:  # noqa: BLE001 - a baseline that fails to compile is reported, not fatal
             plan.error = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:200]
             print(f"{plan.label}: failed: {plan.error}", flush=True)
@@ -303,6 +327,10 @@ def main(argv: list[str] | None = None) -> int:
             row["bit_exact_vs_reference"] = plan.bit_exact
         if plan.realizations:
             row["realizations"] = plan.realizations
+        if plan.backend is not None:  # which checks a call runs, and what one check costs (measured here)
+            path, cost = guard_path_of(plan.step, session)
+            row["guard_path"] = "guards-skipped-diagnostic" if "guards-skipped" in plan.label else path
+            row["guard_cost_us"] = cost
         rows.append(row)
 
     hardware = describe_hardware(device)
@@ -336,6 +364,13 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {r['plan']} | {r['median_ms']:.3f} | {r['p90_ms']:.3f} | {ratios} | {cpu} | {exact} | "
                      f"{r['check_summary']} | "
                      f"{r['max_abs_diff_vs_eager']:.2e} | {r['compile_s']:.1f} | {', '.join(r.get('realizations', [])) or '-'} |")
+    guarded = [r for r in rows if "guard_path" in r]
+    if guarded:
+        lines += ["", "Guard path per superkernel plan, and the measured cost of one check (µs, this run): "
+                  "full-guards = Dynamo's guard tree; precompiled = a state watch, torch's frame guards only when "
+                  "something changed (superkernel.precompile_step)."]
+        lines += [f"- {r['plan']}: {r['guard_path']}" + "".join(f", {k} {v:.1f} µs" for k, v in
+                                                            r.get("guard_cost_us", {}).items()) for r in guarded]
     if any(r.get("roofline_fraction", 0) > 1 for r in rows):
         lines += ["", "A roofline fraction above 100 % (JSON) means the weights and cache stay in the CPU caches, "
                   "which are faster than the DRAM copy bandwidth the roofline uses."]

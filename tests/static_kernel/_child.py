@@ -121,6 +121,7 @@ def main() -> int:
                 x3 = torch.randn(other, 32, generator=torch.Generator().manual_seed(2))
                 saved = {"y3": compiled(x3), "eager3": target(x3)}
             eager = target(x)
+            traced_by_compiled = list(traced)  # (not the exactness reference compiled below)
             if reduce_overhead:
                 ref_cfg = CompilerConfig.from_dict({"mode": "reduce-overhead", "debug": {"run_eagerly": True}})
                 saved["ref"] = superkernel.compile(target, ref_cfg)(x)
@@ -132,12 +133,15 @@ def main() -> int:
         "static": dict(static.counters),  # (none with static kernels off: the null compiler)
         "cpp_builds": len(builds),
         "cpp_build_targets": builds[:20],
-        "dynamo_traces": sum(1 for t in traced if t != "aot"),
-        "aot_captures": traced.count("aot"),
+        "dynamo_traces": sum(1 for t in traced_by_compiled if t != "aot"),
+        "aot_captures": traced_by_compiled.count("aot"),
         "packages": [str(p) for p in static.packages_written] if static.enabled else [],
         "warnings": [str(w.message) for w in caught if "static kernels" in str(w.message)],
         "notices": list(static.notices) if static.enabled else [],
     }
+    if hasattr(compiled, "guard_path"):  # a function with static kernels: which checks its calls ran
+        result["guard_path"] = compiled.guard_path
+        result["frame_counters"] = compiled.frame_counters
     if reduce_overhead:
         from superkernel.runtime.native import compiler_available
 

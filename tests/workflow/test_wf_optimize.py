@@ -47,6 +47,10 @@ def test_results_cover_baselines_and_both_modes(e2e):
     assert isinstance(data["eager_drift"], float)
     for r in data["results"][1:]:  # Dynamo's own count: every compiled run compiled once
         assert r["recompiles_timed"] == 0 and not r["recompiles_in_steady_state"]
+    # reduce-overhead runs as a precompiled step (issue 22); each plan's guard path comes with a measured cost
+    assert {r["mode"]: r["guard_path"] for r in data["results"][2:]} == {"reduce-overhead": "precompiled",
+                                                                         "max-autotune": "full-guards"}
+    assert all(r["guard_cost_us"] and min(r["guard_cost_us"].values()) > 0 for r in data["results"][2:])
 
 
 def test_precision_columns_recomputed_from_saved_logits(e2e):
@@ -100,7 +104,7 @@ def test_report_is_complete(e2e):
     assert "- `attention`: 0 cut(s), 0 graph break(s)" in cuts
     for r in data["results"][2:]:  # one realization line per mode, from that plan's own explain()
         realized = ", ".join(f"{k} x{v}" for k, v in r["realizations"].items())
-        assert f"  - {r['mode']}: {r['segments']} segment(s), realized as {realized}" in cuts
+        assert f"  - {r['mode']}: {r['segments']} segment(s), realized as {realized}; guard path {r['guard_path']}" in cuts
 
 
 def test_profile_and_predictions_are_in_the_results_and_the_report(e2e):

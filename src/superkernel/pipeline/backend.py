@@ -234,8 +234,13 @@ def compile(model: Any, compiler_config: CompilerConfig | None = None, **torch_c
     compiled = torch.compile(model, backend=backend, **torch_compile_kwargs)
     if _frames_apply(model, torch_compile_kwargs):  # (the null static compiler returns ``compiled``)
         compiled = backend.static_kernels.wrap_function(model, backend, compiled)
-    _COMPILED[id(compiled)] = (weakref.ref(compiled), backend)
+    register_compiled(compiled, backend)
     return compiled
+
+
+def register_compiled(compiled: Any, backend: "SuperKernelBackend") -> None:
+    """Let :func:`explain` find ``backend`` from ``compiled`` (a compiled model, function or precompiled step)."""
+    _COMPILED[id(compiled)] = (weakref.ref(compiled), backend)
 
 
 def _frames_apply(model: Any, torch_compile_kwargs: dict[str, Any]) -> bool:
@@ -291,6 +296,11 @@ def find_backend(obj: Any) -> SuperKernelBackend:
 def explain(obj: Any) -> Explanation:
     """Return the Explanation of a superkernel backend or of a model compiled with one.
 
-    ``str()`` of the result is a readable table of graphs, scopes, segments and cuts.
+    ``str()`` of the result is a readable table of graphs, scopes, segments and cuts, and, for a compiled
+    object, its guard path (what a call checks) with the measured cost of one check where one was taken.
     """
-    return find_backend(obj).explanation()
+    explanation = find_backend(obj).explanation()
+    if not isinstance(obj, SuperKernelBackend) and not isinstance(obj, str):
+        explanation.guard_path = getattr(obj, "guard_path", "full-guards")
+        explanation.guard_cost_us = dict(getattr(obj, "guard_costs", {}))
+    return explanation

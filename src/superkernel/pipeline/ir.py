@@ -260,6 +260,11 @@ class GraphInfo:
 class Explanation:
     graphs: list[GraphInfo] = field(default_factory=list)
     graph_breaks: int = 0
+    #: which checks a call of the compiled object runs: "full-guards" (Dynamo's guard tree), "precompiled"
+    #: (a precompiled frame and its state watch) or "precompiled-frame-guards"; None for a bare backend
+    guard_path: str | None = None
+    #: measured cost of one check (µs) where one was taken, e.g. {"frame_guards": 41.0}
+    guard_cost_us: dict[str, float] = field(default_factory=dict)
 
     @property
     def scopes(self) -> list[str]:
@@ -282,11 +287,15 @@ class Explanation:
         return [s for s in self.segments if s.fallback]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"graph_breaks": self.graph_breaks, "graphs": [asdict(g) for g in self.graphs]}
+        return {"graph_breaks": self.graph_breaks, "guard_path": self.guard_path, "guard_cost_us": self.guard_cost_us,
+                "graphs": [asdict(g) for g in self.graphs]}
 
     def __str__(self) -> str:
         lines = [f"superkernel: {len(self.graphs)} graph(s), {len(self.scopes)} scope(s), "
                  f"{len(self.segments)} segment(s), {len(self.cuts)} cut(s), {self.graph_breaks} graph break(s)"]
+        if self.guard_path:
+            costs = ", ".join(f"{k} {v:.1f} us" for k, v in self.guard_cost_us.items())
+            lines.append(f"guard path: {self.guard_path}{f' ({costs})' if costs else ''}")
         for g in self.graphs:
             lines.append(f"\n[{g.name}] mode={g.mode} device={g.device} ops={g.num_ops} unscoped_ops={g.unscoped_ops}"
                          f" compile={g.compile_seconds:.2f}s")

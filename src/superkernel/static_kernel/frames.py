@@ -53,8 +53,9 @@ class FrameGraph(_abc_base()):  # type: ignore[misc]
     """
 
     def __init__(self, level: str, data: bytes, graph: fx.GraphModule | None, compiled: Callable[..., Any] | None,
-                 backend: Any) -> None:
+                 backend: Any, inference: bool = False) -> None:
         self.level = level
+        self.inference = inference  # an ATen inference graph (no output requires grad): compiled as such at load
         self._data = data
         self._graph = graph
         self._compiled = compiled
@@ -72,7 +73,10 @@ class FrameGraph(_abc_base()):  # type: ignore[misc]
             self._graph = _load_graph(self._data)
         if self.level == "dynamo":
             return self._backend(self._graph, args)
-        step = self._backend.compile_aten(self._graph, args, name=f"graph_{len(self._backend.explanation().graphs)}")
+        # (reduce-overhead: its CPU native modules depend on it; Inductor's compile reads AOTAutograd's real metadata)
+        with _inference_context(self.inference and getattr(self._backend.config, "mode", None) == "reduce-overhead"):
+            step = self._backend.compile_aten(self._graph, args,
+                                              name=f"graph_{len(self._backend.explanation().graphs)}")
 
         def run(*inputs: Any) -> Any:
             with torch.no_grad():  # what AOTAutograd's inference wrapper does
@@ -82,15 +86,17 @@ class FrameGraph(_abc_base()):  # type: ignore[misc]
 
     @classmethod
     def serialize_compile_artifacts(cls, fn: "FrameGraph") -> bytes:
-        return f"{FRAME_FORMAT} {fn.level}".encode() + b"\n" + fn._data
+        flags = " inference" if fn.level == "aten" and fn.inference else ""
+        return f"{FRAME_FORMAT} {fn.level}{flags}".encode() + b"\n" + fn._data
 
     @classmethod
     def deserialize_compile_artifacts(cls, data: bytes) -> "FrameGraph":
         head, _, graph_data = data.partition(b"\n")
-        tag, _, level = head.decode("utf-8", "replace").partition(" ")
-        if tag != FRAME_FORMAT or level not in ("dynamo", "aten"):
+        tag, level, *flags = head.decode("utf-8", "replace").split(" ") + [""]
+        flags = [f for f in flags if f]
+        if tag != FRAME_FORMAT or level not in ("dynamo", "aten") or not set(flags) <= {"inference"}:
             raise FrameUnsupported(f"frame format {head[:40]!r} (this superkernel reads {FRAME_FORMAT!r})")
-        return cls(level, graph_data, None, None, _LOADING_BACKEND.get())
+        return cls(level, graph_data, None, None, _LOADING_BACKEND.get(), inference="inference" in flags)
 
 
 def _dump_graph(gm: fx.GraphModule, kept_meta: tuple[str, ...]) -> bytes:
@@ -150,7 +156,7 @@ class FrameBackend:
         finally:
             _CAPTURE.reset(token)
         if capture.data is not None:
-            return FrameGraph("aten", capture.data, None, compiled, self.backend)
+            return FrameGraph("aten", capture.data, None, compiled, self.backend, inference=capture.inference)
         log.info("superkernel frame keeps Dynamo's graph (AOTAutograd runs at load): %s", capture.reason)
         return FrameGraph("dynamo", data, gm, compiled, self.backend)
 
@@ -163,6 +169,7 @@ class AtenCapture:
         self.data: bytes | None = None
         self.reason: str | None = None
         self.graphs = 0
+        self.inference = False
 
     def record(self, gm: fx.GraphModule) -> None:
         """Called by the backend with the ATen graph, before any pass changes it."""
@@ -172,11 +179,31 @@ class AtenCapture:
             self.reason = "AOTAutograd produced more than one graph"
             return
         self.reason = direct_call_blocker(gm, self.num_dynamo_inputs)
+        infos = getattr(getattr(torch._guards.TracingContext.try_get(), "fw_metadata", None), "output_info", None)
+        self.inference = infos is not None and not any(getattr(o, "requires_grad", False) for o in infos)
         if self.reason is None:
             try:
                 self.data = _dump_graph(gm, ATEN_META)
             except Exception as exc:  # noqa: BLE001 - keep Dynamo's graph instead
                 self.reason = f"cannot serialize the ATen graph: {exception_summary(exc)}"
+
+
+class _InferenceOutputs:
+    """What the realizer reads of AOTAutograd's metadata to know an inference graph (no output requires grad)."""
+
+    output_info: tuple[Any, ...] = ()
+
+
+def _inference_context(inference: bool) -> Any:
+    """Compiling a loaded ATen inference frame outside AOTAutograd: tell the realizer what AOTAutograd told it at
+    build (native CPU modules of inference graphs are generated differently), so the same module is used."""
+    import contextlib
+
+    if not inference or torch._guards.TracingContext.try_get() is not None:
+        return contextlib.nullcontext()
+    ctx = torch._guards.TracingContext(None)
+    ctx.fw_metadata = _InferenceOutputs()  # type: ignore[assignment]
+    return torch._guards.tracing(ctx)
 
 
 def _autocast_on() -> bool:

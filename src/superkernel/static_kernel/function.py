@@ -18,6 +18,7 @@ import torch
 
 from superkernel.static_kernel import frame_keys, frames
 from superkernel.static_kernel.settings import StaticKernelWarning, log
+from superkernel.static_kernel.step import WatchedFrame
 from superkernel.pipeline.ir import device_kind
 from superkernel.util import exception_summary
 
@@ -29,7 +30,8 @@ class StaticFunction:
         self._fn = fn
         self._backend = backend
         self._compiled = compiled            # torch.compile(fn, backend=backend): the normal path
-        self._frames: list[Any] = []         # AOTCompiledFunction objects in use
+        self._frames: list[WatchedFrame] = []  # frames in use (AOTCompiledFunction + its state watch)
+        self._last: WatchedFrame | None = None   # the frame that accepted the last call (its watch: the fast path)
         self._seen: set[str] = set()         # call signatures already resolved
         self._notified: set[str] = set()
         self._no_frames = False              # frames can never serve this function: skip the lookup
@@ -39,12 +41,39 @@ class StaticFunction:
     def backend(self) -> Any:
         return self._backend
 
+    @property
+    def guard_path(self) -> str:
+        """Which checks a call runs: ``"precompiled"`` (a frame and its state watch), ``"precompiled-frame-guards"``
+        (a frame whose state cannot be watched: torch's frame guards every call) or ``"full-guards"`` (Dynamo)."""
+        if self._last is None:
+            return "full-guards"
+        return "precompiled-frame-guards" if self._last.unsupported else "precompiled"
+
+    @property
+    def guard_costs(self) -> dict[str, float]:
+        """The last check of torch's guards of the frame in use, as measured when it ran (µs)."""
+        us = self._last.guard_check_us if self._last is not None else None
+        return {"frame_guards_last_check": us} if us is not None else {}
+
+    @property
+    def frame_counters(self) -> dict[str, int]:
+        """Summed over the frames in use: ``guard_checks`` (calls that checked torch's frame guards), ``snapshots``."""
+        total: dict[str, int] = {}
+        for wf in self._frames:
+            for k, v in wf.counters.items():
+                total[k] = total.get(k, 0) + v
+        return total
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         frame_args = frame_keys.frame_args(self._fn, args)
-        for frame in self._frames:
-            accepted, out = frames.call(frame, frame_args, kwargs)
-            if accepted:
-                return out
+        last = self._last
+        if last is not None and not kwargs and last.fast(frame_args):
+            return last.aot.fn(*frame_args)
+        for wf in self._frames:
+            if wf.accepts(frame_args, kwargs):
+                self._last = wf
+                return wf.aot.fn(*frame_args, **kwargs)
+        self._last = None
         if self._no_frames:
             return self._compiled(*args, **kwargs)
         signature = frame_keys.call_signature(args, kwargs)
@@ -53,10 +82,11 @@ class StaticFunction:
             resolved = self._resolve(args, kwargs, signature)
             if resolved is not None:
                 frame, ws = resolved
-                self._frames.append(frame)
-                accepted, out = frames.call(frame, frame_args, kwargs)
-                if accepted:
-                    return out
+                wf = WatchedFrame(self._fn, frame)
+                self._frames.append(wf)
+                if wf.accepts(frame_args, kwargs):
+                    self._last = wf
+                    return frame.fn(*frame_args, **kwargs)
                 self._notice(ws, f"precompiled frame of {frame_keys.function_name(self._fn)} rejected by its guards "
                                     f"({frames.rejection(frame, frame_args, kwargs)}); tracing it")
         return self._compiled(*args, **kwargs)
@@ -65,7 +95,7 @@ class StaticFunction:
     def _resolve(self, args: tuple[Any, ...], kwargs: dict[str, Any], signature: str) -> tuple[Any, Any] | None:
         static = self._backend.static_kernels
         ws = static.workspace_for_call(self._fn, args)
-        if not ws.compiles:  # reduce-overhead / run_eagerly: nothing is built statically
+        if not (ws.compiles or ws.native):  # run_eagerly, or no native modules: nothing is built statically
             self._no_frames = True
             return None
         key = frame_keys.frame_key(self._fn, args, kwargs, ws.fingerprint)

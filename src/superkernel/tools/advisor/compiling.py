@@ -14,7 +14,8 @@ import torch
 from superkernel.config import MODES, REDUCE_OVERHEAD
 from superkernel.tools.decode import DecodeSession, StepFn
 
-__all__ = ["MODES", "REDUCE_OVERHEAD", "compile_inductor", "compile_superkernel", "superkernel_backend"]
+__all__ = ["MODES", "REDUCE_OVERHEAD", "compile_inductor", "compile_superkernel", "guard_path_of",
+           "superkernel_backend"]
 
 
 def superkernel_backend(mode: str, *, run_eagerly: bool = False) -> Any:
@@ -26,11 +27,47 @@ def superkernel_backend(mode: str, *, run_eagerly: bool = False) -> Any:
     return superkernel.get_backend(cfg)
 
 
-def compile_superkernel(session: DecodeSession, mode: str, *, run_eagerly: bool = False) -> tuple[StepFn, Any]:
-    """The session's decode step under a new superkernel backend; returns (step, backend)."""
+def compile_superkernel(session: DecodeSession, mode: str, *, run_eagerly: bool = False,
+                        precompiled: bool | None = None) -> tuple[StepFn, Any]:
+    """The session's decode step under a new superkernel backend; returns (step, backend).
+
+    ``precompiled`` (default: reduce-overhead, not the exactness reference, and a cache without Python ints
+    that grow every step — those are dynamic sources a precompiled frame would specialize): the step is a
+    ``superkernel.precompile_step``, built now (its seconds in ``step.build_seconds``) and called without
+    Dynamo's guard tree; a step that cannot be one precompiled frame is compiled the usual way.
+    """
+    import time
+
     torch._dynamo.reset()
+    if precompiled is None:
+        precompiled = mode == REDUCE_OVERHEAD and not run_eagerly and not session.growing_ints
+    if precompiled:
+        import superkernel
+        from superkernel.precompiled import FrameUnsupported
+
+        cfg = superkernel.CompilerConfig.from_dict({"mode": mode, "debug": {"run_eagerly": run_eagerly}})
+        start = time.perf_counter()
+        try:
+            with torch.no_grad(), session.dynamo_config():
+                step = superkernel.precompile_step(session.step_fn(), session.inputs(0), cfg)
+        except FrameUnsupported:
+            torch._dynamo.reset()
+        else:
+            step.build_seconds = time.perf_counter() - start
+            return step, superkernel.pipeline.backend.find_backend(step)
     backend = superkernel_backend(mode, run_eagerly=run_eagerly)
     return torch.compile(session.step_fn(), backend=backend, dynamic=False), backend
+
+
+def guard_path_of(step: Any, session: DecodeSession) -> tuple[str, dict[str, float]]:
+    """Which checks a call of ``step`` runs (full-guards / precompiled) and the measured cost of one (µs)."""
+    from superkernel.static_kernel.step import full_guard_cost_us
+
+    with torch.no_grad(), session.dynamo_config():
+        if hasattr(step, "guard_cost_us"):
+            return step.guard_path, step.guard_cost_us(*session.inputs(0))
+        cost = full_guard_cost_us(getattr(step, "__wrapped__", step), session.inputs(0))
+    return "full-guards", ({"dynamo_guards": cost} if cost is not None else {})
 
 
 def compile_inductor(session: DecodeSession, mode: str | None = None) -> StepFn:

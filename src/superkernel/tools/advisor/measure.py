@@ -9,7 +9,7 @@ import torch
 
 from superkernel.tools.decode import DecodeRun, DecodeSession, run_decode
 from superkernel.tools.advisor.analysis import missing_labels
-from superkernel.tools.advisor.compiling import compile_inductor, compile_superkernel
+from superkernel.tools.advisor.compiling import compile_inductor, compile_superkernel, guard_path_of
 from superkernel.tools.advisor.plan_file import inductor_choices
 from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE, compare, judge
 from superkernel.tools.advisor.progress import Reporter
@@ -122,9 +122,11 @@ def run_plan(session: DecodeSession, plan: ScopePlan, modes: tuple[str, ...], ea
             try:
                 step, backend = compile_superkernel(session, r.mode)
                 _fill_timing(r, _run(session, step, r.name, reporter))
+                r.compile_s += getattr(step, "build_seconds", 0.0)  # a precompiled step compiles before its 1st call
                 _explain_into(r, backend)
                 if profile is not None:
                     _profile_into(r, profile, step, reporter)
+                r.guard_path, r.guard_cost_us = guard_path_of(step, session)
             except Exception as exc:
                 r.error = exception_summary(exc, 440, first_line=False)
                 continue

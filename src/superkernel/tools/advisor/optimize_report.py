@@ -65,7 +65,11 @@ def cuts_section(results: list[RunResult]) -> list[str]:
                        "no captured graph (a graph break inside a scope can drop it), so they were not fused")
         for r in runs:
             realized = ", ".join(f"{k} x{v}" for k, v in r.realizations.items()) or "-"
-            out.append(f"  - {r.mode}: {r.segments} segment(s), realized as {realized}")
+            guards = ""
+            if r.guard_path:
+                costs = ", ".join(f"{k} {v:.1f} µs" for k, v in r.guard_cost_us.items())
+                guards = f"; guard path {r.guard_path}{f' ({costs})' if costs else ''}"
+            out.append(f"  - {r.mode}: {r.segments} segment(s), realized as {realized}{guards}")
             for f in r.fallbacks:
                 out.append(f"    - fallback to eager: {f}")
     for r in results:

@@ -41,6 +41,8 @@ class RunResult:
     dynamo: Any = None                                    # decode.DynamoCounts of the measured run
     profile: Any = None                                   # profile.StepProfile of the compiled step
     profile_error: str | None = None
+    guard_path: str | None = None                         # what a call checks: full-guards / precompiled
+    guard_cost_us: dict[str, float] = field(default_factory=dict)  # measured cost of one check
 
     @property
     def recompiles_timed(self) -> int | None:
@@ -93,6 +95,7 @@ class RunResult:
             "recompiles_in_steady_state": self.recompiles,
             "profile": self.profile.to_dict() if self.profile is not None else None,
             "profile_error": self.profile_error,
+            "guard_path": self.guard_path, "guard_cost_us": self.guard_cost_us,
         }
 
 
