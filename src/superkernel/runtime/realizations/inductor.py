@@ -48,11 +48,28 @@ class Inductor(Realization):
         return fn, suffix
 
     def _compile_fn(self, job: Job) -> Callable[[], Program]:
+        """Compile the partition plainly; a structurally identical partition compiled earlier in this
+        graph (the next decoder layer: same code, same input layouts, other weights) reuses its kernel
+        (:mod:`superkernel.runtime.shared_kernels`)."""
         from superkernel.runtime.inductor import compile_partition
+        from superkernel.runtime.shared_kernels import structural_key
 
-        module, inductor = job.module, self.config.inductor
-        return lambda: compile_partition(module.gm, module.example_inputs, device=self.context.device,
-                                         cpp_wrapper=inductor.cpp_wrapper, autotune=inductor.autotune)
+        module, inductor, device = job.module, self.config.inductor, self.context.device
+
+        def compile_plain() -> Program:
+            key = structural_key(module.gm, module.example_inputs, (device, inductor.cpp_wrapper, inductor.autotune))
+            shared = self.__dict__.setdefault("_shared_kernels", {})
+            if key is not None and key in shared:
+                self.counters["partitions_reused"] += 1
+                return shared[key]
+            fn = compile_partition(module.gm, module.example_inputs, device=device,
+                                   cpp_wrapper=inductor.cpp_wrapper, autotune=inductor.autotune)
+            self.counters["partitions_inductor_compiles"] += 1
+            if key is not None:
+                shared[key] = fn
+            return fn
+
+        return compile_plain
 
     def _compile(self, job: Job, compile_fn: Callable[[], Program]) -> tuple[Program, str]:
         module = job.module
