@@ -146,6 +146,8 @@ def test_the_seam_hash_load_compile(pkg_copy):
     ("version", lambda m: m["environment"].update(torch="1.0.0"), "torch differs"),
     ("device", lambda m: m["environment"].update(device_capability="x86_64:sse4_2"), "device_capability differs"),
     ("config", lambda m: m.update(config_fingerprint="0000-0000"), "compiler config differs"),
+    ("world size", lambda m: m["environment"].update(world_size="2", local_world_size="2"),
+     "package built for world size 2, this job has world size 1"),
 ])
 def test_mismatched_package_is_ignored_and_rebuilt(pkg_copy, what, edit, expect):
     build_dir, pkg = pkg_copy

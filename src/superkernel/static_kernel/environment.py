@@ -18,6 +18,23 @@ _ISA_FLAGS = (
     "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "sve2",
 )
 MATCH_KEYS = ("torch", "torch_git", "python", "system", "machine", "device_kind", "device_capability")
+# The rank layout a package is built for (a tensor-parallel rank's shards, hence its kernels, depend on it).
+# Packages written before these were recorded were single-process builds: a missing value reads as "1".
+LAYOUT_KEYS = ("world_size", "local_world_size")
+
+
+def rank_layout() -> dict[str, str]:
+    """World size and local world size of this process's torch.distributed job ("1" and "1" outside one)."""
+    import os
+
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        world = dist.get_world_size()
+    else:
+        world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)) or world)
+    return {"world_size": str(world), "local_world_size": str(local)}
 
 
 def cpu_capability() -> str:
@@ -55,6 +72,7 @@ def environment(device_kind: str) -> dict[str, Any]:
         "machine": platform.machine(),
         "device_kind": device_kind,
         "device_capability": device_capability(device_kind),
+        **rank_layout(),
     }
 
 
@@ -64,4 +82,9 @@ def environment_mismatch(recorded: dict[str, Any], current: dict[str, Any]) -> s
     for key in keys:
         if recorded.get(key) != current.get(key):
             return f"{key} differs (package: {recorded.get(key)!r}, here: {current.get(key)!r})"
+    for key in LAYOUT_KEYS:
+        built, here = recorded.get(key) or "1", current.get(key) or "1"
+        if built != here:
+            what = "world size" if key == "world_size" else "local world size (ranks per node)"
+            return f"package built for {what} {built}, this job has {what} {here}"
     return None
