@@ -229,6 +229,7 @@ def test_planted_payload_in_an_untrusted_package_never_runs(pkg_copy, tmp_path):
 
 def test_trust_key_is_private(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("SUPERKERNEL_CACHE_DIR", str(tmp_path / "skcache"))  # the key lives under the cache root
     trust.sign(b"manifest")
     key = trust.key_path()
     assert key.stat().st_mode & 0o777 == 0o600
