@@ -79,6 +79,22 @@ class _LlamaDecode(nn.Module):
         return (out.logits, *present)
 
 
+def decode_step(lm: nn.Module, layers: int, ids1: torch.Tensor, *, kv_heads: int, head_dim: int, past: int,
+                generator: torch.Generator) -> Built:
+    """One decode step of a causal LM: one new token over ``past`` random cached K/V per layer
+    (inputs past_key_values.i.key/value, outputs present.i.key/value beside the logits)."""
+    am = torch.ones(1, past + 1, dtype=torch.int64)
+    pos = torch.tensor([[past]], dtype=torch.int64)
+    pkv, names, outs = [], [], ["logits"]
+    for i in range(layers):
+        pkv += [torch.randn(1, kv_heads, past, head_dim, generator=generator),
+                torch.randn(1, kv_heads, past, head_dim, generator=generator)]
+        names += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
+        outs += [f"present.{i}.key", f"present.{i}.value"]
+    return Built(_LlamaDecode(lm, layers), (ids1, am, pos, *pkv), ["input_ids", "attention_mask", "position_ids", *names],
+                 outs)
+
+
 def build(name: str, seq: int = 64, past: int = 127, seed: int = 0, attn: str = "sdpa") -> Built:
     import transformers as T
 
@@ -127,18 +143,8 @@ def build(name: str, seq: int = 64, past: int = 127, seed: int = 0, attn: str = 
         return Built(m, (ids, mask), ["input_ids", "attention_mask"], ["logits"])
     if name == "llama_decode":
         lm = T.LlamaForCausalLM(llama_cfg)
-        hd = HIDDEN // HEADS
-        kvh = HEADS // 2
         ids1 = torch.randint(0, 1000, (1, 1), generator=g)
-        am = torch.ones(1, past + 1, dtype=torch.int64)
-        pos = torch.tensor([[past]], dtype=torch.int64)
-        pkv, names, outs = [], [], ["logits"]
-        for i in range(LAYERS):
-            pkv += [torch.randn(1, kvh, past, hd, generator=g), torch.randn(1, kvh, past, hd, generator=g)]
-            names += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
-            outs += [f"present.{i}.key", f"present.{i}.value"]
-        return Built(_LlamaDecode(lm, LAYERS), (ids1, am, pos, *pkv),
-                     ["input_ids", "attention_mask", "position_ids", *names], outs)
+        return decode_step(lm, LAYERS, ids1, kv_heads=HEADS // 2, head_dim=HIDDEN // HEADS, past=past, generator=g)
     raise ValueError(f"unknown suite model {name!r} (known: {', '.join(CASES)})")
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .hfsuite import EXPORTERS, Built, _LlamaDecode, _Outputs, export_built
+from .hfsuite import EXPORTERS, Built, _Outputs, decode_step, export_built
 
 CASES = ("bert_base", "roberta_base", "deberta_v2", "clip_text", "qwen2_decode")
 LAYERS = {"bert_base": 4, "roberta_base": 4, "deberta_v2": 6, "clip_text": 6, "qwen2_decode": 4}
@@ -83,17 +83,8 @@ def build(name: str, seed: int = 0, layers: int | None = None) -> Built:
                             num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768,
                             rope_theta=1000000.0, tie_word_embeddings=True, **sdpa)
         lm = T.Qwen2ForCausalLM(cfg)
-        hd, kvh = 896 // 14, 2
         ids1 = torch.randint(5, 1000, (1, 1), generator=g)
-        am = torch.ones(1, PAST + 1, dtype=torch.int64)
-        pos = torch.tensor([[PAST]], dtype=torch.int64)
-        pkv, names, outs = [], [], ["logits"]
-        for i in range(n):
-            pkv += [torch.randn(1, kvh, PAST, hd, generator=g), torch.randn(1, kvh, PAST, hd, generator=g)]
-            names += [f"past_key_values.{i}.key", f"past_key_values.{i}.value"]
-            outs += [f"present.{i}.key", f"present.{i}.value"]
-        return Built(_LlamaDecode(lm, n), (ids1, am, pos, *pkv), ["input_ids", "attention_mask", "position_ids", *names],
-                     outs)
+        return decode_step(lm, n, ids1, kv_heads=2, head_dim=896 // 14, past=PAST, generator=g)
     raise ValueError(f"unknown real-width model {name!r} (known: {', '.join(CASES)})")
 
 
