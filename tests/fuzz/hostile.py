@@ -66,6 +66,19 @@ class Case:
         (self.outside / "victim_dir" / "keep.txt").write_text("keep\n")
         self._before = {"outside": snapshot(self.outside), "cwd": snapshot(self.cwd)}
 
+    @classmethod
+    def entered(cls, tmp_path: Path, monkeypatch, cache_dir: bool = True) -> "Case":
+        """A case under ``tmp_path`` whose directory is the current one; with ``cache_dir`` its own
+        ``SUPERKERNEL_CACHE_DIR`` (else none set: the default location under its ``XDG_CACHE_HOME``)."""
+        c = cls(work=tmp_path / "work", outside=tmp_path / "outside", cwd=tmp_path / "cwd", marker=tmp_path / "PWNED")
+        monkeypatch.chdir(c.cwd)
+        if cache_dir:
+            monkeypatch.setenv("SUPERKERNEL_CACHE_DIR", str(tmp_path / "skcache"))
+        else:
+            monkeypatch.delenv("SUPERKERNEL_CACHE_DIR", raising=False)
+            monkeypatch.setenv("XDG_CACHE_HOME", str(c.work / "xdg"))
+        return c
+
     def freeze_cwd(self) -> None:
         """Take the current directory's snapshot again (after the case planted its links there)."""
         self._before["cwd"] = snapshot(self.cwd)

@@ -33,10 +33,7 @@ OTHER_UID = 65534
 
 @pytest.fixture
 def case(tmp_path, monkeypatch):
-    c = Case(work=tmp_path / "work", outside=tmp_path / "outside", cwd=tmp_path / "cwd", marker=tmp_path / "PWNED")
-    monkeypatch.chdir(c.cwd)
-    monkeypatch.delenv("SUPERKERNEL_CACHE_DIR", raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(c.work / "xdg"))
+    c = Case.entered(tmp_path, monkeypatch, cache_dir=False)
     yield c
     c.check()
 

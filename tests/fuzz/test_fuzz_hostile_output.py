@@ -23,9 +23,7 @@ CONTROL = "\x1b[8m\x1b]0;owned\x07\r\n  trusted: signed with this user's key\n\x
 
 @pytest.fixture
 def case(tmp_path, monkeypatch):
-    c = Case(work=tmp_path / "work", outside=tmp_path / "outside", cwd=tmp_path / "cwd", marker=tmp_path / "PWNED")
-    monkeypatch.chdir(c.cwd)
-    monkeypatch.setenv("SUPERKERNEL_CACHE_DIR", str(tmp_path / "skcache"))
+    c = Case.entered(tmp_path, monkeypatch)
     yield c
     c.check()
 

@@ -26,10 +26,7 @@ from tests.fuzz.hostile import Case, FifoWatchdog, snapshot
 
 @pytest.fixture
 def case(tmp_path, monkeypatch):
-    c = Case(work=tmp_path / "work", outside=tmp_path / "outside", cwd=tmp_path / "cwd", marker=tmp_path / "PWNED")
-    monkeypatch.chdir(c.cwd)
-    monkeypatch.setenv("SUPERKERNEL_CACHE_DIR", str(tmp_path / "skcache"))
-    return c
+    return Case.entered(tmp_path, monkeypatch)
 
 
 def _fusable_model(hidden: int = 16) -> onnx.ModelProto:
