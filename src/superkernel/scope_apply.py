@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import functools
+import weakref
 from typing import Mapping
 
 import torch
@@ -108,12 +109,22 @@ def _wrap(module: torch.nn.Module, label: str, options: str) -> None:
     module.forward = scoped_forward
     code = getattr(getattr(original, "__func__", original), "__code__", None)
     if code is not None:
-        _APPLIED.setdefault(code.co_filename, {})[label] = options
+        live = _APPLIED.setdefault(code.co_filename, {})
+        live.pop(id(module), None)  # re-inserted last: the most recent scope is named first
+        live[id(module)] = (label, options)
+        weakref.finalize(module, _forget, code.co_filename, id(module))
 
 
-#: source file of a wrapped forward -> {label: options}: lets the backend name the scope a
-#: Dynamo graph break happened in (its log names files and lines, not scopes).
-_APPLIED: dict[str, dict[str, str]] = {}
+def _forget(filename: str, key: int) -> None:
+    _APPLIED.get(filename, {}).pop(key, None)
+
+
+#: source file of a wrapped forward -> {id(module): (label, options)} of the scopes applied
+#: now (entries leave on remove_scopes or when the module is freed): lets the backend name
+#: the scope a Dynamo graph break happened in (its log names files and lines, not scopes).
+#: Only live scopes count: a scope removed earlier in the process must not lend its options
+#: (e.g. a missing strict-scope-check=abort) to a later model built from the same file.
+_APPLIED: dict[str, dict[int, tuple[str, str]]] = {}
 
 
 def applied_scopes_in(text: str) -> list[tuple[str, str]]:
@@ -123,16 +134,19 @@ def applied_scopes_in(text: str) -> list[tuple[str, str]]:
     if wrapper not in text and "scoped_forward" not in text:
         return []
     tail = text[text.rfind("scoped_forward"):] if "scoped_forward" in text else text
-    found = []
-    for filename, labels in _APPLIED.items():
+    found: list[tuple[str, str]] = []
+    for filename, live in _APPLIED.items():
         if filename in tail:
-            found += list(labels.items())
+            found += [scope for scope in reversed(live.values()) if scope not in found]
     return found
 
 
 def _unwrap(module: torch.nn.Module) -> None:
     del module.forward  # drops the instance attribute; the class forward shows again
     original = module.__dict__.pop(_ORIGINAL_ATTR)
+    code = getattr(getattr(original, "__func__", original), "__code__", None)
+    if code is not None:
+        _forget(code.co_filename, id(module))
     module.__dict__.pop(_LABEL_ATTR, None)
     module.__dict__.pop(_OPTIONS_ATTR, None)
     if getattr(original, "__self__", None) is not module:  # it was itself an instance override

@@ -310,3 +310,21 @@ def test_options_string_first_seen_while_dynamo_traces() -> None:
     x = torch.randn(4)
     assert torch.equal(fn(x), f(x))
     assert [s.name for s in sk.explain(fn).segments] == ["fresh"]
+
+
+def test_a_removed_scope_does_not_name_a_later_break_in_the_same_file():
+    """Graph breaks are mapped to scopes by source file: only scopes applied now count, so a
+    scope removed earlier (other label, no options) cannot hide a later strict-scope-check=abort."""
+    from superkernel.scope_apply import applied_scopes_in
+
+    first = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    sk.apply_scopes(first, {"earlier": "0"})
+    sk.remove_scopes(first)
+    second = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    sk.apply_scopes(second, {"now": "0"}, options="strict-scope-check=abort")
+    try:
+        record = f"scoped_forward\n  File \"{torch.nn.Linear.forward.__code__.co_filename}\", line 1"
+        assert applied_scopes_in(record) == [("now", "strict-scope-check=abort")]
+    finally:
+        sk.remove_scopes(second)
+    assert applied_scopes_in(record) == []

@@ -59,7 +59,6 @@ def test_ci_subset_is_bit_exact_and_compiles_once(model_type):
     torch._dynamo.reset()
 
 
-@pytest.mark.xfail(strict=False, reason="order-dependent: did not raise in one full make test run (issue 24, to fix next)")
 def test_strict_scope_check_abort_raises_instead_of_falling_back():
     import superkernel
     from superkernel.pipeline.ir import SuperKernelScopeError
