@@ -76,6 +76,12 @@ def environment(device_kind: str) -> dict[str, Any]:
     }
 
 
+def layout_only_mismatch(recorded: dict[str, Any], current: dict[str, Any]) -> bool:
+    """Whether ``recorded`` differs from ``current`` in its rank layout and nothing else."""
+    same_layout = dict(recorded, **{k: current.get(k) for k in LAYOUT_KEYS})
+    return environment_mismatch(recorded, current) is not None and environment_mismatch(same_layout, current) is None
+
+
 def environment_mismatch(recorded: dict[str, Any], current: dict[str, Any]) -> str | None:
     """Why a package built in ``recorded`` cannot be used in ``current`` (None when it can)."""
     keys = list(MATCH_KEYS) + (["triton"] if current.get("device_kind") == "cuda" else [])

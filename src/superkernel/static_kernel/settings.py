@@ -19,12 +19,23 @@ from superkernel.runtime.realizations import realization_for
 ENV_VERIFY = "SUPERKERNEL_STATIC_VERIFY"  # "0": skip the fresh-process load check when a package is written
 ENV_LOCK_TIMEOUT = "SUPERKERNEL_STATIC_LOCK_TIMEOUT"  # seconds to wait for another builder (default 3600)
 ENV_PREWARM = "SUPERKERNEL_STATIC_PREWARM"  # "0": no early package check / ISA probe thread
+#: "1": a package built for another rank layout (world size) is ignored and a new one built
+#: (``static-compile --rebuild``); otherwise it is a :class:`RankLayoutError`
+ENV_REBUILD = "SUPERKERNEL_STATIC_REBUILD"
 
 log = logging.getLogger("superkernel.static_kernel")
 
 
 class StaticKernelWarning(UserWarning):
     """A package was ignored (and why), or a static kernel could not be built or loaded."""
+
+
+class RankLayoutError(ValueError):
+    """The build directory holds a package for this job except its rank layout (world size), and no other."""
+
+
+def rebuild_other_layout() -> bool:
+    return os.environ.get(ENV_REBUILD, "0") not in ("", "0")
 
 
 class BuildDirError(ValueError):

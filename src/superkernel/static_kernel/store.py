@@ -15,8 +15,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from superkernel.static_kernel.environment import layout_only_mismatch
 from superkernel.static_kernel.package import Package, PackageError, find_packages, read_manifest, refuse
-from superkernel.static_kernel.settings import StaticKernelWarning
+from superkernel.static_kernel.settings import RankLayoutError, StaticKernelWarning, rebuild_other_layout
 
 
 class PackageStore:
@@ -32,6 +33,7 @@ class PackageStore:
         self.rejected: dict[Path, str] = {}
         self.superseded: set[Path] = set()  # replaced by the next package this process writes (removed)
         self.refused: set[Path] = set()  # malformed or corrupted: renamed aside when a new package replaces them
+        self.other_layout: dict[Path, str] = {}  # fit but for the rank layout (world size): an error if none fits
 
     def paths(self) -> list[Path]:
         return find_packages(self.build_dir)
@@ -57,6 +59,9 @@ class PackageStore:
                                       f"superkernel static-compile --trust {path}", rebuild=False)
                     continue
                 reason = pkg.mismatch(self.env, self.fingerprint)
+                if reason is not None and self._layout_only(pkg) and not rebuild_other_layout():
+                    self.other_layout[path] = reason  # (an error if no package fits: layout_error)
+                    continue
                 if reason is not None:
                     self.reject(path, reason)
                     continue
@@ -72,6 +77,20 @@ class PackageStore:
                     continue
             return pkg
         return None
+
+    def _layout_only(self, pkg: Package) -> bool:
+        return (pkg.manifest["config_fingerprint"] == self.fingerprint
+                and layout_only_mismatch(pkg.manifest["environment"], self.env))
+
+    def layout_error(self) -> RankLayoutError | None:
+        """When no package fits and one would but for the rank layout: the error saying so (one line)."""
+        if not self.other_layout:
+            return None
+        path, reason = next(iter(self.other_layout.items()))
+        world = self.env.get("world_size") or "1"
+        command = "superkernel static-compile" + (f" --nproc {world}" if world != "1" else "") + " --rebuild"
+        return RankLayoutError(f"static kernel package {path}: {reason}; build one for this job with {command} "
+                               "(or use another build directory)")
 
     def reject(self, path: Path, reason: str, *, corrupt: bool = False, rebuild: bool = True) -> None:
         if path in self.rejected:

@@ -114,6 +114,10 @@ class Workspace:
             if pkg is not None:
                 self.package = pkg
                 return
+            layout = self.store.layout_error()
+            if layout is not None:
+                self.checked = False  # (asked again, it says so again)
+                raise layout
             if self.compiles:  # (native modules only: the lock is taken when one is built, .native)
                 self.become_builder()
 

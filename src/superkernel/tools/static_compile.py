@@ -79,6 +79,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="torch CPU threads while building (default: torch's default); precompiled frames are "
                         "used by processes with the same thread count")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--nproc", type=positive_int("--nproc"), default=None, metavar="N",
+                   help="build for a tensor-parallel job of N ranks on this node (the model sharded by its plan; "
+                        "one builder per node, every rank then loads the package); under torchrun the command "
+                        "joins the job (docs/distributed.md)")
+    p.add_argument("--tp-plan", type=Path, default=None, metavar="FILE",
+                   help="with --nproc: tensor-parallel plan {module or parameter glob: style} (default: the "
+                        "model's transformers tp_plan)")
+    p.add_argument("--rebuild", action="store_true",
+                   help="build a new package even when the build dir holds one for another world size (without "
+                        "it that is an error naming both sizes)")
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -105,6 +115,18 @@ def run(args: argparse.Namespace) -> int:
             print("superkernel static-compile: error: --model and --build-dir are required to build "
                   "(or use --list DIR / --trust PACKAGE / --clean DIR)", file=sys.stderr)
             return 2
+        if args.rebuild:
+            from superkernel.static_kernel.settings import ENV_REBUILD
+
+            os.environ[ENV_REBUILD] = "1"  # (ranks started by --nproc inherit it)
+        from superkernel.tools.distributed.launcher import in_job
+
+        if args.nproc is not None or in_job():
+            from superkernel.tools.distributed.cli import static_compile
+
+            return static_compile(args)
+        if args.tp_plan is not None:
+            raise ValueError("--tp-plan needs --nproc N (or a torchrun job)")
         if args.config is not None:  # a bad plan is rejected before the model is loaded
             from superkernel.tools.advisor.plan_file import read_plan
 
@@ -116,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         result = build(args.model, args.build_dir, batch_sizes=args.batch_sizes, plan=args.config, mode=args.mode,
                        prompt_len=args.prompt_len, max_cache_len=args.max_cache_len, seed=args.seed)
     except (ValueError, OSError, PackageError, TrustError) as exc:
-        print(f"superkernel static-compile: error: {safe_text(exc, 600)}", file=sys.stderr)
+        print(f"superkernel static-compile: error: {safe_text(' '.join(str(exc).split()), 600)}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(result, indent=1, default=str))
@@ -143,7 +165,6 @@ def build(model: str, build_dir: Path, *, batch_sizes: list[int] | None = None, 
     ``compiler_config`` (optional) is the configuration to build for (copied; static kernels
     are switched on); its ``static_kernel.batch_sizes`` apply when ``batch_sizes`` is not given.
     """
-    import copy
     import torch
 
     import superkernel
@@ -154,23 +175,10 @@ def build(model: str, build_dir: Path, *, batch_sizes: list[int] | None = None, 
 
     start = time.perf_counter()
     build_dir = resolve_build_dir(build_dir)
-    spec = None
-    if plan is not None:  # read (and rejected when bad) before the model is loaded
-        from superkernel.tools.advisor.plan_file import read_plan
-
-        spec = read_plan(plan)
+    check_plan(plan)  # a bad plan is rejected before the model is loaded
     loaded = load_model(model, seed=seed, device=device)
-    cfg = copy.deepcopy(compiler_config) if compiler_config is not None else superkernel.CompilerConfig()
-    if spec is not None:
-        cfg.mode = spec.mode
-        superkernel.remove_scopes(loaded.model)
-        superkernel.apply_scopes(loaded.model, spec.scopes, options=spec.options)
-    if mode is not None:
-        cfg.mode = mode
-    cfg.experimental_config.static_kernel.enable = True
-    cfg.experimental_config.static_kernel.build_dir = str(build_dir)
-    sizes = batch_sizes or list(cfg.experimental_config.static_kernel.batch_sizes) or [1]
-    cfg.experimental_config.static_kernel.batch_sizes = sizes
+    cfg, sizes = build_config(loaded.model, build_dir, batch_sizes=batch_sizes, plan=plan, mode=mode,
+                              compiler_config=compiler_config)
     cache_len = max_cache_len or prompt_len + 36
 
     results: dict[str, Any] = {"model": model, "batch_sizes": sizes, "build_dir": str(build_dir), "package": None,
@@ -200,6 +208,40 @@ def build(model: str, build_dir: Path, *, batch_sizes: list[int] | None = None, 
     results["counters"] = counters
     results["seconds"] = time.perf_counter() - start
     return results
+
+
+def check_plan(plan: Path | None) -> None:
+    """Read the plan (a bad one raises) before anything is loaded."""
+    if plan is not None:
+        from superkernel.tools.advisor.plan_file import read_plan
+
+        read_plan(plan)
+
+
+def build_config(model: Any, build_dir: Path, *, batch_sizes: list[int] | None = None, plan: Path | None = None,
+                 mode: str | None = None, compiler_config: Any = None) -> tuple[Any, list[int]]:
+    """(the compiler config of a static build, its batch sizes); the plan's scopes are applied to ``model``."""
+    import copy
+
+    import superkernel
+    from superkernel.static_kernel.settings import resolve_build_dir
+
+    build_dir = resolve_build_dir(build_dir)
+    cfg = copy.deepcopy(compiler_config) if compiler_config is not None else superkernel.CompilerConfig()
+    if plan is not None:
+        from superkernel.tools.advisor.plan_file import read_plan
+
+        spec = read_plan(plan)
+        cfg.mode = spec.mode
+        superkernel.remove_scopes(model)
+        superkernel.apply_scopes(model, spec.scopes, options=spec.options)
+    if mode is not None:
+        cfg.mode = mode
+    cfg.experimental_config.static_kernel.enable = True
+    cfg.experimental_config.static_kernel.build_dir = str(build_dir)
+    sizes = batch_sizes or list(cfg.experimental_config.static_kernel.batch_sizes) or [1]
+    cfg.experimental_config.static_kernel.batch_sizes = sizes
+    return cfg, sizes
 
 
 def decode_session(model: Any, *, batch: int, prompt_len: int, max_cache_len: int, seed: int = 0,
@@ -374,7 +416,9 @@ def clean(build_dir: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="superkernel static-compile")
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    args.argv = ["static-compile", *(argv if argv is not None else sys.argv[1:])]  # (--nproc: the ranks' command)
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -76,3 +76,32 @@ def _run(args: argparse.Namespace, opts, *, write_files: bool) -> int:
     opts.inputs = list(opts.inputs) + ([args.tp_plan] if args.tp_plan is not None else [])
     return run(DistOptions(base=opts, tp_plan=plan, tp_plan_source=source,
                            inductor_baseline=not args.no_torch_compile_baseline, write_files=write_files))
+
+
+def static_compile(args: argparse.Namespace) -> int:
+    """``superkernel static-compile --nproc N``: launch (parent) or build/load this rank's part (child)."""
+    from superkernel.static_kernel.settings import resolve_build_dir
+    from superkernel.tools.distributed.launcher import LaunchError, check_nproc, in_job, launch
+    from superkernel.tools.distributed.optimize import load_tp_plan
+    from superkernel.tools.distributed.static_build import StaticBuildOptions, build_rank
+    from superkernel.tools.static_compile import check_plan
+
+    try:
+        check_nproc(args.nproc)
+    except LaunchError as exc:
+        sys.stderr.write(f"superkernel static-compile: error: {exc}\n")
+        return 2
+    plan = load_tp_plan(args.tp_plan) if args.tp_plan is not None else None
+    build_dir = resolve_build_dir(args.build_dir)
+    check_plan(args.config)  # bad input is one line here, before any rank starts
+    if not in_job():
+        try:
+            return launch(args.argv, args.nproc)
+        except LaunchError as exc:
+            sys.stderr.write(f"superkernel static-compile: error: {exc}\n")
+            return 1
+    source = f"--tp-plan {args.tp_plan}" if plan is not None else "the model's transformers tp_plan"
+    return build_rank(StaticBuildOptions(
+        model=args.model, build_dir=build_dir, batch_sizes=args.batch_sizes, plan=args.config, mode=args.mode,
+        prompt_len=args.prompt_len, max_cache_len=args.max_cache_len, seed=args.seed, threads=args.threads,
+        tp_plan=plan, tp_plan_source=source, as_json=args.json))

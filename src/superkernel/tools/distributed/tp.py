@@ -115,9 +115,13 @@ def _shard_linear_rowwise(module: torch.nn.Linear, world: int, rank: int, group,
 def _shard_embedding(module: torch.nn.Embedding, world: int, rank: int, group, path: str) -> None:
     rows = module.weight.shape[0]
     _set_param(module, "weight", _split(module.weight.data, 0, world, rank, path))
-    lo, n = rank * (rows // world), rows // world
+    n = rows // world
+    # the shard's first row is a buffer, not a Python int: the traced graph (and its compiled
+    # kernels, which a static package shares between ranks) is then the same on every rank
+    module.register_buffer("tp_offset", torch.tensor(rank * n, device=module.weight.device), persistent=False)
 
     def forward(ids: torch.Tensor) -> torch.Tensor:
+        lo = module.tp_offset
         inside = (ids >= lo) & (ids < lo + n)
         local = F.embedding((ids - lo).clamp(0, n - 1), module.weight)
         return _all_reduce(local * inside.unsqueeze(-1).to(local.dtype), group)
