@@ -33,6 +33,11 @@ class MLP(nn.Module):
             return x + self.down(F.silu(self.up(x)))
 
 
+def _abort_forward(model: MLP, x: torch.Tensor) -> torch.Tensor:
+    with super_kernel("mlp", "strict-scope-check=abort"):
+        return x + model.down(F.silu(model.up(x)))
+
+
 def main() -> None:
     dump = Path(sys.argv[1]) / f"rank{os.environ['RANK']}"
     dump.mkdir(parents=True, exist_ok=True)
@@ -56,6 +61,16 @@ def main() -> None:
         again = fast(x + 1)
         reference_again = model(x + 1)
     ex = superkernel.explain(fast)
+    with torch.no_grad():
+        torch._dynamo.reset()
+        abort = MLP().eval().requires_grad_(False)
+        apply_tensor_parallel(abort, {"up": "colwise", "down": "rowwise"})
+        abort.forward = lambda x: _abort_forward(abort, x)
+        try:
+            superkernel.compile(abort, CompilerConfig.from_dict({"mode": "reduce-overhead"}))(x)
+            abort_error = None
+        except Exception as exc:  # noqa: BLE001 - what strict-scope-check=abort raises
+            abort_error = f"{type(exc).__name__}: {exc}"
     collectives = []
     for path in sorted(dump.rglob("*_segments.txt")):  # the dump that names each node's partition
         for line in path.read_text().splitlines():
@@ -68,7 +83,7 @@ def main() -> None:
         "second_call_max_abs": float((again - reference_again).abs().max()),
         "vs_unsharded_max_abs": float((out - full).abs().max()),
         "segments": [(s.name, s.realization, s.fallback) for s in ex.segments], "cuts": len(ex.cuts),
-        "collectives": collectives}), flush=True)
+        "collectives": collectives, "abort_error": abort_error}), flush=True)
     dist.destroy_process_group()
 
 

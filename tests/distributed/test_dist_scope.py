@@ -32,10 +32,22 @@ def test_the_all_reduce_is_inside_the_one_segment(ranks):
         # one segment, run as one flat ATen program; the native C++ module does not take the
         # collective's string argument (group name) yet, and says so instead of cutting the scope
         assert len(r["segments"]) == 1 and r["segments"][0][1] == "cpu-flat"
-        assert r["segments"][0][2] is None or "NativeUnsupported" in r["segments"][0][2]
+        assert r["segments"][0][2] is None or "NativeCollectiveUnsupported" in r["segments"][0][2]
         ops = {c["op"] for c in r["collectives"]}
         assert any("all_reduce" in op for op in ops), r["collectives"]
         assert {c["partition"] for c in r["collectives"]} == {r["segments"][0][0]}
+
+
+def test_the_fallback_names_the_collective_and_abort_raises_on_it(ranks):
+    """What happens is said as it is (one flat program, not eager), and strict-scope-check=abort raises naming
+    the collective."""
+    for r in ranks:
+        cause = r["segments"][0][2]
+        assert cause is not None and "holds the collective(s) _c10d_functional::all_reduce" in cause
+        error = (r["abort_error"] or "").splitlines()[0]  # (Dynamo appends its own hint lines)
+        assert error.startswith("SuperKernelScopeError")
+        assert "strict-scope-check=abort: segment 'mlp' of scope 'mlp' cannot run as a native module" in error
+        assert "the collective(s) _c10d_functional::all_reduce" in error
 
 
 def test_sharding_matches_the_unsharded_model(ranks):

@@ -49,9 +49,16 @@ class Realizer:
         part = module.partition
         cause = exception_summary(exc)
         where = f"segment {part.name!r} of scope {part.scope!r}" if part.scope else f"unscoped partition {part.name!r}"
+        flat = realization != "eager"  # (still one segment: its flat ATen program, e.g. cpu-flat)
         if part.kind == "segment" and part.options.abort_on_cut:
-            raise SuperKernelScopeError(f"strict-scope-check=abort: {where} failed to compile/capture: {cause}") from exc
-        warnings.warn(f"superkernel: {where} falls back to eager: {cause}", SuperKernelFallbackWarning, stacklevel=4)
+            failed = "cannot run as a native module" if flat else "failed to compile/capture"
+            raise SuperKernelScopeError(f"strict-scope-check=abort: {where} {failed}: {cause}") from exc
+        if flat:
+            warnings.warn(f"superkernel: {where} is not native; it runs as one flat ATen program ({realization}: "
+                          f"same operators, not split, bit-exact): {cause}", SuperKernelFallbackWarning, stacklevel=4)
+        else:
+            warnings.warn(f"superkernel: {where} falls back to eager: {cause}", SuperKernelFallbackWarning,
+                          stacklevel=4)
         self.context.counters["fallbacks"] += 1
         if info is not None:
             info.realization = realization

@@ -44,8 +44,10 @@ class CpuNative(Realization):
         except SuperKernelScopeError:
             raise
         except Exception as exc:  # noqa: BLE001 - e.g. an operator the emitter cannot express: flat, reported
+            from superkernel.runtime.realizations.collectives import describe_cpu_collectives
+
             self.counters["segments_flat"] += 1
-            job.fallback(exc, realization="cpu-flat")
+            job.fallback(describe_cpu_collectives(job.module.gm, exc), realization="cpu-flat")
             return flat
         self.counters["segments_native"] += 1
         _label(job, "cpu-native")

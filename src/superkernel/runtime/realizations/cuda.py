@@ -7,6 +7,7 @@ import torch.fx as fx
 
 from superkernel.pipeline.ir import tensor_values
 from superkernel.runtime.realizations.base import Job, Program, Realization
+from superkernel.runtime.realizations.collectives import collective_cut_reason
 from superkernel.runtime.realizations.inductor import Inductor
 
 CPU_IN_CUDA = "CPU work inside a CUDA scope"
@@ -27,6 +28,11 @@ def cpu_in_cuda_reason(node: fx.Node) -> str | None:
     return None
 
 
+def cuda_cut_reason(node: fx.Node) -> str | None:
+    """What cuts a CUDA-graph segment: CPU work, or a collective the graph cannot capture (not NCCL)."""
+    return cpu_in_cuda_reason(node) or collective_cut_reason(node)
+
+
 def cuda_graph(job: Job, fn: Program, fallback: Program) -> Program:
     """``fn`` captured as CUDA graphs at the first call; ``fallback`` (the flat program) runs if capture fails."""
     from superkernel.runtime.cuda_graph import CudaGraphSegment
@@ -43,7 +49,7 @@ class CudaGraphReplay(Realization):
 
     @classmethod
     def cut_reason(cls, node: fx.Node) -> str | None:
-        return cpu_in_cuda_reason(node)
+        return cuda_cut_reason(node)
 
     def segment(self, job: Job) -> Program:
         flat = job.flat()  # replayed as a CUDA graph, and the fallback if capture fails
@@ -73,7 +79,7 @@ class InductorCudaGraph(Inductor):
 
     @classmethod
     def cut_reason(cls, node: fx.Node) -> str | None:
-        return cpu_in_cuda_reason(node)
+        return cuda_cut_reason(node)
 
     def segment(self, job: Job) -> Program:
         def build() -> tuple[Program, str]:
