@@ -34,3 +34,35 @@ def run_ranks(script: Path, args: list[str], world: int = 2, timeout: float = 24
         line = next(ln for ln in out.splitlines() if ln.startswith("RESULT "))
         results.append(json.loads(line[len("RESULT "):]))
     return results
+
+
+SMALL = dict(vocab_size=256, hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+             max_position_embeddings=64, tie_word_embeddings=False)
+
+
+def checkpoint(directory: Path, kind: str) -> Path:
+    """A one-layer checkpoint with seeded random weights: ``dense`` (Llama) or ``moe`` (Qwen3-MoE)."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3MoeConfig
+
+    if kind == "dense":
+        config = LlamaConfig(**SMALL, intermediate_size=128)
+    else:
+        config = Qwen3MoeConfig(**SMALL, intermediate_size=128, moe_intermediate_size=32, head_dim=16, num_experts=4,
+                                num_experts_per_tok=2, decoder_sparse_step=1, norm_topk_prob=True)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(directory, safe_serialization=True)
+    return directory
+
+
+def cli_env() -> dict:
+    """This process's environment without a job's variables, importing this checkout's superkernel."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def cli(*argv: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``python -m superkernel *argv`` in a fresh process."""
+    return subprocess.run([sys.executable, "-m", "superkernel", *argv], env=cli_env(), capture_output=True, text=True,
+                          timeout=timeout)

@@ -1,7 +1,8 @@
 """``superkernel optimize --nproc 2`` end to end (gloo, CPU) on a dense and a MoE model, and its failures.
 
-The models are one-layer checkpoints written here (seeded random weights): the job
-compiles every plan on both ranks and in the single-process reference, so it is kept small.
+The models are one-layer checkpoints (seeded random weights, conftest.py): the job compiles
+its one plan on both ranks and in the single-process reference, so it is kept small: one
+strategy, one mode, 1 warm-up + 2 timed steps, no torch.compile baseline.
 """
 
 from __future__ import annotations
@@ -15,37 +16,9 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
-from ._helpers import SRC
-
-SMALL = dict(vocab_size=256, hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-             max_position_embeddings=64, tie_word_embeddings=False)
-
-
-def _checkpoint(directory: Path, kind: str) -> Path:
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3MoeConfig
-
-    if kind == "dense":
-        config = LlamaConfig(**SMALL, intermediate_size=128)
-    else:
-        config = Qwen3MoeConfig(**SMALL, intermediate_size=128, moe_intermediate_size=32, head_dim=16, num_experts=4,
-                                num_experts_per_tok=2, decoder_sparse_step=1, norm_topk_prob=True)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(directory, safe_serialization=True)
-    return directory
-
-
-def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
-def _cli(*argv: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "superkernel", *argv], env=_env(), capture_output=True, text=True,
-                          timeout=timeout)
-
+from ._helpers import cli as _cli
+from ._helpers import cli_env
 
 ARGS = ("--nproc", "2", "--mode", "reduce-overhead", "--steps", "2", "--warmup", "1", "--prompt-len", "4",
         "--no-torch-compile-baseline", "--quiet")
@@ -54,7 +27,7 @@ ARGS = ("--nproc", "2", "--mode", "reduce-overhead", "--steps", "2", "--warmup",
 @pytest.fixture(scope="module", params=[("dense", "attention"), ("moe", "moe")], ids=["dense", "moe"])
 def job(request, tmp_path_factory):
     kind, strategy = request.param
-    model = _checkpoint(tmp_path_factory.mktemp(kind), kind)
+    model = request.getfixturevalue(f"{kind}_checkpoint")
     out = tmp_path_factory.mktemp(f"{kind}_out")
     result = _cli("optimize", "--model", str(model), "--strategy", strategy, "--output", str(out), *ARGS)
     return result, out, strategy
@@ -73,6 +46,8 @@ def test_exits_zero_with_a_plan_that_passes_on_both_ranks(job):
     for rank in data["per_rank"]:
         run = next(r for r in rank["runs"] if r["name"] == data["recommended"])
         assert run["bit_exact"] and run["passed"] and run["vs_single_max_abs"] < 1e-3
+        assert run["recompiles_timed"] == 0 and run["recompiles_warmup"] == 0  # counted per rank (Dynamo's own)
+    assert plan["recompiles_timed"] == [0, 0]
     assert data["sharded"], "nothing was sharded"
 
 
@@ -80,6 +55,7 @@ def test_report_has_per_rank_times_collective_share_and_single_process(job):
     result, out, strategy = job
     report = (out / "superkernel_optimization_report.md").read_text()
     assert "rank 0 ms | rank 1 ms" in report and "Single-process run (same cores)" in report
+    assert "recompiles (timed, per rank)" in report and " | 0 / 0 | passed" in report
     data = json.loads((out / "results.json").read_text())
     for rank_shares in data["collective_share"]:
         share = rank_shares[data["recommended"]]
@@ -93,7 +69,7 @@ def test_a_killed_rank_ends_the_job_with_one_line(tmp_path):
     """SIGKILL rank 1 of a running job: the command ends within 60 s, one error line, nothing written."""
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "superkernel", "optimize", "--model", "llama-tiny",
-                             "--output", str(out), *ARGS], env=_env(), stdout=subprocess.PIPE,
+                             "--output", str(out), *ARGS], env=cli_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     children: list[int] = []
     deadline = time.monotonic() + 120

@@ -244,6 +244,15 @@ def build_config(model: Any, build_dir: Path, *, batch_sizes: list[int] | None =
     return cfg, sizes
 
 
+def check_cache_len(prompt_len: int, max_cache_len: int, warmup: int = 4) -> int:
+    """The decode steps a cache of ``max_cache_len`` leaves after the prompt and warm-up (>= 1, else an error)."""
+    steps = max_cache_len - prompt_len - warmup
+    if steps < 1:
+        raise ValueError(f"--max-cache-len {max_cache_len} leaves no decode steps after a {prompt_len}-token prompt "
+                         f"(it must be at least prompt-len + {warmup + 1})")
+    return steps
+
+
 def decode_session(model: Any, *, batch: int, prompt_len: int, max_cache_len: int, seed: int = 0,
                    device: str = "cpu") -> Any:
     """A :class:`superkernel.tools.decode.DecodeSession` for ``batch`` sequences, prefilled eagerly.
@@ -255,9 +264,7 @@ def decode_session(model: Any, *, batch: int, prompt_len: int, max_cache_len: in
     from superkernel.tools.decode import prepare
 
     warmup = 4
-    steps = max_cache_len - prompt_len - warmup
-    if steps < 1:
-        raise ValueError(f"--max-cache-len {max_cache_len} leaves no decode steps after a {prompt_len}-token prompt")
+    steps = check_cache_len(prompt_len, max_cache_len)
     return prepare(model, prompt_len=prompt_len, steps=steps, warmup=warmup, seed=seed, device=device, batch=batch,
                    reference_tokens=False, spare_slots=0)  # the package is built for exactly --max-cache-len
 

@@ -83,8 +83,8 @@ def static_compile(args: argparse.Namespace) -> int:
     from superkernel.static_kernel.settings import resolve_build_dir
     from superkernel.tools.distributed.launcher import LaunchError, check_nproc, in_job, launch
     from superkernel.tools.distributed.optimize import load_tp_plan
-    from superkernel.tools.distributed.static_build import StaticBuildOptions, build_rank
-    from superkernel.tools.static_compile import check_plan
+    from superkernel.tools.distributed.static_build import StaticBuildOptions, build_rank, check_mode
+    from superkernel.tools.static_compile import check_cache_len, check_plan
 
     try:
         check_nproc(args.nproc)
@@ -94,6 +94,8 @@ def static_compile(args: argparse.Namespace) -> int:
     plan = load_tp_plan(args.tp_plan) if args.tp_plan is not None else None
     build_dir = resolve_build_dir(args.build_dir)
     check_plan(args.config)  # bad input is one line here, before any rank starts
+    check_mode(args.mode, args.config)
+    check_cache_len(args.prompt_len, args.max_cache_len or args.prompt_len + 36)
     if not in_job():
         try:
             return launch(args.argv, args.nproc)

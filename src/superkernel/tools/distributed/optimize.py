@@ -62,6 +62,16 @@ class RankRun:
     passed: bool | None = None
     reason: str = ""
     error: str | None = None
+    recompiles_timed: int | None = None         # Dynamo recompiles in this rank's timed steps (must be 0)
+    recompiles_warmup: int | None = None
+    recompile_reasons: list[str] = field(default_factory=list)
+
+    def count(self, run: Any) -> None:
+        """Take the run's Dynamo counts (recompiles after the first call, per phase)."""
+        if run.dynamo is not None:
+            self.recompiles_timed = run.dynamo.recompiles_timed
+            self.recompiles_warmup = run.dynamo.recompiles_warmup
+            self.recompile_reasons = list(run.dynamo.reasons)[:3]
 
 
 def _log(job: jobs.Job, opts: DistOptions, text: str) -> None:
@@ -142,6 +152,7 @@ def measure_rank(opts: DistOptions, job: jobs.Job, session: DecodeSession, plans
     eager = RankRun(name="eager", kind="baseline")
     run = run_synced(session, session.step_fn(), label="eager")
     eager.step_seconds, eager.compile_s = run.step_seconds, 0.0
+    eager.count(run)
     eager.passed, eager.reason = _judge_single(eager, run.logits, single, o.tolerance)
     runs.append(eager)
     shares = {"eager": collective_share(session, session.step_fn(), steps=opts.profile_steps)}
@@ -153,6 +164,7 @@ def measure_rank(opts: DistOptions, job: jobs.Job, session: DecodeSession, plans
             run = run_synced(session, step, label="torch.compile")
             shares["torch.compile"] = collective_share(session, step, steps=opts.profile_steps)
             compiled.step_seconds, compiled.compile_s = run.step_seconds, run.compile_seconds
+            compiled.count(run)
             compiled.passed, compiled.reason = _judge_single(compiled, run.logits, single, o.tolerance)
         except Exception as exc:
             compiled.error = exception_summary(exc, 400, first_line=False)
@@ -173,12 +185,14 @@ def measure_rank(opts: DistOptions, job: jobs.Job, session: DecodeSession, plans
                     runs.append(r)
                     continue
                 r.step_seconds, r.compile_s = run.step_seconds, run.compile_seconds
+                r.count(run)
                 _explain(r, backend)
                 verdict = judge(mode, compare(run.logits, reference), reference, o.tolerance)
                 r.bit_exact = bool(torch.equal(run.logits, reference))
                 ok, why = _judge_single(r, run.logits, single, o.tolerance)
-                r.passed = verdict.passed and ok
-                r.reason = f"{verdict.reason}; {why}"
+                r.passed = verdict.passed and ok and not r.recompiles_timed
+                r.reason = f"{verdict.reason}; {why}" + (f"; Dynamo recompiled {r.recompiles_timed} time(s) in the "
+                                                         f"timed steps" if r.recompiles_timed else "")
                 runs.append(r)
                 shares[r.name] = collective_share(session, step, steps=opts.profile_steps)
                 _log(job, opts, f"{r.name}: rank 0 {run.median_ms:.3f} ms/step, compile {r.compile_s:.1f} s, "

@@ -48,6 +48,7 @@ def rows(gathered: list[dict], single: dict, warmup: int) -> list[dict[str, Any]
                                            else None)
             row["precision"] = [r["reason"] for r in per_rank]
             row["vs_single_max_abs"] = max(r["vs_single_max_abs"] for r in per_rank)
+            row["recompiles_timed"] = [r.get("recompiles_timed") for r in per_rank]
             if name == "eager":
                 tp_eager = row["job_ms"]
             row["speedup_vs_tp_eager"] = tp_eager / row["job_ms"] if tp_eager and row["job_ms"] else None
@@ -80,13 +81,13 @@ def render(opts, job, single: dict, table: list[dict], shares: list[dict], best:
              "every step starts after a barrier; a step's job time is the slowest rank's",
              "", "## Results", "",
              "| run | job ms/step | " + " | ".join(f"rank {r} ms" for r in range(world))
-             + " | compile s | segments | precision (every rank) | vs TP eager | 1-process same run ms | "
-               "vs 1-process same run | vs 1-process eager |",
-             "|---|---:|" + "---:|" * world + "---:|---:|---|---:|---:|---:|---:|"]
+             + " | compile s | segments | recompiles (timed, per rank) | precision (every rank) | vs TP eager | "
+               "1-process same run ms | vs 1-process same run | vs 1-process eager |",
+             "|---|---:|" + "---:|" * world + "---:|---:|---:|---|---:|---:|---:|---:|"]
     for row in table:
         if row["error"]:
             lines.append(f"| {row['name']} | error | " + " | ".join("—" for _ in range(world))
-                         + f" | — | — | {row['error'][:160]} | — | — | — | — |")
+                         + f" | — | — | — | {row['error'][:160]} | — | — | — | — |")
             continue
         verdict = "passed" if row["passed_every_rank"] else "FAILED"
         if row["bit_exact_every_rank"]:
@@ -94,14 +95,17 @@ def render(opts, job, single: dict, table: list[dict], shares: list[dict], best:
         mark = " **(recommended)**" if row["name"] == best else ""
         lines.append(f"| {row['name']}{mark} | {_fmt(row['job_ms'])} | "
                      + " | ".join(_fmt(v) for v in row["rank_ms"])
-                     + f" | {_fmt(row['compile_s'], '.1f')} | {_fmt(row['segments'], 'd')} | {verdict} | "
+                     + f" | {_fmt(row['compile_s'], '.1f')} | {_fmt(row['segments'], 'd')} | "
+                       f"{' / '.join('—' if n is None else str(n) for n in row['recompiles_timed'])} | {verdict} | "
                        f"{_fmt(row['speedup_vs_tp_eager'], '.2f')}x | {_fmt(row['single_process_ms'])} | "
                        f"{_fmt(row['speedup_vs_single_same_run'], '.2f')}x | "
                        f"{_fmt(row['speedup_vs_single_eager'], '.2f')}x |")
     lines += ["", "Precision: reduce-overhead must be bit-identical to each rank's exactness reference "
               "(the captured graph run op by op), and every run must stay within "
               f"{o.tolerance:g} x the logit scale of the single-process reference (the unsharded model, uncompiled): "
-              "a sharded matmul sums in another order, so bit equality with one process is not expected.", ""]
+              "a sharded matmul sums in another order, so bit equality with one process is not expected.", "",
+              "Recompiles: Dynamo's recompiles during each rank's timed steps (`torch._dynamo.utils.guard_failures`); "
+              "a plan that recompiles there on any rank fails.", ""]
     for row in table:
         if not row["error"] and row["kind"] == "plan":
             lines.append(f"- {row['name']}: " + "; ".join(f"rank {i}: {p}" for i, p in enumerate(row["precision"])))

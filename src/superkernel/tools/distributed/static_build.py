@@ -65,6 +65,20 @@ def _explain(step: Any) -> dict[str, Any]:
     return {"segments": len(ex.segments), "realizations": sorted({s.realization or "?" for s in ex.segments})}
 
 
+def check_mode(mode: str | None, plan: Path | None) -> str:
+    """The mode a tensor-parallel package is built in: reduce-overhead (the default), else a one-line error."""
+    if mode is None and plan is not None:
+        from superkernel.tools.advisor.plan_file import read_plan
+
+        mode = read_plan(plan).mode
+    mode = mode or REDUCE_OVERHEAD
+    if mode != REDUCE_OVERHEAD:
+        raise ValueError(f"static-compile --nproc builds reduce-overhead packages only (got {mode}): TorchInductor "
+                         "in torch 2.13 cannot compile the collectives of a tensor-parallel step on CPU "
+                         "(docs/distributed.md); use --mode reduce-overhead")
+    return mode
+
+
 def check_layout(cfg: Any, build_dir: Path, device_kind: str = "cpu") -> None:
     """Raise :class:`~superkernel.static_kernel.settings.RankLayoutError` when the build directory holds a
     package for this job but another world size and none for this one (unless ``--rebuild``)."""
@@ -99,11 +113,7 @@ def build_rank(o: StaticBuildOptions) -> int:
         torch.set_num_threads(o.threads or default_threads(job.env.local_world_size))
         loaded = load_model(o.model, seed=o.seed, device="cpu")
         cfg, sizes = build_config(loaded.model, o.build_dir, batch_sizes=o.batch_sizes, plan=o.plan,
-                                  mode=o.mode or (None if o.plan is not None else REDUCE_OVERHEAD))
-        if cfg.mode != REDUCE_OVERHEAD:
-            raise ValueError(f"static-compile --nproc builds reduce-overhead packages only (got {cfg.mode}): "
-                             "TorchInductor in torch 2.13 cannot compile the collectives of a tensor-parallel step "
-                             "on CPU (docs/distributed.md); use --mode reduce-overhead")
+                                  mode=check_mode(o.mode, o.plan))
         check_layout(cfg, o.build_dir)  # on every rank, before any of them compiles or waits
         plan_used = dict(o.tp_plan) if o.tp_plan is not None else model_plan(loaded.model)
         sharded = apply_tensor_parallel(loaded.model, plan_used, strict=o.tp_plan is not None)

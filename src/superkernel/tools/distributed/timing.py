@@ -22,9 +22,12 @@ COLLECTIVE_MARKERS = ("all_reduce", "allreduce", "all_gather", "allgather", "wai
 
 def run_synced(session: DecodeSession, step: StepFn, *, label: str = "", group=None) -> DecodeRun:
     """Like :func:`superkernel.tools.decode.run_decode`, with a barrier before every step."""
+    from superkernel.tools.decode import _counts, _dynamo_marks
+
     session.restore_cache()
     device = session.device
     logits, times = [], []
+    marks = [_dynamo_marks()]  # Dynamo's recompiles per phase, as run_decode counts them
     with torch.no_grad(), session.dynamo_config():
         for i in range(session.total_steps):
             ids, pos = session.inputs(i)
@@ -35,9 +38,14 @@ def run_synced(session: DecodeSession, step: StepFn, *, label: str = "", group=N
             synchronize(device)
             times.append(time.perf_counter() - start)
             logits.append(out.detach().reshape(-1, out.shape[-1]).float().cpu().clone())
+            if i == 0 or i == session.warmup - 1:
+                marks.append(_dynamo_marks())
+    while len(marks) < 3:
+        marks.append(marks[-1])
+    marks.append(_dynamo_marks())
     session.restore_cache()
     return DecodeRun(label=label, logits=torch.cat(logits), step_seconds=times, warmup=session.warmup,
-                     compile_seconds=times[0], batch=session.batch)
+                     compile_seconds=times[0], batch=session.batch, dynamo=_counts(marks))
 
 
 def job_step_ms(per_rank_seconds: list[list[float]], warmup: int) -> float:
