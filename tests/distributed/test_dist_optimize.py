@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from superkernel.tools.cli import main
+
 from ._helpers import cli as _cli
 from ._helpers import cli_env
 
@@ -93,17 +95,20 @@ def test_a_killed_rank_ends_the_job_with_one_line(tmp_path):
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
 
 
-def test_bad_input_is_one_line_before_any_rank_starts(tmp_path):
-    result = _cli("optimize", "--model", "llama-tiny", "--nproc", "2", "--mode", "fast", "--output", str(tmp_path))
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [result.stderr.strip()]
-    assert "unknown mode" in result.stderr
+def test_bad_input_is_one_line_before_any_rank_starts(tmp_path, capsys, monkeypatch):
+    """In this process (the command's own main): nothing is launched for bad input."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    code = main(["optimize", "--model", "llama-tiny", "--nproc", "2", "--mode", "fast", "--output", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().splitlines() == [err.strip()] and "unknown mode" in err
     plan = tmp_path / "plan.yaml"
     plan.write_text("model.layers.*.mlp.down_proj: diagonal\n")
-    result = _cli("optimize", "--model", "llama-tiny", "--nproc", "2", "--tp-plan", str(plan), "--output",
-                  str(tmp_path / "o"))
-    assert result.returncode != 0
-    assert "unknown style(s) diagonal" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    code = main(["optimize", "--model", "llama-tiny", "--nproc", "2", "--tp-plan", str(plan), "--output",
+                 str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code != 0
+    assert "unknown style(s) diagonal" in err and len(err.strip().splitlines()) == 1
 
 
 def test_bench_reruns_the_plan_on_two_ranks(job):

@@ -97,13 +97,17 @@ def test_rebuild_lets_a_job_build_for_its_own_world_size(jobs, monkeypatch):
     check_layout(cfg, build)  # the job the package was built for
 
 
-def test_bad_input_is_one_line_before_any_rank_starts(tmp_path):
-    result = cli("static-compile", "--model", "llama-tiny", "--build-dir", str(tmp_path), "--nproc", "2",
-                 "--mode", "max-autotune", "--prompt-len", "4", "--max-cache-len", "9")
-    assert result.returncode == 2
-    assert len(result.stderr.strip().splitlines()) == 1 and "builds reduce-overhead packages only" in result.stderr
-    for bad, says in ((("--build-dir", str(tmp_path / "missing")), "does not exist"),
-                      (("--build-dir", str(tmp_path), "--prompt-len", "4", "--max-cache-len", "8"), "at least prompt-len + 5")):
-        result = cli("static-compile", "--model", "llama-tiny", "--nproc", "2", *bad)
-        assert result.returncode == 2 and says in result.stderr and "rank" not in result.stderr
-        assert len(result.stderr.strip().splitlines()) == 1
+def test_bad_input_is_one_line_before_any_rank_starts(tmp_path, capsys, monkeypatch):
+    """In this process (the command's own main): nothing is launched for bad input."""
+    from superkernel.tools.cli import main
+
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for bad, says in ((("--build-dir", str(tmp_path), "--mode", "max-autotune"), "builds reduce-overhead packages only"),
+                      (("--build-dir", str(tmp_path / "missing")), "does not exist"),
+                      (("--build-dir", str(tmp_path), "--prompt-len", "4", "--max-cache-len", "8"),
+                       "at least prompt-len + 5")):
+        code = main(["static-compile", "--model", "llama-tiny", "--nproc", "2", *bad])
+        err = capsys.readouterr().err
+        assert code == 2 and says in err and "rank" not in err
+        assert len(err.strip().splitlines()) == 1
