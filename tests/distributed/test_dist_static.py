@@ -81,7 +81,7 @@ def test_rebuild_lets_a_job_build_for_its_own_world_size(jobs, monkeypatch):
     import torch
 
     from superkernel.tools.distributed.static_build import check_layout
-    from superkernel.tools.static_compile import build_config
+    from superkernel.tools.static_session import build_config
 
     _, build, _, _ = jobs
     for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", ENV_REBUILD):

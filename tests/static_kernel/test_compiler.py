@@ -17,6 +17,7 @@ from superkernel.static_kernel import BuildDirError, StaticKernelWarning, find_p
 from superkernel.static_kernel import compat, trust
 from superkernel.static_kernel.compiler import open_compiler
 from superkernel.tools import static_compile as static_cli
+from superkernel.static_kernel.settings import ENV_REBUILD, RankLayoutError
 from superkernel.static_kernel.workspace import reset_workspaces
 
 
@@ -149,8 +150,10 @@ def test_the_seam_hash_load_compile(pkg_copy):
     ("world size", lambda m: m["environment"].update(world_size="2", local_world_size="2"),
      "package built for world size 2, this job has world size 1"),
 ])
-def test_mismatched_package_is_ignored_and_rebuilt(pkg_copy, what, edit, expect):
+def test_mismatched_package_is_ignored_and_rebuilt(pkg_copy, what, edit, expect, monkeypatch):
     build_dir, pkg = pkg_copy
+    if what == "world size":  # (another layout is rebuilt only when asked: static-compile --rebuild)
+        monkeypatch.setenv(ENV_REBUILD, "1")
     _rewrite(pkg, edit_manifest=edit)
     with pytest.warns(StaticKernelWarning, match=expect):
         compiler, out, inputs = _run(_config(build_dir))
@@ -161,6 +164,18 @@ def test_mismatched_package_is_ignored_and_rebuilt(pkg_copy, what, edit, expect)
     reset_workspaces()
     compiler, _, _ = _run(_config(build_dir))  # the rebuilt package is the one used next time
     assert compiler.counters["loaded"] == 1 and compiler.counters.get("compiled", 0) == 0
+
+
+def test_another_world_size_is_an_error_unless_rebuilt(pkg_copy, monkeypatch):
+    """A package that fits but for its world size, and no other: one error line naming both sizes; nothing built."""
+    build_dir, pkg = pkg_copy
+    monkeypatch.delenv(ENV_REBUILD, raising=False)
+    _rewrite(pkg, edit_manifest=lambda m: m["environment"].update(world_size="2", local_world_size="2"))
+    with pytest.raises(RankLayoutError) as info:
+        _run(_config(build_dir))
+    message = str(info.value)
+    assert "package built for world size 2, this job has world size 1" in message and "--rebuild" in message
+    assert "\n" not in message and find_packages(build_dir) == [pkg]
 
 
 def test_other_compiler_config_does_not_use_the_package(pkg_copy):

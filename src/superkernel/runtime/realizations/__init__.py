@@ -9,7 +9,8 @@ mode                   device kind          realization
 ``max-autotune``       ``cuda``             :class:`InductorCudaGraph`: Inductor Triton + CUDA graph
 =====================  ===================  ==========================================================
 
-Unscoped runs and cut operators are realized by the same row (by default: operator by
+The CUDA rows add cut rules: CPU work in a CUDA scope, and a collective a CUDA graph cannot
+capture (:mod:`.collectives`: anything but NCCL >= 2.9.6). Unscoped runs and cut operators are realized by the same row (by default: operator by
 operator). A device kind without a row of its own uses the mode's ``cpu`` row, as every
 non-CUDA device always has. :func:`realization_for` is the one place the mode is read;
 :func:`register` adds a row (a new device kind, or a replacement): one class, one row.

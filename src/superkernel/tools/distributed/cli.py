@@ -84,7 +84,7 @@ def static_compile(args: argparse.Namespace) -> int:
     from superkernel.tools.distributed.launcher import LaunchError, check_nproc, in_job, launch
     from superkernel.tools.distributed.optimize import load_tp_plan
     from superkernel.tools.distributed.static_build import StaticBuildOptions, build_rank, check_mode
-    from superkernel.tools.static_compile import check_cache_len, check_plan
+    from superkernel.tools.static_session import check_cache_len, check_plan
 
     try:
         check_nproc(args.nproc)

@@ -105,7 +105,7 @@ def build_rank(o: StaticBuildOptions) -> int:
     from superkernel.pipeline.backend import find_backend
     from superkernel.tools.distributed.tp import apply_tensor_parallel, model_plan
     from superkernel.tools.models import load_model
-    from superkernel.tools.static_compile import batch_inputs, build_config, decode_session
+    from superkernel.tools.static_session import batch_inputs, build_config, decode_session
 
     job = jobs.join(torch.device("cpu"))
     leader = job.env.is_node_leader
