@@ -80,7 +80,7 @@ def test_rebuild_lets_a_job_build_for_its_own_world_size(jobs, monkeypatch):
     """The store's decision, in this (1-process) process: an error, unless --rebuild (its variable) is set."""
     import torch
 
-    from superkernel.tools.distributed.static_build import check_layout
+    from superkernel.static_kernel.store import check_layout
     from superkernel.tools.static_session import build_config
 
     _, build, _, _ = jobs

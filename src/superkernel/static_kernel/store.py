@@ -116,3 +116,19 @@ class PackageStore:
                 self.counters["packages_refused"] += 1
         self.superseded.clear()
         self.refused.clear()
+
+
+def check_layout(compiler_config: Any, build_dir: Path, device_kind: str = "cpu") -> None:
+    """Raise :class:`RankLayoutError` when ``build_dir`` holds a package for this process except its rank layout
+    (world size) and none for this layout (unless rebuilding is asked for): before anything is loaded or built."""
+    from superkernel.static_kernel.environment import environment
+    from superkernel.static_kernel.settings import config_fingerprint
+
+    store = PackageStore(build_dir, device_kind, environment(device_kind),
+                         config_fingerprint(compiler_config, device_kind), Counter())
+    with warnings.catch_warnings():  # (the build says why it ignores a package, once)
+        warnings.simplefilter("ignore")
+        found = store.usable()
+    error = store.layout_error() if found is None else None
+    if error is not None:
+        raise error

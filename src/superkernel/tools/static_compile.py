@@ -175,10 +175,14 @@ def build(model: str, build_dir: Path, *, batch_sizes: list[int] | None = None, 
     from superkernel.tools.models import load_model
 
     from superkernel.static_kernel.settings import resolve_build_dir
+    from superkernel.static_kernel.store import check_layout
 
     start = time.perf_counter()
     build_dir = resolve_build_dir(build_dir)
     check_plan(plan)  # a bad plan is rejected before the model is loaded
+    cfg, _ = build_config(None, build_dir, batch_sizes=batch_sizes, plan=plan, mode=mode,
+                          compiler_config=compiler_config)
+    check_layout(cfg, build_dir, device)  # a package for another world size: an error before anything loads
     loaded = load_model(model, seed=seed, device=device)
     cfg, sizes = build_config(loaded.model, build_dir, batch_sizes=batch_sizes, plan=plan, mode=mode,
                               compiler_config=compiler_config)

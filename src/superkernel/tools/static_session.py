@@ -17,7 +17,8 @@ def check_plan(plan: Path | None) -> None:
 
 def build_config(model: Any, build_dir: Path, *, batch_sizes: list[int] | None = None, plan: Path | None = None,
                  mode: str | None = None, compiler_config: Any = None) -> tuple[Any, list[int]]:
-    """(the compiler config of a static build, its batch sizes); the plan's scopes are applied to ``model``."""
+    """(the compiler config of a static build, its batch sizes); the plan's scopes are applied to ``model``
+    (None: only the config)."""
     import copy
 
     import superkernel
@@ -30,8 +31,9 @@ def build_config(model: Any, build_dir: Path, *, batch_sizes: list[int] | None =
 
         spec = read_plan(plan)
         cfg.mode = spec.mode
-        superkernel.remove_scopes(model)
-        superkernel.apply_scopes(model, spec.scopes, options=spec.options)
+        if model is not None:
+            superkernel.remove_scopes(model)
+            superkernel.apply_scopes(model, spec.scopes, options=spec.options)
     if mode is not None:
         cfg.mode = mode
     cfg.experimental_config.static_kernel.enable = True

@@ -79,32 +79,13 @@ def check_mode(mode: str | None, plan: Path | None) -> str:
     return mode
 
 
-def check_layout(cfg: Any, build_dir: Path, device_kind: str = "cpu") -> None:
-    """Raise :class:`~superkernel.static_kernel.settings.RankLayoutError` when the build directory holds a
-    package for this job but another world size and none for this one (unless ``--rebuild``)."""
-    import warnings
-    from collections import Counter
-
-    from superkernel.static_kernel.environment import environment
-    from superkernel.static_kernel.settings import config_fingerprint
-    from superkernel.static_kernel.store import PackageStore
-
-    store = PackageStore(build_dir, device_kind, environment(device_kind), config_fingerprint(cfg, device_kind),
-                         Counter())
-    with warnings.catch_warnings():  # (the build says why it ignores a package, once)
-        warnings.simplefilter("ignore")
-        found = store.usable()
-    error = store.layout_error() if found is None else None
-    if error is not None:
-        raise error
-
-
 def build_rank(o: StaticBuildOptions) -> int:
     """One rank's part; returns the exit status (0: the package serves every rank)."""
     import superkernel
     from superkernel.pipeline.backend import find_backend
     from superkernel.tools.distributed.tp import apply_tensor_parallel, model_plan
     from superkernel.tools.models import load_model
+    from superkernel.static_kernel.store import check_layout
     from superkernel.tools.static_session import batch_inputs, build_config, decode_session
 
     job = jobs.join(torch.device("cpu"))
