@@ -156,7 +156,15 @@ class InductorConfig(Section):
         "gemm_templates": Field(True, "CPU max-autotune with frozen weights: let TorchInductor time its C++ GEMM "
                                       "templates against ATen/MKL for every GEMM at its real shape (adds compile time)",
                                 kind=bool),
+        "autofusion": Field(False, "CPU max-autotune with frozen weights: run the autofusion planner on each segment's "
+                                   "graph before Inductor (horizontal GEMM fusion where measured faster; decisions in "
+                                   "explain()); 'on'/True or 'off'/False", choices=(False, True, "off", "on")),
     }
+
+
+def autofusion_enabled(config: "CompilerConfig") -> bool:
+    """Whether ``inductor.autofusion`` is on (True or "on")."""
+    return config.inductor.autofusion in (True, "on")
 
 
 class CpuConfig(Section):

@@ -231,6 +231,8 @@ class SegmentInfo:
     num_ops: int
     realization: str = "pending"  # e.g. "cuda-graph", "cpu-flat", "inductor-cpp", "inductor-triton", "eager"
     fallback: str | None = None  # cause when the segment fell back to eager
+    #: the autofusion planner's decisions (superkernel.autofusion.decision.record); empty when it did not run
+    autofusion: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
     def of(cls, part: Partition, realization: str = "pending") -> "SegmentInfo":
@@ -305,6 +307,10 @@ class Explanation:
             for s in g.segments:
                 lines.append(f"  {s.name:<40} {s.scope:<20} {s.num_ops:>5} {f'{s.first}-{s.last}':>11}  "
                              f"{s.realization:<16} {s.fallback or '-'}")
+                if s.autofusion:
+                    from superkernel.autofusion.decision import describe
+
+                    lines.extend(f"    autofusion {describe(d)}" for d in s.autofusion)
             for c in g.cuts:
                 lines.append(f"  cut: {c.describe()}")
         return "\n".join(lines)

@@ -153,12 +153,15 @@ def _has_weight_op(gm: fx.GraphModule, frozen: dict[int, torch.Tensor]) -> bool:
 
 
 def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[int, torch.Tensor], *,
-                   cpp_wrapper: bool, autotune: bool, gemm_templates: bool = True) -> Callable[..., Any]:
+                   cpp_wrapper: bool, autotune: bool, gemm_templates: bool = True,
+                   rewrite: Callable[[fx.GraphModule], Any] | None = None) -> Callable[..., Any]:
     """``gm`` with the ``frozen`` inputs as constants, through Inductor's freezing passes
     (weight prepacking, constant folding), compiled as one unit; called with all inputs.
 
     ``gemm_templates``: Inductor times its C++ GEMM templates (micro-kernels on the packed
-    weights) against ATen/MKL for every GEMM at its real shape and keeps the faster."""
+    weights) against ATen/MKL for every GEMM at its real shape and keeps the faster.
+    ``rewrite(gm)``: a graph rewrite run once the weights are constants, before Inductor's freezing
+    passes (the autofusion planner, :mod:`superkernel.autofusion`)."""
     from torch._functorch.compile_utils import fx_graph_cse
     from torch._inductor import config as inductor_config
     from torch._inductor.constant_folding import constant_fold, replace_node_with_constant
@@ -181,6 +184,8 @@ def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[i
         view_to_reshape(gm)
         gm.graph = fx_graph_cse(gm.graph)
         gm.recompile()
+        if rewrite is not None:
+            rewrite(gm)
         kept_inputs = [example_inputs[i] for i in kept]
         freezing_passes(gm, kept_inputs)
         constant_fold(gm)
@@ -249,7 +254,8 @@ def time_variants(variants: dict[str, Callable[..., Any]], args: list[Any], roun
 
 def choose(module: Any, parent: fx.GraphModule, parent_reals: list[Any] | None, static_indices: Sequence[int],
            compile_plain: Callable[[], Callable[..., Any]], *, freezing: Any, cpp_wrapper: bool,
-           autotune: bool, gemm_templates: bool = True) -> Choice:
+           autotune: bool, gemm_templates: bool = True,
+           rewrite: Callable[[fx.GraphModule], Any] | None = None) -> Choice:
     """Compile the segment plainly and (when allowed) frozen; keep the faster (see the module doc)."""
     plain = compile_plain()
     if freezing is False:
@@ -259,7 +265,7 @@ def choose(module: Any, parent: fx.GraphModule, parent_reals: list[Any] | None, 
         return Choice(plain, "", {})
     try:
         frozen_fn = compile_frozen(module.gm, module.example_inputs, frozen, cpp_wrapper=cpp_wrapper, autotune=autotune,
-                                   gemm_templates=gemm_templates)
+                                   gemm_templates=gemm_templates, rewrite=rewrite)
     except Exception:  # noqa: BLE001 - freezing is an optimization: the plain compile stays
         return Choice(plain, "", {})
     if freezing is True:

@@ -117,12 +117,35 @@ class InductorCpu(Inductor):
         parent = module.inputs[0].graph.owning_module
         static = self.context.static_input_indices()
         reals = None if self.context.training_graph() else self._freezable_reals(parent, static)
+        decisions: list[Any] = []
+        rewrite = self._autofusion(decisions)
         choice = choose(module, parent, reals, static, compile_plain, freezing=inductor.freezing,
                         cpp_wrapper=inductor.cpp_wrapper, autotune=inductor.autotune,
-                        gemm_templates=inductor.gemm_templates)
+                        gemm_templates=inductor.gemm_templates, rewrite=rewrite)
         if choice.label:
             self.counters["partitions_frozen"] += 1
+        if rewrite is not None and job.info is not None:
+            from superkernel.autofusion.decision import record
+
+            job.info.autofusion = record(decisions, frozen_kept=bool(choice.label), timings_ms=choice.timings_ms)
         return choice
+
+    def _autofusion(self, decisions: list[Any]) -> Callable[[Any], None] | None:
+        """The planner's rewrite for the frozen compile (``inductor.autofusion``), appending its decisions."""
+        from superkernel.config import autofusion_enabled
+
+        if not autofusion_enabled(self.config):
+            return None
+        if "_planner" not in self.__dict__:
+            from superkernel.autofusion import Planner
+
+            self._planner = Planner()
+        planner = self._planner
+
+        def rewrite(gm: Any) -> None:
+            decisions.extend(planner.plan(gm))
+
+        return rewrite
 
     def _freezable_reals(self, parent: Any, static: list[int]) -> list[Any] | None:
         """The real tensors behind the parent graph's inputs that may be frozen (parameters and

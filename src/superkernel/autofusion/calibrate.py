@@ -1,0 +1,74 @@
+"""Calibration: a candidate is timed on this machine at its real shapes before it is applied.
+
+For a horizontal GEMM candidate: the unfused side is the separate ``F.linear`` calls, the fused
+side one ``F.linear`` on the pre-concatenated weight (a constant, as with frozen weights) and its
+split — ATen's GEMMs (MKL/oneDNN), not Inductor's generated code: the end-to-end benchmark
+(benchmarks/autofusion_torch.py) is what checks the compiled segment. The two sides alternate
+round by round; the result is the median of each and the median and upper quartile of the paired
+ratio fused/unfused. Results are cached per (rule, shapes, dtype, bias, CPU, torch version, threads)
+(:mod:`superkernel.autofusion.store`), so identical layers are measured once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+ROUNDS = 21
+CALLS = 20
+#: applied only when the median paired ratio fused/unfused is at most this, and its upper quartile < 1
+RATIO_TO_APPLY = 0.97
+
+
+def key(rule: str, m: int, k: int, ns: list[int], dtype: torch.dtype, bias: bool, env: str) -> str:
+    text = f"{rule}|m={m}|k={k}|n={','.join(map(str, ns))}|{dtype}|bias={bias}|{env}"
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _time(fn: Callable[[], Any], calls: int) -> float:
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls * 1e6
+
+
+def time_horizontal(m: int, k: int, ns: list[int], dtype: torch.dtype, bias: bool,
+                    rounds: int = ROUNDS, calls: int = CALLS) -> dict[str, Any]:
+    """Interleaved medians (µs) of the separate GEMMs and the one concatenated GEMM, random data."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(m, k, generator=gen).to(dtype)
+    ws = [(torch.randn(n, k, generator=gen) / k ** 0.5).to(dtype) for n in ns]
+    bs = [torch.randn(n, generator=gen).to(dtype) if bias else None for n in ns]
+    wcat = torch.cat(ws, 0)
+    bcat = torch.cat(bs, 0) if bias else None
+    linear = torch.nn.functional.linear
+
+    def unfused() -> Any:
+        return [linear(x, w, b) for w, b in zip(ws, bs)]
+
+    def fused() -> Any:
+        return linear(x, wcat, bcat).split(ns, dim=1)
+
+    u_s, f_s, ratios = [], [], []
+    with torch.no_grad():
+        for _ in range(3):
+            unfused()
+            fused()
+        for r in range(rounds):
+            pair = [("u", unfused), ("f", fused)] if r % 2 == 0 else [("f", fused), ("u", unfused)]
+            got = {name: _time(fn, calls) for name, fn in pair}
+            u_s.append(got["u"])
+            f_s.append(got["f"])
+            ratios.append(got["f"] / got["u"])
+    q = statistics.quantiles(ratios, n=4)
+    return {"unfused_us": statistics.median(u_s), "fused_us": statistics.median(f_s),
+            "ratio": statistics.median(ratios), "ratio_q3": q[2], "rounds": rounds}
+
+
+def faster(measured: dict[str, Any]) -> bool:
+    """Faster beyond noise (see ``RATIO_TO_APPLY``)."""
+    return measured["ratio"] <= RATIO_TO_APPLY and measured.get("ratio_q3", measured["ratio"]) < 1.0

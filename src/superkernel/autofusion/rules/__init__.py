@@ -1,0 +1,1 @@
+"""The planner's rules, one pattern per module (see each module's docstring)."""
