@@ -62,9 +62,10 @@ def load(name: str, real_width_layers: int) -> torch.nn.Module:
     raise SystemExit(f"unknown model {name!r}: a zoo name or one of {', '.join(ARCHS)}")
 
 
-def planner_plan(label: str, autofusion: bool) -> Plan:
+def planner_plan(label: str, autofusion: bool, freezing: Any) -> Plan:
     def make(fn: Any) -> Any:
-        cfg = sk.CompilerConfig.from_dict({"mode": "max-autotune", "inductor": {"autofusion": autofusion}})
+        cfg = sk.CompilerConfig.from_dict({"mode": "max-autotune",
+                                           "inductor": {"autofusion": autofusion, "freezing": freezing}})
         plan.backend = sk.get_backend(cfg)
         return torch.compile(fn, backend=plan.backend, dynamic=False)
 
@@ -90,7 +91,9 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     scopes = plan_for("decoder_layer", analyze_structure(model)).scopes
     scoped = copy.deepcopy(model)
     sk.apply_scopes(scoped, scopes)
-    plans = [Plan("eager", lambda fn: fn), planner_plan("max-autotune off", False), planner_plan("max-autotune on", True)]
+    freezing = {"auto": "auto", "true": True}[args.freezing]
+    plans = [Plan("eager", lambda fn: fn), planner_plan("max-autotune off", False, freezing),
+             planner_plan("max-autotune on", True, freezing)]
     for i, plan in enumerate(plans):
         base = step_for(session, model if plan.label == "eager" else scoped, plan)
         plan.step = plan.make(own_code(base, f"{name.replace('-', '_').replace('.', '_')}{i}"))
@@ -101,32 +104,44 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     time_rounds(session, plans, args.rounds, {}, peer_tolerance(dtype), lambda line: print(f"{name}: {line}", flush=True))
     off, on = plans[1], plans[2]
     ratios = [b.median_ms / a.median_ms for a, b in zip(off.runs, on.runs)]
+    cpu_ratios = [b / a for a, b in zip(off.cpu_ms, on.cpu_ms)]
     row = {"model": name, "ratio_on_off": statistics.median(ratios), "ratios": ratios,
+           "cpu_ratio_on_off": statistics.median(cpu_ratios), "cpu_ratios": cpu_ratios,
            "decisions": decisions(on), "load_after": os.getloadavg()}
     for p in plans:
         row[p.label] = {"median_ms": statistics.median(r.median_ms for r in p.runs),
+                        "cpu_ms": statistics.median(p.cpu_ms),
                         "compile_s": p.first.compile_seconds if p.first else None,
                         "correct": not p.check.wrong, "check": p.check.summary() if hasattr(p.check, "summary") else None}
     return row
+
+
+def geomean(values: list[float]) -> float | None:
+    return round(math.exp(sum(math.log(x) for x in values) / len(values)), 4) if values else None
 
 
 def markdown(rows: list[dict[str, Any]], header: dict[str, Any]) -> str:
     lines = [f"# Autofusion planner (torch): CPU max-autotune with vs without, {header['hardware']}", "",
              f"torch {torch.__version__}; batch 1, prompt {header['prompt_len']}, {header['steps']} timed steps after "
              f"{header['warmup']} warm-up, {header['rounds']} rotating rounds (eager, off, on), each run on a fresh "
-             "StaticCache checked against eager's logits of that round. ratio = on/off per round, median over rounds.",
+             "StaticCache checked against eager's logits of that round. ratio = on/off per round, median over rounds; "
+             "cpu ratio: the same with this thread's CPU time per step (time.thread_time, 1 torch thread), which "
+             "other processes on a shared box stretch far less than wall time.",
+             f"inductor.freezing: {header['freezing']} (both variants).",
              f"Load when it started: {header['load_start']}; when it ended: {header['load_end']}.", "",
-             "| model | off ms | on ms | ratio on/off | off compile s | on compile s | correct (off/on) | planner decisions |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| model | off ms | on ms | ratio on/off | cpu ratio on/off | off compile s | on compile s | correct (off/on) "
+             "| planner decisions |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | - | - | - | - | - | - | failed: {r['error']} |")
+            lines.append(f"| {r['model']} | - | - | - | - | - | - | - | failed: {r['error']} |")
             continue
         off, on = r["max-autotune off"], r["max-autotune on"]
         dec = ", ".join(f"{k} {v}" for k, v in sorted(r["decisions"].items()))
         lines.append(f"| {r['model']} | {off['median_ms']:.3f} | {on['median_ms']:.3f} | {r['ratio_on_off']:.3f} | "
+                     f"{r['cpu_ratio_on_off']:.3f} | "
                      f"{off['compile_s']:.1f} | {on['compile_s']:.1f} | {off['correct']}/{on['correct']} | {dec} |")
-    lines += ["", f"Geometric mean of ratio on/off: {header['geomean']}"]
+    lines += ["", f"Geometric mean of ratio on/off: {header['geomean']} (wall), {header['cpu_geomean']} (CPU time)."]
     return "\n".join(lines) + "\n"
 
 
@@ -138,6 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--freezing", choices=("auto", "true"), default="auto",
+                        help="inductor.freezing of both variants (true: no plain-vs-frozen timing, so the only "
+                             "difference between them is the planner)")
+    parser.add_argument("--output-name", default="autofusion_torch")
     parser.add_argument("--real-width-layers", type=int, default=0,
                         help="add a Qwen2-0.5B-shaped model with this many layers (0: none)")
     parser.add_argument("--output", type=Path, default=RESULTS)
@@ -147,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.real_width_layers:
         models.append("qwen2-0.5b-shaped")
     header = {"hardware": hardware(torch.device("cpu")), "load_start": os.getloadavg(), "steps": args.steps,
-              "warmup": args.warmup, "rounds": args.rounds, "prompt_len": args.prompt_len}
+              "warmup": args.warmup, "rounds": args.rounds, "prompt_len": args.prompt_len, "freezing": args.freezing}
     print(f"{header['hardware']}; load {header['load_start']}", flush=True)
     rows = []
     for name in models:
@@ -156,12 +175,12 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # noqa: BLE001 - one failing model is reported, not fatal
             rows.append({"model": name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"})
         print(json.dumps(rows[-1], default=str)[:400], flush=True)
-        ok = [r["ratio_on_off"] for r in rows if "ratio_on_off" in r]
-        header["geomean"] = round(math.exp(sum(math.log(x) for x in ok) / len(ok)), 4) if ok else None
+        header["geomean"] = geomean([r["ratio_on_off"] for r in rows if "ratio_on_off" in r])
+        header["cpu_geomean"] = geomean([r["cpu_ratio_on_off"] for r in rows if "cpu_ratio_on_off" in r])
         header["load_end"] = os.getloadavg()
         args.output.mkdir(parents=True, exist_ok=True)
-        atomic_write(args.output / "autofusion_torch.json", json.dumps({**header, "rows": rows}, indent=1, default=str))
-        atomic_write(args.output / "autofusion_torch.md", markdown(rows, header))
+        atomic_write(args.output / f"{args.output_name}.json", json.dumps({**header, "rows": rows}, indent=1, default=str))
+        atomic_write(args.output / f"{args.output_name}.md", markdown(rows, header))
     print(markdown(rows, header))
     return 0
 

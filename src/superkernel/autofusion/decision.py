@@ -48,6 +48,10 @@ def record(decisions: list[Decision], *, frozen_kept: bool, timings_ms: dict[str
     a rewrite applied to the frozen variant runs only when that variant won its measurement."""
     out = [d.to_dict() for d in decisions]
     timing = ", ".join(f"{k} {v:.3f} ms" for k, v in timings_ms.items())
-    kept = "frozen (with the applied rewrites)" if frozen_kept else "plain (the rewrites above do not run)"
-    out.append(Decision("variant", "kept", kept, f"segment timed {timing}" if timing else "not timed").to_dict())
+    if not decisions:
+        kept, why = "plain", "the planner did not run: the segment has no frozen compile (no freezable weight reaches a GEMM)"
+    else:
+        kept = "frozen (with the applied rewrites)" if frozen_kept else "plain (the rewrites above do not run)"
+        why = f"segment timed {timing}" if timing else "not timed"
+    out.append(Decision("variant", "kept", kept, why).to_dict())
     return out

@@ -143,7 +143,14 @@ class InductorCpu(Inductor):
         planner = self._planner
 
         def rewrite(gm: Any) -> None:
-            decisions.extend(planner.plan(gm))
+            try:
+                decisions.extend(planner.plan(gm))
+            except Exception as exc:  # the frozen compile fails with it; the plain one stays
+                from superkernel.autofusion.decision import Decision
+                from superkernel.util import exception_summary
+
+                decisions.append(Decision("planner", "failed", "-", exception_summary(exc)))
+                raise
 
         return rewrite
 
