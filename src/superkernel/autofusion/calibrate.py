@@ -4,7 +4,7 @@ For a horizontal GEMM candidate: the unfused side is the separate ``F.linear`` c
 side one ``F.linear`` on the pre-concatenated weight (a constant, as with frozen weights) and its
 split — ATen's GEMMs (MKL/oneDNN), not Inductor's generated code: the end-to-end benchmark
 (benchmarks/autofusion_torch.py) is what checks the compiled segment. The two sides alternate
-round by round; the result is the median of each and the median and upper quartile of the paired
+round by round (CPU time with one torch thread, see :func:`clock`); the result is the median of each and the median and upper quartile of the paired
 ratio fused/unfused. Results are cached per (rule, shapes, dtype, bias, CPU, torch version, threads)
 (:mod:`superkernel.autofusion.store`), so identical layers are measured once.
 """
@@ -24,16 +24,29 @@ CALLS = 20
 RATIO_TO_APPLY = 0.97
 
 
+#: bumped when how a candidate is timed changes (2: CPU time with one thread)
+VERSION = 2
+
+
 def key(rule: str, m: int, k: int, ns: list[int], dtype: torch.dtype, bias: bool, env: str) -> str:
-    text = f"{rule}|m={m}|k={k}|n={','.join(map(str, ns))}|{dtype}|bias={bias}|{env}"
+    text = f"{rule}|m={m}|k={k}|n={','.join(map(str, ns))}|{dtype}|bias={bias}|{env}|v{VERSION}"
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def _time(fn: Callable[[], Any], calls: int) -> float:
-    start = time.perf_counter()
+def clock() -> tuple[Callable[[], float], str]:
+    """With one torch thread, this process's CPU time: on a shared machine, wall time of a few µs-long
+    calls is dominated by waiting for a core (measured here: milliseconds per tiny GEMM at load 10 on
+    2 cores); CPU time is not. With more threads, wall time (CPU time would count spinning workers)."""
+    if torch.get_num_threads() == 1:
+        return time.process_time, "process cpu time"
+    return time.perf_counter, "wall time"
+
+
+def _time(fn: Callable[[], Any], calls: int, now: Callable[[], float]) -> float:
+    start = now()
     for _ in range(calls):
         fn()
-    return (time.perf_counter() - start) / calls * 1e6
+    return (now() - start) / calls * 1e6
 
 
 def time_horizontal(m: int, k: int, ns: list[int], dtype: torch.dtype, bias: bool,
@@ -53,6 +66,7 @@ def time_horizontal(m: int, k: int, ns: list[int], dtype: torch.dtype, bias: boo
     def fused() -> Any:
         return linear(x, wcat, bcat).split(ns, dim=1)
 
+    now, clock_name = clock()
     u_s, f_s, ratios = [], [], []
     with torch.no_grad():
         for _ in range(3):
@@ -60,13 +74,13 @@ def time_horizontal(m: int, k: int, ns: list[int], dtype: torch.dtype, bias: boo
             fused()
         for r in range(rounds):
             pair = [("u", unfused), ("f", fused)] if r % 2 == 0 else [("f", fused), ("u", unfused)]
-            got = {name: _time(fn, calls) for name, fn in pair}
+            got = {name: _time(fn, calls, now) for name, fn in pair}
             u_s.append(got["u"])
             f_s.append(got["f"])
             ratios.append(got["f"] / got["u"])
     q = statistics.quantiles(ratios, n=4)
     return {"unfused_us": statistics.median(u_s), "fused_us": statistics.median(f_s),
-            "ratio": statistics.median(ratios), "ratio_q3": q[2], "rounds": rounds}
+            "ratio": statistics.median(ratios), "ratio_q3": q[2], "rounds": rounds, "clock": clock_name}
 
 
 def faster(measured: dict[str, Any]) -> bool:

@@ -75,7 +75,7 @@ def cpu_id() -> str:
 
 def environment() -> str:
     """The part of every calibration key that says where it was measured."""
-    return f"{cpu_id()}|torch {torch.__version__}|threads {torch.get_num_threads()}"
+    return f"{cpu_id()}|torch {torch.__version__}|threads {torch.get_num_threads()}|clock v2"
 
 
 def measure_bandwidth(megabytes: int = 32, repeats: int = 5) -> float:
@@ -92,13 +92,17 @@ def measure_bandwidth(megabytes: int = 32, repeats: int = 5) -> float:
 
 def measure_call_us(repeats: int = 200) -> float:
     """Median µs of one tiny GEMM call (1x8 @ 8x8): what one more GEMM costs beyond its bytes."""
+    from superkernel.autofusion.calibrate import clock
+
+    now = clock()[0]
     a, b = torch.randn(1, 8), torch.randn(8, 8)
     samples = []
     with torch.no_grad():
         for _ in range(5):
             torch.mm(a, b)
-        for _ in range(repeats):
-            start = time.perf_counter()
-            torch.mm(a, b)
-            samples.append((time.perf_counter() - start) * 1e6)
+        for _ in range(repeats // 10):
+            start = now()
+            for _ in range(10):
+                torch.mm(a, b)
+            samples.append((now() - start) / 10 * 1e6)
     return statistics.median(samples)

@@ -94,7 +94,8 @@ class Planner:
             self.measured += 1
             self.store.put(k, {**measured, "time": int(time.time())})
             measured["cached"] = False
-        d.measured = {n: measured[n] for n in ("unfused_us", "fused_us", "ratio", "ratio_q3", "cached") if n in measured}
+        d.measured = {n: measured[n] for n in ("unfused_us", "fused_us", "ratio", "ratio_q3", "clock", "cached")
+                      if n in measured}
         if not calibrate.faster(measured):
             d.reason = (f"measured not faster beyond noise (ratio fused/unfused {measured['ratio']:.3f}, "
                         f"needs <= {calibrate.RATIO_TO_APPLY} with upper quartile < 1)")
