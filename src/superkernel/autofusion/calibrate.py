@@ -1,8 +1,9 @@
 """Calibration: a candidate is timed on this machine at its real shapes before it is applied.
 
-For a horizontal GEMM candidate: the unfused side is the separate ``F.linear`` calls, the fused
-side one ``F.linear`` on the pre-concatenated weight (a constant, as with frozen weights) and its
-split — ATen's GEMMs (MKL/oneDNN), not Inductor's generated code: the end-to-end benchmark
+For a horizontal GEMM candidate: the unfused side is the separate linears, the fused side one
+linear on the pre-concatenated weight (a constant, as with frozen weights) and its split, each as
+Inductor's freezing runs a float32 linear (MKL's packed GEMM, :func:`frozen_linear`) — not
+Inductor's C++ GEMM templates, which it may pick instead: the end-to-end benchmark
 (benchmarks/autofusion_torch.py) is what checks the compiled segment. The two sides alternate
 round by round (CPU time with one torch thread, see :func:`clock`); the result is the median of each and the median and upper quartile of the paired
 ratio fused/unfused. Results are cached per (rule, shapes, dtype, bias, CPU, torch version, threads)
@@ -24,8 +25,8 @@ CALLS = 20
 RATIO_TO_APPLY = 0.97
 
 
-#: bumped when how a candidate is timed changes (2: CPU time with one thread)
-VERSION = 2
+#: bumped when how a candidate is timed changes (4: MKL packed GEMMs, thread CPU time with one torch thread)
+VERSION = 4
 
 
 def key(rule: str, m: int, k: int, ns: list[int], dtype: torch.dtype, bias: bool, env: str) -> str:
@@ -34,11 +35,13 @@ def key(rule: str, m: int, k: int, ns: list[int], dtype: torch.dtype, bias: bool
 
 
 def clock() -> tuple[Callable[[], float], str]:
-    """With one torch thread, this process's CPU time: on a shared machine, wall time of a few µs-long
-    calls is dominated by waiting for a core (measured here: milliseconds per tiny GEMM at load 10 on
-    2 cores); CPU time is not. With more threads, wall time (CPU time would count spinning workers)."""
+    """With one torch thread, the calling thread's CPU time (the GEMMs run on it): on a shared machine,
+    wall time of a few µs-long calls is dominated by waiting for a core (measured here: milliseconds per
+    tiny GEMM at load 10 on 2 cores); CPU time is not. Not the process's CPU time: after an Inductor
+    compile, other threads of the process keep running (measured: 514 µs of process CPU time per 1x8x8
+    GEMM, 1.6 µs of thread time). With more torch threads, wall time (the work is on other threads)."""
     if torch.get_num_threads() == 1:
-        return time.process_time, "process cpu time"
+        return time.thread_time, "thread cpu time"
     return time.perf_counter, "wall time"
 
 
@@ -47,6 +50,15 @@ def _time(fn: Callable[[], Any], calls: int, now: Callable[[], float]) -> float:
     for _ in range(calls):
         fn()
     return (now() - start) / calls * 1e6
+
+
+def frozen_linear(w: torch.Tensor, b: torch.Tensor | None, m: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``x -> x @ w.T + b`` as Inductor's freezing passes run a float32 linear on CPU: MKL's packed GEMM
+    (``mkl._reorder_linear_weight`` once, ``mkl._mkl_linear`` per call); ``F.linear`` where that is absent."""
+    if w.dtype == torch.float32 and torch.backends.mkl.is_available() and hasattr(torch.ops.mkl, "_mkl_linear"):
+        packed = torch.ops.mkl._mkl_reorder_linear_weight(w, m)
+        return lambda x: torch.ops.mkl._mkl_linear(x, packed, w, b, m)
+    return lambda x: torch.nn.functional.linear(x, w, b)
 
 
 def time_horizontal(m: int, k: int, ns: list[int], dtype: torch.dtype, bias: bool,
@@ -58,13 +70,14 @@ def time_horizontal(m: int, k: int, ns: list[int], dtype: torch.dtype, bias: boo
     bs = [torch.randn(n, generator=gen).to(dtype) if bias else None for n in ns]
     wcat = torch.cat(ws, 0)
     bcat = torch.cat(bs, 0) if bias else None
-    linear = torch.nn.functional.linear
+    separate = [frozen_linear(w, b, m) for w, b in zip(ws, bs)]
+    one = frozen_linear(wcat, bcat, m)
 
     def unfused() -> Any:
-        return [linear(x, w, b) for w, b in zip(ws, bs)]
+        return [f(x) for f in separate]
 
     def fused() -> Any:
-        return linear(x, wcat, bcat).split(ns, dim=1)
+        return one(x).split(ns, dim=1)
 
     now, clock_name = clock()
     u_s, f_s, ratios = [], [], []
