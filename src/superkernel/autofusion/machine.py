@@ -75,7 +75,7 @@ def cpu_id() -> str:
 
 def environment() -> str:
     """The part of every calibration key that says where it was measured."""
-    return f"{cpu_id()}|torch {torch.__version__}|threads {torch.get_num_threads()}|clock v3"
+    return f"{cpu_id()}|torch {torch.__version__}|threads {torch.get_num_threads()}|clock v5"
 
 
 def measure_bandwidth(megabytes: int = 32, repeats: int = 5) -> float:

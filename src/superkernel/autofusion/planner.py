@@ -46,8 +46,11 @@ class Planner:
             env = machine.environment()
             hit = self.store.get(f"machine|{env}")
             if not hit or not {"bandwidth", "call_us"} <= set(hit):
-                hit = {"bandwidth": machine.measure_bandwidth(), "call_us": machine.measure_call_us(),
-                       "time": int(time.time())}
+                from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+                with unset_fake_temporarily():  # real tensors: the planner runs under AOTAutograd's fake mode
+                    hit = {"bandwidth": machine.measure_bandwidth(), "call_us": machine.measure_call_us(),
+                           "time": int(time.time())}
                 self.store.put(f"machine|{env}", hit)
             self._machine = Machine(cache, source, float(hit["bandwidth"]), float(hit["call_us"]))
         return self._machine
