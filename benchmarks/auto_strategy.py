@@ -45,15 +45,20 @@ def run_optimize(model: str, out: Path, steps: int, warmup: int, exhaustive: boo
                PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     argv = [sys.executable, "-m", "superkernel.tools.cli", "optimize", "--model", model, "--steps", str(steps),
             "--warmup", str(warmup), "--output", str(out), "--quiet"] + (["--exhaustive"] if exhaustive else [])
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(argv, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # CPU time: what the run costs, whatever the load
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     data = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else {}
     plans = [r for r in data.get("results", []) if r["kind"] == "plan" and r["status"] == "passed"
              and not r["recompiles_in_steady_state"]]
     best = min(plans, key=lambda r: r["decode_ms_median"]) if plans else None
     search = (data.get("search") or {}).get("plans", [])
-    return {"exit": proc.returncode, "wall_s": wall, "best": best and {k: best[k] for k in (
+    return {"exit": proc.returncode, "wall_s": wall, "cpu_s": cpu, "best": best and {k: best[k] for k in (
                 "name", "strategy", "mode", "scopes", "decode_ms_median", "compile_s")},
             "measured": sum(1 for p in search if p["status"] == "measured"), "plans": len(search),
             "compile_s_total": sum(r.get("compile_s") or 0 for r in data.get("results", [])),
@@ -105,13 +110,14 @@ def write_results(args, rows: list[dict], load_start: tuple) -> None:
              f"start, {load[0]:.1f} at the end; each optimize in a fresh process with an "
              f"empty Inductor cache; {args.steps} timed steps after {args.warmup}; picks re-timed interleaved over "
              f"{args.rounds} rounds in one process. Criteria (issue 21): pick ratio <= 1.03, wall ratio <= 0.50.", "",
-             "| model | auto wall s | exhaustive wall s | wall ratio | plans measured (auto / all) | auto pick | "
+             "| model | auto wall s (CPU s) | exhaustive wall s (CPU s) | wall ratio | plans measured (auto / all) | auto pick | "
              "exhaustive pick | pick ms (auto / exhaustive, interleaved) | pick ratio | load 1 min |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         a, e = r["auto"], r["exhaustive"]
         ms = r.get("interleaved_ms") or ["-", "-"]
-        lines.append(f"| {r['model']} | {a['wall_s']:.0f} | {e['wall_s']:.0f} | {r['wall_ratio']:.2f} | "
+        cpu = [f" ({x['cpu_s']:.0f})" if x.get("cpu_s") is not None else "" for x in (a, e)]
+        lines.append(f"| {r['model']} | {a['wall_s']:.0f}{cpu[0]} | {e['wall_s']:.0f}{cpu[1]} | {r['wall_ratio']:.2f} | "
                      f"{a['measured']} / {e['plans']} | {a['best'] and a['best']['name']} | "
                      f"{e['best'] and e['best']['name']} | "
                      + (f"{ms[0]:.3f} / {ms[-1]:.3f}" if r.get("interleaved_ms") else "-")
