@@ -7,7 +7,7 @@ attention, MLP or MoE block and norms, the final norm, the LM head) open a
 ``record_function`` range named after the module path, and every profiler event is charged to
 the innermost range around it. Times come from a second pass with the same hooks reading a wall
 clock instead (the profiler's per-operator cost would inflate a launch-bound CPU step by more than
-the step itself), averaged over the fastest quarter of the profiled steps, taken over several
+the step itself; on one CPU thread the thread's CPU time, see :func:`step_clock`), averaged over the fastest quarter of the profiled steps, taken over several
 rounds of the same positions (a preempted step says nothing about the model): exclusive module times plus "other" (everything outside the marked modules)
 add up to that pass's step time, which :attr:`StepProfile.coverage` compares with the step
 timed without hooks (rounds with and without hooks alternate, the fastest quarter of each). On CUDA the profiler's own CPU-side times are used (not run on hardware yet).
@@ -160,8 +160,10 @@ class _Marks:
     module): the hooks' own cost per call is charged to the caller, see :func:`hook_cost`.
     """
 
-    def __init__(self, model: torch.nn.Module, roles: list[ModuleRole], *, profiler: bool) -> None:
+    def __init__(self, model: torch.nn.Module, roles: list[ModuleRole], *, profiler: bool,
+                 clock=time.perf_counter) -> None:
         self.handles = []
+        self.clock = clock
         self.stack: list[list] = []          # [path, start, range or None, child seconds, nested calls]
         self.inclusive: dict[str, float] = defaultdict(float)
         self.exclusive: dict[str, float] = defaultdict(float)
@@ -180,7 +182,7 @@ class _Marks:
             if self.profiler:
                 rf = torch.autograd.profiler.record_function(_MARK + path)
                 rf.__enter__()
-            self.stack.append([path, time.perf_counter(), rf, 0.0, 0])
+            self.stack.append([path, self.clock(), rf, 0.0, 0])
         return hook
 
     def _exit(self, module, args, output):
@@ -189,7 +191,7 @@ class _Marks:
         path, start, rf, children, nested = self.stack.pop()
         if rf is not None:
             rf.__exit__(None, None, None)
-        took = time.perf_counter() - start
+        took = self.clock() - start
         self.inclusive[path] += took
         self.exclusive[path] += took - children
         self.nested[path] += nested
@@ -268,6 +270,7 @@ def profile_step(session, step, *, structure: ModelStructure | None = None, labe
     steps = max(1, min(steps, (session.total_steps - 1) // (2 if interleave else 1)))
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if session.device.type == "cuda" else [])
     positions = min(2 * steps, session.total_steps - 1)
+    clock = step_clock(session.device, eager=interleave)
     times = []
     with torch.no_grad(), session.dynamo_config():
         session.restore_cache()
@@ -281,17 +284,17 @@ def profile_step(session, step, *, structure: ModelStructure | None = None, labe
                 if round_ >= MIN_ROUNDS and spent >= MIN_TIMED_S and (not interleave or round_ % 2 == 0):
                     break
                 hooked = not interleave or round_ % 2 == 0
-                marks = _Marks(model, roles, profiler=False) if hooked else None
+                marks = _Marks(model, roles, profiler=False, clock=clock) if hooked else None
                 session.restore_cache()  # the same positions every round
                 step(*session.inputs(0))  # untimed: the first step after hooks come or go is slower
                 if marks is not None:
                     marks.reset()
                 for i in range(1, positions + 1):
                     synchronize(session.device)
-                    start = time.perf_counter()
+                    start = clock()
                     step(*session.inputs(i))
                     synchronize(session.device)
-                    took = time.perf_counter() - start
+                    took = clock() - start
                     spent += took
                     (times if hooked else bare).append(took)
                     if marks is not None:
@@ -308,7 +311,7 @@ def profile_step(session, step, *, structure: ModelStructure | None = None, labe
         timing = _Marks(model, [], profiler=False)
         for k in kept:
             timing.add(per_step[k])
-        hooks_s = timing.discount(hook_cost()) if roles else 0.0
+        hooks_s = timing.discount(hook_cost(clock=clock)) if roles else 0.0
         session.restore_cache()  # the cache counts its own position: every pass starts after the prefill
         step(*session.inputs(0))
         marks = _Marks(model, roles, profiler=True)
@@ -333,7 +336,19 @@ def profile_step(session, step, *, structure: ModelStructure | None = None, labe
     return prof_view
 
 
-def hook_cost(calls: int = 200, repeats: int = 7) -> float:
+def step_clock(device: torch.device, *, eager: bool):
+    """The clock of pass 1: this thread's CPU time for an eager step on one CPU thread, else wall time.
+
+    On one thread the whole step runs on the calling thread, so its CPU time is the step's
+    time without the time slices other processes took (the machine may be shared); with
+    more threads, or on an accelerator, only the wall clock sees all of the work.
+    """
+    if eager and device.type == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.perf_counter
+
+
+def hook_cost(calls: int = 200, repeats: int = 7, clock=time.perf_counter) -> float:
     """Seconds the timing hooks add to one module call, measured on an empty module.
 
     Alternating bare and hooked loops, the fastest of each: what the profile subtracts per
@@ -343,15 +358,15 @@ def hook_cost(calls: int = 200, repeats: int = 7) -> float:
     role = [ModuleRole("", "other", None)]
 
     def loop() -> float:
-        start = time.perf_counter()
+        start = clock()
         for _ in range(calls):
             module(x)
-        return time.perf_counter() - start
+        return clock() - start
 
     bare, hooked = [], []
     for _ in range(repeats):
         bare.append(loop())
-        marks = _Marks(module, role, profiler=False)
+        marks = _Marks(module, role, profiler=False, clock=clock)
         try:
             hooked.append(loop())
         finally:
