@@ -8,8 +8,8 @@ architectures (:mod:`superkernel.tools.models.archs`) and every registry type th
 (``benchmarks/results/hf_registry_eligibility.json``; the tiny configs of
 :mod:`superkernel.tools.models.registry`). Per architecture, in a child process (a crash or a
 hang costs one row): build, prefill, structure analysis, then the same eager profile
-``analyze --profile`` runs (:func:`~superkernel.tools.advisor.profile.profile_step`, 6 hooked
-steps interleaved with 6 bare ones) and the covered share of every built-in strategy that
+``analyze --profile`` runs (:func:`~superkernel.tools.advisor.profile.profile_step`: rounds with
+and without the timing hooks alternating) and the covered share of every built-in strategy that
 applies. Per row: ok / error, the profiled step (sum of the per-kind times), the bare step
 measured interleaved with it, their ratio (``coverage``; the issue asks for 0.9-1.1), the kind
 shares, operators and launches per step. ``--cli`` also runs the real ``superkernel analyze
@@ -179,9 +179,10 @@ def markdown(rows: list[dict], meta: dict) -> str:
              f"{meta['when']} on {meta['hardware']} ({meta['shared']}); load average {meta['load_start']} at the start, "
              f"{meta['load_end']} at the end; torch {meta['torch']}, transformers {meta['transformers']}.", "",
              f"Zoo, hand-checked architectures and every registry type eligible in eager "
-             f"(`hf_registry_eligibility.json`), tiny configs, prompt {PROMPT_LEN}, {PROFILE_STEPS} hooked steps "
-             f"interleaved with {PROFILE_STEPS} bare ones (faster half of each), then {PROFILE_STEPS} under "
-             "torch.profiler. Profiled = the per-kind times summed (they add up to the hooked step by "
+             f"(`hf_registry_eligibility.json`), tiny configs, prompt {PROMPT_LEN}, one CPU thread: rounds of "
+             f"{2 * PROFILE_STEPS} steps with the timing hooks alternate with rounds without (4-16 rounds, the fastest "
+             "quarter of each, timed with the thread's CPU time, the hooks' cost per call measured on an empty module "
+             f"taken out), then {PROFILE_STEPS} steps under torch.profiler. Profiled = the per-kind times summed (they add up to the hooked step by "
              "construction: 'other' is the step minus the marked modules); measured = the bare step; coverage = "
              f"profiled / measured (criterion {lo}-{hi}).", "",
              f"**{len(rows)} architectures: {len(ok)} profiled, {len(rows) - len(ok)} errors; "
