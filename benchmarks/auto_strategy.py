@@ -45,15 +45,20 @@ def run_optimize(model: str, out: Path, steps: int, warmup: int, exhaustive: boo
                PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     argv = [sys.executable, "-m", "superkernel.tools.cli", "optimize", "--model", model, "--steps", str(steps),
             "--warmup", str(warmup), "--output", str(out), "--quiet"] + (["--exhaustive"] if exhaustive else [])
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(argv, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # CPU time: what the run costs, whatever the load
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     data = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else {}
     plans = [r for r in data.get("results", []) if r["kind"] == "plan" and r["status"] == "passed"
              and not r["recompiles_in_steady_state"]]
     best = min(plans, key=lambda r: r["decode_ms_median"]) if plans else None
     search = (data.get("search") or {}).get("plans", [])
-    return {"exit": proc.returncode, "wall_s": wall, "best": best and {k: best[k] for k in (
+    return {"exit": proc.returncode, "wall_s": wall, "cpu_s": cpu, "best": best and {k: best[k] for k in (
                 "name", "strategy", "mode", "scopes", "decode_ms_median", "compile_s")},
             "measured": sum(1 for p in search if p["status"] == "measured"), "plans": len(search),
             "compile_s_total": sum(r.get("compile_s") or 0 for r in data.get("results", [])),
@@ -89,6 +94,47 @@ def interleaved(model_spec: str, picks: list[dict], steps: int, warmup: int, rou
     return [sorted(m)[len(m) // 2] for m in medians]
 
 
+def write_results(args, rows: list[dict], load_start: tuple) -> None:
+    """JSON + markdown of the rows so far (called after every model: a long run is never lost)."""
+    from superkernel.util import atomic_write
+
+    load = os.getloadavg()
+    meta = {"hardware": f"{platform.processor() or platform.machine()}, {os.cpu_count()} logical cores",
+            "shared_machine": "shared with 3 other engineers running tests and benchmarks",
+            "load_average_start": load_start, "load_average_end": load, "steps": args.steps,
+            "warmup": args.warmup, "rounds": args.rounds}
+    args.output.mkdir(parents=True, exist_ok=True)
+    atomic_write(args.output / "auto_strategy.json", json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    lines = ["# optimize --strategy auto vs --exhaustive", "",
+             f"{meta['hardware']}, {meta['shared_machine']}; load average (1 min) {load_start[0]:.1f} at the "
+             f"start, {load[0]:.1f} at the end; each optimize in a fresh process with an "
+             f"empty Inductor cache; {args.steps} timed steps after {args.warmup}; picks re-timed interleaved over "
+             f"{args.rounds} rounds in one process. Criteria (issue 21): pick ratio <= 1.03, wall ratio <= 0.50.", "",
+             "| model | auto wall s (CPU s) | exhaustive wall s (CPU s) | wall ratio | plans measured (auto / all) | auto pick | "
+             "exhaustive pick | pick ms (auto / exhaustive, interleaved) | pick ratio | load 1 min |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        a, e = r["auto"], r["exhaustive"]
+        ms = r.get("interleaved_ms") or ["-", "-"]
+        cpu = [f" ({x['cpu_s']:.0f})" if x.get("cpu_s") is not None else "" for x in (a, e)]
+        lines.append(f"| {r['model']} | {a['wall_s']:.0f}{cpu[0]} | {e['wall_s']:.0f}{cpu[1]} | {r['wall_ratio']:.2f} | "
+                     f"{a['measured']} / {e['plans']} | {a['best'] and a['best']['name']} | "
+                     f"{e['best'] and e['best']['name']} | "
+                     + (f"{ms[0]:.3f} / {ms[-1]:.3f}" if r.get("interleaved_ms") else "-")
+                     + f" | {r.get('pick_ratio', float('nan')):.3f} | {r['load'][0]:.1f} |")
+    for r in rows:
+        lines += ["", f"## {r['model']}: auto search (predicted vs measured)", "",
+                  "| plan | status | covered share | predicted ms | measured ms | reason |", "|---|---|---|---|---|---|"]
+        for p in r["auto"]["search"]:
+            pred = p.get("predicted_ms") or p.get("predicted_ms_prior")
+            lines.append(f"| {p['plan']} | {p['status']} | {p['covered_share']:.0%} | "
+                         + (f"{pred:.3f}" if pred else "-") + " | "
+                         + (f"{p['measured_ms']:.3f}" if p.get("measured_ms") else "-")
+                         + f" | {p.get('reason') or ''} |")
+    atomic_write(args.output / "auto_strategy.md", "\n".join(lines) + "\n")
+    print("\n".join(lines), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=DEFAULT_MODELS)
@@ -99,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sys.path.insert(0, str(SRC))
     rows = []
+    load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="sk_auto_") as tmp:
         scratch = Path(tmp)
         for name in args.models.split(","):
@@ -113,31 +160,10 @@ def main(argv: list[str] | None = None) -> int:
                 row["interleaved_ms"] = ms if not same else ms * 2
                 row["pick_ratio"] = ms[0] / ms[-1]
                 row["same_plan"] = same
+            row["load"] = os.getloadavg()
             rows.append(row)
             print(json.dumps({k: v for k, v in row.items() if k not in ("auto", "exhaustive")}), flush=True)
-    load = os.getloadavg()
-    meta = {"hardware": f"{platform.processor() or platform.machine()}, {os.cpu_count()} logical cores",
-            "load_average_end": load, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds}
-    args.output.mkdir(parents=True, exist_ok=True)
-    from superkernel.util import atomic_write
-
-    atomic_write(args.output / "auto_strategy.json", json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
-    lines = ["# optimize --strategy auto vs --exhaustive", "",
-             f"{meta['hardware']}; load average at the end {load[0]:.1f}; each optimize in a fresh process with an "
-             f"empty Inductor cache; {args.steps} timed steps after {args.warmup}; picks re-timed interleaved over "
-             f"{args.rounds} rounds in one process.", "",
-             "| model | auto wall s | exhaustive wall s | wall ratio | plans measured (auto / all) | auto pick | "
-             "exhaustive pick | pick ms (auto / exhaustive, interleaved) | pick ratio |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        a, e = r["auto"], r["exhaustive"]
-        ms = r.get("interleaved_ms") or ["-", "-"]
-        lines.append(f"| {r['model']} | {a['wall_s']:.0f} | {e['wall_s']:.0f} | {r['wall_ratio']:.2f} | "
-                     f"{a['measured']} / {e['plans']} | {a['best'] and a['best']['name']} | "
-                     f"{e['best'] and e['best']['name']} | "
-                     + (f"{ms[0]:.3f} / {ms[-1]:.3f}" if r.get("interleaved_ms") else "-")
-                     + f" | {r.get('pick_ratio', float('nan')):.3f} |")
-    atomic_write(args.output / "auto_strategy.md", "\n".join(lines) + "\n")
-    print("\n".join(lines))
+            write_results(args, rows, load_start)
     return 0
 
 

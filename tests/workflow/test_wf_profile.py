@@ -58,6 +58,35 @@ def test_module_roles_come_from_the_module_tree_of_a_moe_model(zoo):
     assert roles["model.layers.0"] == "other" and roles["model.norm"] == "norm"
 
 
+def test_marks_count_calls_and_discount_the_hooks_cost_in_the_callers():
+    from superkernel.tools.advisor.profile import ModuleRole, _Marks
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    model = torch.nn.Sequential(Layer())
+    roles = [ModuleRole("0", "other", 0), ModuleRole("0.a", "attention", 0), ModuleRole("0.b", "mlp", 0)]
+    marks = _Marks(model, roles, profiler=False)
+    model(torch.zeros(1, 2))
+    step = marks.take()           # this step's record; the live marks start anew
+    marks.remove()
+    assert (step.calls, marks.calls) == (3, 0)
+    assert step.direct == {"0": 2} and step.nested["0"] == 2 and step.nested["0.a"] == 0
+    step.exclusive.update({"0": 5.0, "0.a": 1.0, "0.b": 1.0})
+    step.inclusive.update({"0": 7.0, "0.a": 1.0, "0.b": 1.0})
+    # the hooks of a and b cost their caller (layer 0); three calls in all leave the step
+    assert step.discount(0.5) == pytest.approx(1.5)
+    assert step.exclusive == {"0": 4.0, "0.a": 1.0, "0.b": 1.0}
+    assert step.inclusive["0"] == 6.0 and step.inclusive["0.a"] == 1.0
+    model(torch.zeros(1, 2))      # removed: nothing more is counted
+    assert marks.calls == 0
+
+
 def test_covered_share_grows_with_the_scopes(llama, llama_profile):
     structure = analyze_structure(llama.model)
     share = {s: covered_share(llama_profile, llama.model, plan_for(s, structure).scopes)

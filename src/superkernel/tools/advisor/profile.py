@@ -7,10 +7,10 @@ attention, MLP or MoE block and norms, the final norm, the LM head) open a
 ``record_function`` range named after the module path, and every profiler event is charged to
 the innermost range around it. Times come from a second pass with the same hooks reading a wall
 clock instead (the profiler's per-operator cost would inflate a launch-bound CPU step by more than
-the step itself), averaged over the faster half of the profiled steps (a preempted step says
-nothing about the model): exclusive module times plus "other" (everything outside the marked modules)
+the step itself; on one CPU thread the thread's CPU time, see :func:`step_clock`), averaged over the fastest quarter of the profiled steps, taken over several
+rounds of the same positions (a preempted step says nothing about the model): exclusive module times plus "other" (everything outside the marked modules)
 add up to that pass's step time, which :attr:`StepProfile.coverage` compares with the step
-timed without hooks (interleaved with the hooked steps, the faster half of each). On CUDA the profiler's own CPU-side times are used (not run on hardware yet).
+timed without hooks (rounds with and without hooks alternate, the fastest quarter of each). On CUDA the profiler's own CPU-side times are used (not run on hardware yet).
 
 A compiled step (a plan) is profiled without hooks (Dynamo would trace them into the graph):
 its time, operators and launches are measured as a whole.
@@ -33,6 +33,10 @@ KINDS = ("embedding", "attention", "moe", "mlp", "norm", "lm_head", "other")
 COVERING = {"attention": "attention", "mlp": "mlp", "moe": "moe", "norm": "decoder_layer / all_layers",
             "embedding": None, "lm_head": None, "other": None}
 _MARK = "sk.module::"
+#: Rounds of the wall-clock pass over the same positions: at least MIN_ROUNDS, more (up to
+#: MAX_ROUNDS) until MIN_TIMED_S seconds were timed, so a short step has enough samples to
+#: keep only unpreempted ones.
+MIN_ROUNDS, MAX_ROUNDS, MIN_TIMED_S = 4, 16, 0.5
 _STEP = "sk.decode_step"
 
 
@@ -152,13 +156,20 @@ class _Marks:
     charged to the innermost one). ``profiler=False``: wall-clock timestamps, so module
     times carry the hooks' cost only (the profiler's per-operator cost would inflate a
     launch-bound step); exclusive time = inclusive time - time in marked modules inside.
+    It also counts the marked calls (all, directly inside each module, nested inside each
+    module): the hooks' own cost per call is charged to the caller, see :func:`hook_cost`.
     """
 
-    def __init__(self, model: torch.nn.Module, roles: list[ModuleRole], *, profiler: bool) -> None:
+    def __init__(self, model: torch.nn.Module, roles: list[ModuleRole], *, profiler: bool,
+                 clock=time.perf_counter) -> None:
         self.handles = []
-        self.stack: list[list] = []                      # [path, start, range or None, child seconds]
+        self.clock = clock
+        self.stack: list[list] = []          # [path, start, range or None, child seconds, nested calls]
         self.inclusive: dict[str, float] = defaultdict(float)
         self.exclusive: dict[str, float] = defaultdict(float)
+        self.calls = 0                                          # marked calls in all
+        self.direct: dict[str, int] = defaultdict(int)          # marked calls directly inside a module
+        self.nested: dict[str, int] = defaultdict(int)          # marked calls anywhere inside a module
         self.profiler = profiler
         for role in roles:
             module = model.get_submodule(role.path)
@@ -171,20 +182,59 @@ class _Marks:
             if self.profiler:
                 rf = torch.autograd.profiler.record_function(_MARK + path)
                 rf.__enter__()
-            self.stack.append([path, time.perf_counter(), rf, 0.0])
+            self.stack.append([path, self.clock(), rf, 0.0, 0])
         return hook
 
     def _exit(self, module, args, output):
         if not self.stack:
             return
-        path, start, rf, children = self.stack.pop()
+        path, start, rf, children, nested = self.stack.pop()
         if rf is not None:
             rf.__exit__(None, None, None)
-        took = time.perf_counter() - start
+        took = self.clock() - start
         self.inclusive[path] += took
         self.exclusive[path] += took - children
+        self.nested[path] += nested
+        self.calls += 1
         if self.stack:
             self.stack[-1][3] += took
+            self.stack[-1][4] += nested + 1
+            self.direct[self.stack[-1][0]] += 1
+
+    def reset(self) -> None:
+        self.inclusive, self.exclusive = defaultdict(float), defaultdict(float)
+        self.direct, self.nested, self.calls = defaultdict(int), defaultdict(int), 0
+
+    def take(self) -> "_Marks":
+        """This step's times and counts (as a detached record); starts counting anew."""
+        record = _Marks(torch.nn.Module(), [], profiler=False)
+        record.add(self)
+        self.reset()
+        return record
+
+    def add(self, other: "_Marks") -> None:
+        """Sum another step's times and counts into this one."""
+        for path, t in other.inclusive.items():
+            self.inclusive[path] += t
+        for path, t in other.exclusive.items():
+            self.exclusive[path] += t
+        for path, n in other.direct.items():
+            self.direct[path] += n
+        for path, n in other.nested.items():
+            self.nested[path] += n
+        self.calls += other.calls
+
+    def discount(self, cost: float) -> float:
+        """Take ``cost`` seconds per marked call out of the times; returns the seconds taken in all.
+
+        A call's hook cost (dispatch into the hooks, their bookkeeping) lies outside its own
+        interval, in its caller's: each module's exclusive time loses its direct marked calls'
+        cost, its inclusive time the cost of every marked call inside it.
+        """
+        for path in self.exclusive:
+            self.exclusive[path] = max(0.0, self.exclusive[path] - cost * self.direct.get(path, 0))
+            self.inclusive[path] = max(0.0, self.inclusive[path] - cost * self.nested.get(path, 0))
+        return cost * self.calls
 
     def remove(self) -> None:
         for h in self.handles:
@@ -203,10 +253,12 @@ def profile_step(session, step, *, structure: ModelStructure | None = None, labe
                  steps: int = 3, measured_ms: float | None = None, log=None) -> StepProfile:
     """Profile ``step`` (eager when ``structure`` is given: module ranges; else a compiled step).
 
-    After one untimed call: ``steps`` steps timed per module (hooks and a wall clock), alternating,
-    when ``measured_ms`` is None, with as many steps without hooks (what the profile is compared
-    with, under the same load); then ``steps`` steps under ``torch.profiler`` (operators, launches).
-    Both timings average the faster half of their steps.
+    Pass 1: rounds over the same ``2 x steps`` positions (:data:`MIN_ROUNDS`..:data:`MAX_ROUNDS`),
+    each after one untimed step; rounds timed per module (hooks and a wall clock) alternate, when
+    ``measured_ms`` is None, with rounds without hooks (what the profile is compared with, under
+    the same load). Hooks stay for a whole round: adding or removing them slows the next step.
+    Both timings average the fastest quarter of their steps, less the hooks' own cost per call
+    (:func:`hook_cost`). Pass 2: ``steps`` steps under ``torch.profiler`` (operators, launches).
     """
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -217,35 +269,49 @@ def profile_step(session, step, *, structure: ModelStructure | None = None, labe
     interleave = measured_ms is None
     steps = max(1, min(steps, (session.total_steps - 1) // (2 if interleave else 1)))
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if session.device.type == "cuda" else [])
-    session.restore_cache()
+    positions = min(2 * steps, session.total_steps - 1)
+    clock = step_clock(session.device, eager=interleave)
     times = []
     with torch.no_grad(), session.dynamo_config():
+        session.restore_cache()
         step(*session.inputs(0))  # compile / warm caches, not profiled
         per_step: list[_Marks] = []
         bare: list[float] = []
-        try:  # pass 1: wall clock per step and per module (hooks), alternating with steps without hooks
-            for i in range(1, (2 * steps if interleave else steps) + 1):
-                hooked = not interleave or i % 2 == 1
-                if hooked:
-                    per_step.append(_Marks(model, roles, profiler=False))
-                synchronize(session.device)
-                start = time.perf_counter()
-                step(*session.inputs(i))
-                synchronize(session.device)
-                (times if hooked else bare).append(time.perf_counter() - start)
-                if hooked:
-                    per_step[-1].remove()
+        spent = 0.0
+        try:  # pass 1: wall clock per step and per module; rounds with hooks alternate with rounds without
+            marks = None
+            for round_ in range(MAX_ROUNDS):
+                if round_ >= MIN_ROUNDS and spent >= MIN_TIMED_S and (not interleave or round_ % 2 == 0):
+                    break
+                hooked = not interleave or round_ % 2 == 0
+                marks = _Marks(model, roles, profiler=False, clock=clock) if hooked else None
+                session.restore_cache()  # the same positions every round
+                step(*session.inputs(0))  # untimed: the first step after hooks come or go is slower
+                if marks is not None:
+                    marks.reset()
+                for i in range(1, positions + 1):
+                    synchronize(session.device)
+                    start = clock()
+                    step(*session.inputs(i))
+                    synchronize(session.device)
+                    took = clock() - start
+                    spent += took
+                    (times if hooked else bare).append(took)
+                    if marks is not None:
+                        per_step.append(marks.take())
+                if marks is not None:
+                    marks.remove()
+                    marks = None
         finally:
-            for marks in per_step:
+            if marks is not None:
                 marks.remove()
-        # The faster half of the steps: a step the OS preempted says nothing about the model.
-        kept = _faster_half(times)
+        # The fastest steps only: a step the OS preempted (a time slice is ~4 ms, longer than a
+        # tiny model's step) says nothing about the model.
+        kept = _fastest(times)
         timing = _Marks(model, [], profiler=False)
         for k in kept:
-            for path, t in per_step[k].inclusive.items():
-                timing.inclusive[path] += t
-            for path, t in per_step[k].exclusive.items():
-                timing.exclusive[path] += t
+            timing.add(per_step[k])
+        hooks_s = timing.discount(hook_cost(clock=clock)) if roles else 0.0
         session.restore_cache()  # the cache counts its own position: every pass starts after the prefill
         step(*session.inputs(0))
         marks = _Marks(model, roles, profiler=True)
@@ -259,9 +325,9 @@ def profile_step(session, step, *, structure: ModelStructure | None = None, labe
         finally:
             marks.remove()
     session.restore_cache()
-    step_ms = sum(times[k] for k in kept) / len(kept) * 1e3
+    step_ms = (sum(times[k] for k in kept) - hooks_s) / len(kept) * 1e3
     if measured_ms is None:  # the step without any hook, interleaved with the hooked ones (same load)
-        measured_ms = sum(bare[k] for k in _faster_half(bare)) / len(_faster_half(bare)) * 1e3
+        measured_ms = sum(bare[k] for k in _fastest(bare)) / len(_fastest(bare)) * 1e3
     prof_view = _attribute(prof.events(), roles, weight_bytes(model, roles) if roles else {}, label, steps,
                            measured_ms, sum(p.numel() * p.element_size() for p in model.parameters()),
                            session.device.type)
@@ -270,8 +336,48 @@ def profile_step(session, step, *, structure: ModelStructure | None = None, labe
     return prof_view
 
 
-def _faster_half(times: list[float]) -> list[int]:
-    return sorted(range(len(times)), key=times.__getitem__)[:max(1, (len(times) + 1) // 2)]
+def step_clock(device: torch.device, *, eager: bool):
+    """The clock of pass 1: this thread's CPU time for an eager step on one CPU thread, else wall time.
+
+    On one thread the whole step runs on the calling thread, so its CPU time is the step's
+    time without the time slices other processes took (the machine may be shared); with
+    more threads, or on an accelerator, only the wall clock sees all of the work.
+    """
+    if eager and device.type == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.perf_counter
+
+
+def hook_cost(calls: int = 200, repeats: int = 7, clock=time.perf_counter) -> float:
+    """Seconds the timing hooks add to one module call, measured on an empty module.
+
+    Alternating bare and hooked loops, the fastest of each: what the profile subtracts per
+    marked call, so the profiled step compares with the step timed without hooks.
+    """
+    module, x = torch.nn.Identity(), torch.zeros(1)
+    role = [ModuleRole("", "other", None)]
+
+    def loop() -> float:
+        start = clock()
+        for _ in range(calls):
+            module(x)
+        return clock() - start
+
+    bare, hooked = [], []
+    for _ in range(repeats):
+        bare.append(loop())
+        marks = _Marks(module, role, profiler=False, clock=clock)
+        try:
+            hooked.append(loop())
+        finally:
+            marks.remove()
+    return max(0.0, (min(hooked) - min(bare)) / calls)
+
+
+def _fastest(times: list[float]) -> list[int]:
+    """Indices of the fastest quarter of ``times`` (the faster half of fewer than 8)."""
+    keep = (len(times) + 3) // 4 if len(times) >= 8 else (len(times) + 1) // 2
+    return sorted(range(len(times)), key=times.__getitem__)[:max(1, keep)]
 
 
 def _use_wall_times(view: "StepProfile", timing: _Marks, roles: list[ModuleRole], step_ms: float, steps: int) -> None:
