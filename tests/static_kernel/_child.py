@@ -25,6 +25,7 @@ import torch.nn as nn
 import superkernel
 from superkernel import CompilerConfig, super_kernel
 
+COMPILE_STACK = ("torch._functorch.aot_autograd", "torch._dynamo.repro.after_dynamo", "torch._inductor.compile_fx")
 builds: list[str] = []
 traced: list[str] = []
 
@@ -122,6 +123,8 @@ def main() -> int:
                 saved = {"y3": compiled(x3), "eager3": target(x3)}
             eager = target(x)
             traced_by_compiled = list(traced)  # (not the exactness reference compiled below)
+            # heavy parts of torch's compile stack imported so far (a process served by a package needs none)
+            stack_imported = sorted(m for m in COMPILE_STACK if m in sys.modules)
             if reduce_overhead:
                 ref_cfg = CompilerConfig.from_dict({"mode": "reduce-overhead", "debug": {"run_eagerly": True}})
                 saved["ref"] = superkernel.compile(target, ref_cfg)(x)
@@ -139,6 +142,7 @@ def main() -> int:
         "warnings": [str(w.message) for w in caught if "static kernels" in str(w.message)],
         "notices": list(static.notices) if static.enabled else [],
     }
+    result["compile_stack_imported"] = stack_imported
     if hasattr(compiled, "guard_path"):  # a function with static kernels: which checks its calls ran
         result["guard_path"] = compiled.guard_path
         result["frame_counters"] = compiled.frame_counters

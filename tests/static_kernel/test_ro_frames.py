@@ -37,14 +37,23 @@ def test_reduce_overhead_package_carries_frame_and_native_module(tmp_path):
     os.chmod(keys.parent, 0o700)
     shutil.copy(tmp_path / "build_cache" / "keys" / "trust.key", keys / "trust.key")
     os.chmod(keys / "trust.key", 0o600)
+    before = _files(build_dir)
     loaded = run_child(tmp_path, build_dir, 2, tmp_path / "load_out.pt", "--function", "--reduce-overhead",
                        CXX=str(tmp_path / "missing" / "g++"),
                        PATH=f"{no_tools}{os.pathsep}{os.path.dirname(sys.executable)}",
                        SUPERKERNEL_CACHE_DIR=str(tmp_path / "empty_cache"))
     assert loaded["compiler_available"] is False
+    assert _files(build_dir) == before, "a process loading the package wrote into the build dir"
+    assert loaded["static"].get("records", 0) == 0, loaded
+    assert loaded["compile_stack_imported"] == [], loaded  # AOTAutograd and torch.compile's wrapper are not needed
     assert loaded["static"].get("frames_loaded") == 1 and loaded["static"].get("native_loaded") == 1, loaded
     assert (loaded["dynamo_traces"], loaded["aot_captures"], loaded["cpp_builds"]) == (0, 0, 0), loaded
     assert loaded["realizations"] == ["cpu-native"] and loaded["packages"] == [] and not loaded["warnings"]
     assert loaded["guard_path"] == "precompiled" and loaded["frame_counters"]["guard_checks"] == 1
     a, b = torch.load(tmp_path / "build_out.pt"), torch.load(tmp_path / "load_out.pt")
     assert torch.equal(a["y"], b["y"]) and torch.equal(b["y"], b["y2"]) and torch.equal(b["y"], b["ref"])
+
+
+def _files(root) -> dict[str, tuple[int, int]]:
+    """Every file under ``root`` with its size and modification time (what a writer would change)."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file()}

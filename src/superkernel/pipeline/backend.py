@@ -231,11 +231,29 @@ def compile(model: Any, compiler_config: CompilerConfig | None = None, **torch_c
     """
     backend = get_backend(compiler_config)
     torch_compile_kwargs.setdefault("dynamic", False)
-    compiled = torch.compile(model, backend=backend, **torch_compile_kwargs)
-    if _frames_apply(model, torch_compile_kwargs):  # (the null static compiler returns ``compiled``)
-        compiled = backend.static_kernels.wrap_function(model, backend, compiled)
+    if backend.static_kernels.enabled and _frames_apply(model, torch_compile_kwargs):
+        # served by its precompiled frame: torch.compile (whose first use imports AOTAutograd and Dynamo's
+        # debugging backends) is made only when a call takes the normal path
+        compiled = backend.static_kernels.wrap_function(
+            model, backend, _CompileOnFirstCall(model, backend, torch_compile_kwargs))
+    else:
+        compiled = torch.compile(model, backend=backend, **torch_compile_kwargs)
     register_compiled(compiled, backend)
     return compiled
+
+
+class _CompileOnFirstCall:
+    """``torch.compile(fn, backend=backend, **kwargs)``, made when first called."""
+
+    def __init__(self, fn: Any, backend: "SuperKernelBackend", kwargs: dict[str, Any]) -> None:
+        self._args = (fn, backend, dict(kwargs))
+        self._compiled: Callable[..., Any] | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._compiled is None:
+            fn, backend, options = self._args
+            self._compiled = torch.compile(fn, backend=backend, **options)
+        return self._compiled(*args, **kwargs)
 
 
 def register_compiled(compiled: Any, backend: "SuperKernelBackend") -> None:

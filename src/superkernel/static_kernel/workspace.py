@@ -160,7 +160,9 @@ class Workspace:
                         f"superkernel static kernels: package {old.path} was built for other graphs "
                         f"(graph {graph_name!r} is not in it: model, code or config changed); "
                         "building a new package that replaces it", StaticKernelWarning, stacklevel=4)
-            if self.holding or not self.compiles:
+            if self.holding or not (self.compiles or self.package is not None):
+                # only a building process records (or one with nothing to build and no package: reduce-overhead
+                # without native modules); a process loading a package writes nothing into the build dir
                 self.ensure_run_dir()
                 assert self.recorder is not None
                 self.counters["records"] += self.recorder.record_graph(gm, graph_name, h)
