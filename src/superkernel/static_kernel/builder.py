@@ -28,7 +28,7 @@ from superkernel.static_kernel.manifest import valid_member_name
 from superkernel.static_kernel.package import Package, now_iso, package_name, read_manifest, write_package
 from superkernel.static_kernel.settings import ENV_VERIFY, StaticKernelWarning
 from superkernel.static_kernel.signature import input_signature
-from superkernel.util import exception_summary
+from superkernel.util import exception_summary, make_dirs
 
 
 @dataclass
@@ -58,7 +58,7 @@ class Builder:
     def staging(self) -> Path:
         """Private TorchInductor cache dir of this build (kernels land here, then in the package)."""
         path = self._run_dir() / ".inductor_cache"
-        path.mkdir(parents=True, exist_ok=True)
+        make_dirs(path, "static kernel staging cache")
         return path
 
     def carry(self, pkg: Package) -> None:
