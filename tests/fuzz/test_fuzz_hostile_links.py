@@ -193,3 +193,21 @@ def test_missing_inductor_cache_dir_is_created_private(case, monkeypatch):
     _compile_entry()
     assert (target.stat().st_mode & 0o777) == 0o700 and (target.parent.stat().st_mode & 0o777) == 0o700
     case.check("fresh inductor cache")
+
+
+@pytest.mark.parametrize("command", ["optimize", "bench", "analyze"])
+def test_commands_that_measure_torch_compile_refuse_a_shared_inductor_cache(case, monkeypatch, capsys, command):
+    """optimize/bench/analyze also time plain ``torch.compile`` (no superkernel backend): checked at the start."""
+    from superkernel.tools.cli import main
+
+    shared = case.work / "inductor_shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(shared))
+    argv = {"optimize": ["optimize", "--output", str(case.work / "out")], "bench": ["bench", "--config",
+            str(case.work / "missing.yaml")], "analyze": ["analyze"]}[command]
+    code = main([*argv, "--model", str(case.work / "no_such_checkpoint")])  # the cache is checked first
+    err = capsys.readouterr().err
+    assert code == 2 and "TorchInductor's cache directory" in err and err.count("\n") == 1, err
+    assert not any(shared.iterdir())
+    case.check(command)
