@@ -171,7 +171,8 @@ def test_default_inductor_cache_dir_planted_by_another_user_is_not_used(case, mo
     tmp.mkdir(mode=0o777)
     os.chmod(tmp, 0o1777)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")  # recorded, so the redirect below is undone afterwards
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
     planted = Path(default_cache_dir())
     assert planted.parent == tmp
     planted.mkdir()
