@@ -36,22 +36,23 @@ def _uid() -> int | None:
     return os.geteuid() if hasattr(os, "geteuid") else None
 
 
-def check_private(path: Path) -> None:
+def check_private(path: Path, what: str = "cache directory", env: str = "SUPERKERNEL_CACHE_DIR") -> None:
     """Refuse ``path`` unless it is a directory of this user that group and others cannot write.
 
     A symlink is followed only to a directory that passes the same checks (its target is
     what is used). Nothing is changed: a directory that fails is refused, not repaired.
+    ``what`` and ``env`` name the directory and the variable that moves it in the message.
     """
     st = os.stat(path)
     if not stat.S_ISDIR(st.st_mode):
-        raise CacheDirError(f"cache directory {path} is not a directory; set SUPERKERNEL_CACHE_DIR")
+        raise CacheDirError(f"{what} {path} is not a directory; set {env}")
     uid = _uid()
     if uid is not None and st.st_uid != uid:
-        raise CacheDirError(f"cache directory {path} belongs to another user (uid {st.st_uid}); "
-                            "set SUPERKERNEL_CACHE_DIR to a directory of yours")
+        raise CacheDirError(f"{what} {path} belongs to another user (uid {st.st_uid}); "
+                            f"set {env} to a directory of yours")
     if st.st_mode & 0o022:
-        raise CacheDirError(f"cache directory {path} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o}); "
-                            "its content cannot be trusted: remove it or set SUPERKERNEL_CACHE_DIR")
+        raise CacheDirError(f"{what} {path} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o}); "
+                            f"its content cannot be trusted: remove it or set {env}")
 
 
 def _make_dirs(path: Path) -> None:
@@ -98,4 +99,54 @@ def owned_file(path: Path | str) -> os.stat_result | None:
     return st
 
 
-__all__ = ["CacheDirError", "cache_root", "check_private", "owned_file", "private_cache_dir"]
+INDUCTOR_ENV = "TORCHINDUCTOR_CACHE_DIR"
+INDUCTOR_SUBDIR = "inductor"
+
+
+def _inductor_default() -> str:
+    """TorchInductor's default cache directory (``<tmp>/torchinductor_<user>``), as torch computes it."""
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # pragma: no cover - older torch
+        import getpass
+        import tempfile
+
+        return os.path.join(tempfile.gettempdir(), "torchinductor_" + getpass.getuser())
+    return default_cache_dir()
+
+
+def check_inductor_cache() -> Path:
+    """Make sure TorchInductor's cache directory is private before superkernel compiles; returns it.
+
+    TorchInductor loads compiled modules (``.so``) and cached graphs from its cache directory,
+    ``$TORCHINDUCTOR_CACHE_DIR``, else ``<tmp>/torchinductor_<user>`` — a name in a shared
+    directory that another user can create first. The directory is checked as superkernel's
+    own cache is (:func:`check_private`; missing levels created 0700). One the user named
+    (``TORCHINDUCTOR_CACHE_DIR``) that fails is refused (:class:`CacheDirError`). The default
+    one that fails is not used: ``TORCHINDUCTOR_CACHE_DIR`` is pointed at ``inductor/`` under
+    superkernel's private cache root, with a warning (so another user cannot stop compiling
+    by creating the name first).
+    """
+    env = os.environ.get(INDUCTOR_ENV)
+    default = os.path.abspath(_inductor_default())
+    named = bool(env) and os.path.abspath(env) != default
+    path = Path(os.path.abspath(env)) if named else Path(default)
+    try:
+        _make_dirs(path)
+        check_private(path, "TorchInductor's cache directory", INDUCTOR_ENV)
+    except OSError as exc:
+        reason = exc if isinstance(exc, CacheDirError) else f"{path}: {exc.strerror or exc}"
+        if named:
+            raise CacheDirError(str(reason)) from None
+        private = private_cache_dir(INDUCTOR_SUBDIR)
+        os.environ[INDUCTOR_ENV] = str(private)
+        import warnings
+
+        warnings.warn(f"{reason}; superkernel uses {private} instead", RuntimeWarning, stacklevel=2)
+        return private
+    os.environ[INDUCTOR_ENV] = str(path)  # pinned, as TorchInductor itself does on first use
+    return path
+
+
+__all__ = ["CacheDirError", "INDUCTOR_ENV", "cache_root", "check_inductor_cache", "check_private", "owned_file",
+           "private_cache_dir"]

@@ -11,8 +11,8 @@
   writes), :func:`read_limited` (every file it reads: a regular file, size checked before
   reading) and :func:`safe_text` (every string from a file that reaches a terminal or a
   report). :func:`json_depth` bounds nesting before a recursive parser sees the text;
-  :func:`private_workdir` keeps what a library writes into "the current directory" out of
-  the user's; :func:`remove_tree` deletes without following symlinks.
+  :func:`check_link_path` / :func:`make_dirs` apply the link rule to every output folder;
+  :func:`remove_tree` deletes without following symlinks.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import os
 import shutil
 import stat
 import tempfile
-import threading
 import unicodedata
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -57,9 +56,11 @@ def check_write_path(path: Path | str, inputs: Iterable[Path | str | None] = (),
 
     Refused: one of the run's ``inputs`` (same file, through any link), a symlink (its target
     would not be what the user named, and a link in a shared directory can point anywhere),
-    and anything that exists and is not a regular file (a FIFO, a device, a directory).
+    a folder on the way that is another user's link (:func:`check_link_path`), and anything
+    that exists and is not a regular file (a FIFO, a device, a directory).
     """
     p = Path(path)
+    check_link_path(p.parent, flag, what="folder of a file")
     try:
         st = os.lstat(p)
     except FileNotFoundError:
@@ -73,6 +74,75 @@ def check_write_path(path: Path | str, inputs: Iterable[Path | str | None] = (),
         kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
         raise OutputError(f"{flag} {safe_text(path)} is {kind}; give a file path")
     check_not_input(p, inputs)
+
+
+_MAX_LINKS = 40
+
+
+def _trusted_link_owner(uid: int) -> bool:
+    me = os.geteuid() if hasattr(os, "geteuid") else None
+    return me is None or uid in (me, 0)
+
+
+def check_link_path(path: Path | str, flag: str = "output", *, what: str = "") -> Path:
+    """Refuse writing at (or beneath) ``path`` through links nobody vouches for; return its real path.
+
+    The rule of docs/security.md: ``path`` itself must not be a symbolic link (what it points at is
+    not what the user named), and every link on the way — the components of ``path`` and of each
+    link's target, walked one by one — must belong to this user or root: a link another user
+    planted in a shared directory (``/tmp/x -> ~victim/.ssh``) is refused, as Linux's
+    ``protected_symlinks`` would for sticky directories. Write beneath the returned real path.
+    """
+    p = Path(os.path.abspath(path))
+    label = f"{flag} {safe_text(path)}" if not what else f"{flag}: the {what} {safe_text(path)}"
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise OutputError(f"{label}: cannot be checked ({exc.strerror or exc})") from None
+    if st is not None and stat.S_ISLNK(st.st_mode) and not what:
+        raise OutputError(f"{label} is a symbolic link; give the real path (links are never written through)")
+    pending = list(p.parts[1:])
+    real = Path(p.anchor)
+    hops = 0
+    while pending:
+        part = pending.pop(0)
+        nxt = real / part if part not in (".", "..") else (real if part == "." else real.parent)
+        try:
+            st = os.lstat(nxt)
+        except OSError:
+            return Path(os.path.join(nxt, *pending))  # the rest does not exist yet: it is created, not followed
+        if stat.S_ISLNK(st.st_mode):
+            hops += 1
+            if hops > _MAX_LINKS or not _trusted_link_owner(st.st_uid):
+                why = "too many links" if hops > _MAX_LINKS else f"{safe_text(nxt)} is a link of another user (uid {st.st_uid})"
+                raise OutputError(f"{label}: {why}; links in a path the tool writes must be this user's or root's")
+            target = os.readlink(nxt)
+            if os.path.isabs(target):
+                real = Path(Path(target).anchor)
+                pending = list(Path(target).parts[1:]) + pending
+            else:
+                pending = list(Path(target).parts) + pending
+            continue
+        real = nxt
+    return real
+
+
+def make_dirs(path: Path | str, flag: str = "output", *, parent_of_file: bool = False) -> Path:
+    """``mkdir -p`` for a folder the tool writes into, checked by :func:`check_link_path`: refused
+    (:class:`OutputError`) when a link on the way is another user's, or when the folder is itself a
+    link — unless it is the folder of a file the user named (``parent_of_file``: then only the file
+    itself may not be a link). Returns the folder's real path."""
+    real = check_link_path(path, flag, what="folder of a file" if parent_of_file else "")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except FileExistsError:
+        raise OutputError(f"{flag} {safe_text(path)} exists and is not a directory") from None
+    st = os.stat(path) if parent_of_file else os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):  # a link swapped in meanwhile
+        raise OutputError(f"{flag} {safe_text(path)} is not a directory (a link or a file appeared there)")
+    return real
 
 
 def temp_sibling(path: Path | str) -> Path:
@@ -111,7 +181,7 @@ def atomic_target(path: Path | str, inputs: Iterable[Path | str | None] = (), *,
     """
     path = Path(path)
     check_write_path(path, inputs)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dirs(path.parent, parent_of_file=True)
     tmp = temp_sibling(path)
     try:
         yield tmp
@@ -182,6 +252,7 @@ def _nearest_existing(path: Path) -> Path:
 def check_output_dir(path: Path | str, flag: str = "--output") -> None:
     """Fail before any work when ``path`` cannot become a directory we can write files into."""
     path = Path(path)
+    check_link_path(path, flag)
     if path.exists() and not path.is_dir():
         raise OutputError(f"{flag} {str(path)!r} is an existing file; give a directory (it is created if missing)")
     base = _nearest_existing(path)
@@ -295,28 +366,6 @@ def safe_text(value: object, limit: int = 200) -> str:
 
 
 # --- what libraries write, what we delete ---------------------------------------------------------
-
-_cwd_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def private_workdir(prefix: str = "superkernel-") -> Iterator[Path]:
-    """Run a block with a new private (0700) temporary directory as the current directory, then remove it.
-
-    For library calls that write temporary files into the current directory (ONNX Runtime's
-    symbolic shape inference saves ``sym_shape_infer_temp.onnx`` there): they land here,
-    never in the user's directory. The working directory is process-wide: blocks are serialized.
-    """
-    with _cwd_lock:
-        old = os.getcwd()
-        tmp = Path(tempfile.mkdtemp(prefix=prefix))
-        try:
-            os.chdir(tmp)
-            yield tmp
-        finally:
-            os.chdir(old)
-            remove_tree(tmp)
-
 
 def remove_tree(path: Path | str) -> bool:
     """Delete the directory ``path`` and what is in it without following any symlink (a link inside is

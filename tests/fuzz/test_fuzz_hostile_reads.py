@@ -222,3 +222,95 @@ for name, path in {json.dumps(dirs)}.items():
     for d in dirs.values():
         for f in Path(d).iterdir():
             f.unlink()
+
+
+def _fusable_bomb(kind: str) -> onnx.ModelProto:
+    """``x @ W + b`` (a Gemm fusion, so the cleanup folding runs) plus one constant that would be huge."""
+    side = np.array([40000, 40000], dtype=np.int64)
+    inits = [numpy_helper.from_array(np.ones((16, 16), np.float32), "W"),
+             numpy_helper.from_array(np.ones(16, np.float32), "b"),
+             numpy_helper.from_array(side, "side"), numpy_helper.from_array(np.ones((1, 1), np.float32), "one")]
+    big = {"expand": [helper.make_node("Expand", ["one", "side"], ["big"])],
+           "tile": [helper.make_node("Tile", ["one", "side"], ["big"])],
+           "broadcast": [helper.make_node("Add", ["col", "row"], ["big"])],
+           "range": [helper.make_node("Range", ["r0", "r1", "r2"], ["big"])],
+           "int64_constant_of_shape": [helper.make_node(
+               "ConstantOfShape", ["side"], ["big"], value=numpy_helper.from_array(np.array([1], np.int64)))]}[kind]
+    if kind == "broadcast":
+        inits += [numpy_helper.from_array(np.ones((40000, 1), np.float32), "col"),
+                  numpy_helper.from_array(np.ones((1, 40000), np.float32), "row")]
+    if kind == "range":
+        inits += [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in (("r0", 0), ("r1", 800_000_000), ("r2", 1))]
+    nodes = big + [helper.make_node("ReduceSum", ["big"], ["s"], keepdims=0),
+                   helper.make_node("Cast", ["s"], ["sf"], to=TensorProto.FLOAT),
+                   helper.make_node("Mystery", ["x"], ["m"], domain="com.example"),  # symbolic inference runs
+                   helper.make_node("Add", ["m", "sf"], ["xs"]),
+                   helper.make_node("MatMul", ["xs", "W"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["y"])]
+    graph = helper.make_graph(nodes, "bomb", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 16])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)],
+                             ir_version=8)
+
+
+def test_library_evaluators_size_constants_before_evaluating(case):
+    """Every evaluator the ONNX tool hands constants to is given only results it sized first: ONNX Runtime's
+    symbolic shape inference (an int64 ConstantOfShape), onnxscript's cleanup folding (Expand, Tile, Range,
+    broadcasts) and the rules' ``eval_const``. A spy records what reaches the evaluators."""
+    paths = {}
+    for kind in ("expand", "tile", "broadcast", "range", "int64_constant_of_shape"):
+        p = case.work / f"{kind}.onnx"
+        onnx.save(_fusable_bomb(kind), str(p))
+        paths[kind] = str(p)
+    code = _HARNESS + f"""
+import onnx_ir as ir
+import onnxscript.optimizer._constant_folding as cf
+from superkernel.onnx import _util as U, engine, shapes
+evaluated = []
+_evaluate, _reference_run = cf._reference_evaluator.evaluate, U.reference_run
+def spy(domain, op, version, *args, **kwargs):
+    evaluated.append(op)
+    return _evaluate(domain, op, version, *args, **kwargs)
+def spy_run(proto, feeds, opset):
+    evaluated.append(proto.op_type)
+    return _reference_run(proto, feeds, opset)
+cf._reference_evaluator.evaluate, U.reference_run = spy, spy_run
+BIG = {{"Expand", "Tile", "Range", "ConstantOfShape", "Add"}}
+def bounded(path):
+    del evaluated[:]
+    model = ir.load(path)
+    notes = shapes.annotate(model).notes               # ONNX and ONNX Runtime inference
+    big = next(n for n in model.graph if n.outputs[0].name == "big").outputs[0]
+    value = U.eval_const(big)                         # the rules' constant evaluation
+    engine._cleanup(model)                            # onnxscript's folding after a fusion
+    raise SystemExit("evaluated: " + ",".join(sorted(set(evaluated) & BIG)) + " | " + "; ".join(notes)[:300]
+                     + (" | eval_const gave a value" if value is not None else ""))
+for name, path in {json.dumps(paths)}.items():
+    run_case(name, lambda p=path: bounded(p), {CASE_SECONDS})
+"""
+    out = run_bounded(code, mem_mb=3072, timeout=6 * CASE_SECONDS)
+    assert out["rc"] == 0 and not out["hung"], out.get("stderr")
+    _check(out["cases"], ("SystemExit",))
+    bad = {name: o["error"] for name, o in out["cases"].items()
+           if not o["error"].startswith("evaluated:  |") or "MemoryError" in o["error"]
+           or "eval_const gave a value" in o["error"]}
+    assert not bad, bad
+
+
+def test_shape_inference_never_changes_the_working_directory(case, monkeypatch):
+    """ONNX Runtime's symbolic inference saves a model into '.' when it gives up; it is driven so that it
+    writes nothing, without changing the process's working directory (not thread-safe)."""
+    import onnx_ir as ir
+
+    from superkernel.onnx import shapes
+
+    calls = []
+    real_chdir = os.chdir
+    monkeypatch.setattr(os, "chdir", lambda p: (calls.append(str(p)), real_chdir(p))[1])
+    nodes = [helper.make_node("Mystery", ["x"], ["m"], domain="com.example"), helper.make_node("Relu", ["m"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)],
+                              ir_version=8)
+    ann = shapes.annotate(ir.from_proto(model))
+    assert calls == [], f"the working directory was changed: {calls}"
+    assert any("symbolic" in n for n in ann.notes), ann.notes  # it ran (and gave up) without a file

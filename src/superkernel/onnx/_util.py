@@ -199,6 +199,11 @@ def _eval_node(value: ir.Value, depth: int, memo: dict) -> np.ndarray | None:
         attrs = {k: a.value if not isinstance(a.value, ir.TensorProtocol) else onnx.numpy_helper.from_array(
             a.value.numpy()) for k, a in node.attributes.items()}
         proto = onnx.helper.make_node(node.op_type, names, outs, **attrs)
+        from .foldsize import fold_size_bound
+
+        bound = fold_size_bound(proto, feeds)
+        if bound is None or bound > EVAL_MAX_ELEMENTS:  # sized before it is evaluated, never after
+            return None
         opset = None
         if node.graph is not None:
             opset = node.graph.opset_imports.get("", node.graph.opset_imports.get("ai.onnx"))

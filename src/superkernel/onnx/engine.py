@@ -470,7 +470,12 @@ def _cleanup(model: ir.Model) -> None:
     level = folding_log.level
     folding_log.setLevel(logging.ERROR)  # a node it cannot evaluate stays as it is; not a user warning
     try:
-        onnxscript.optimizer.fold_constants(model, onnx_shape_inference=False)
+        from onnxscript.optimizer._constant_folding import DEFAULT_CONSTANT_FOLD_OUTPUT_SIZE_LIMIT as limit
+
+        from .foldsize import should_fold_ir
+
+        onnxscript.optimizer.fold_constants(model, onnx_shape_inference=False, output_size_limit=limit,
+                                            should_fold=lambda node: should_fold_ir(node, limit))  # sized first
     finally:
         folding_log.setLevel(level)
     irp.LiftConstantsToInitializersPass(lift_all_constants=True, size_limit=0)(model)

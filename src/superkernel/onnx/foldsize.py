@@ -23,17 +23,32 @@ _NOT_GROWING = {"Identity", "Cast", "CastLike", "Slice", "Squeeze", "Unsqueeze",
                 "Transpose", "Neg", "Abs", "Not", "Sqrt", "Exp", "Log", "Floor", "Ceil", "Round", "Sign", "Relu",
                 "Sigmoid", "Tanh", "Reciprocal", "Softmax", "ReduceSum", "ReduceMean", "ReduceMax", "ReduceMin",
                 "ReduceProd", "ArgMax", "ArgMin", "Split", "NonZero", "Trilu", "Clip", "IsNaN", "IsInf", "Erf",
-                "ScatterND", "ScatterElements", "CumSum", "GatherElements", "Shape", "Size", "Unique", "TopK"}
+                "ScatterND", "ScatterElements", "CumSum", "GatherElements", "Shape", "Size", "Unique", "TopK",
+                "Sin", "Cos", "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Softplus", "Softsign", "Elu", "Selu",
+                "LeakyRelu", "HardSigmoid", "HardSwish", "Gelu", "Mish", "ReduceL1", "ReduceL2", "ReduceSumSquare",
+                "ReduceLogSumExp", "LogSoftmax", "Dropout", "Compress", "GatherND", "LayerNormalization"}
 
 
 def _ints(a: object) -> list[int] | None:
     try:
         arr = np.asarray(a)
-        if arr.dtype.kind not in "iu" or arr.ndim > 1:
+        if arr.dtype.kind not in "iu" or arr.ndim > 1 or arr.size > _MAX_RANK:
             return None
         return [int(x) for x in arr.reshape(-1)]
     except (TypeError, ValueError):
         return None
+
+
+_MAX_RANK = 64  # a shape / repeats vector longer than this is not a shape folding needs
+
+
+def _axis(node, default: int = 0) -> int:
+    """The ``axis`` attribute of an ``onnx.NodeProto`` or an ``onnx_ir.Node``."""
+    attrs = getattr(node, "attributes", None)
+    if attrs is not None and hasattr(attrs, "get"):
+        a = attrs.get("axis")
+        return int(a.value) if a is not None else default
+    return next((a.i for a in node.attribute if a.name == "axis"), default)
 
 
 def _shape(a: object) -> tuple[int, ...]:
@@ -70,7 +85,7 @@ def fold_size_bound(node, inputs: Sequence[object | None]) -> int | None:
             return max(0, math.ceil((limit - start) / delta))
         if op == "Gather":
             data, indices = inputs[0], inputs[1]
-            axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+            axis = _axis(node)
             shape = _shape(data)
             if not shape:
                 return None
@@ -79,6 +94,25 @@ def fold_size_bound(node, inputs: Sequence[object | None]) -> int | None:
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
     return None
+
+
+def should_fold_ir(node, limit: int) -> bool | None:
+    """For ``onnxscript.optimizer.fold_constants(should_fold=...)``: False (never evaluate) unless the
+    node's largest output is bounded by ``limit`` elements from its constant inputs; None (the
+    folder's own rules) when it is. onnxscript compares its output size only after evaluating."""
+    inputs: list[object | None] = []
+    for v in node.inputs:
+        tensor = getattr(v, "const_value", None) if v is not None else None
+        if v is not None and tensor is None:
+            return None  # not all constant: the folder does not evaluate it
+        if tensor is None:
+            inputs.append(None)
+        elif tensor.size <= _MAX_RANK:  # small: its values (shapes, repeats, Range bounds) matter
+            inputs.append(np.asarray(tensor.numpy()))
+        else:  # only its shape matters: a zero-stride stand-in, nothing loaded
+            inputs.append(np.broadcast_to(np.zeros((), dtype=np.float32), tuple(int(d) for d in tensor.shape)))
+    bound = fold_size_bound(node, inputs)
+    return None if bound is not None and bound <= limit else False
 
 
 PROP_MAX_ELEMENTS = 1 << 20
@@ -112,4 +146,4 @@ def data_prop_is_bounded(proto) -> bool:
     return True
 
 
-__all__ = ["PROP_MAX_ELEMENTS", "data_prop_is_bounded", "fold_size_bound"]
+__all__ = ["PROP_MAX_ELEMENTS", "data_prop_is_bounded", "fold_size_bound", "should_fold_ir"]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import onnx
 import onnx_ir as ir
 
-from superkernel.util import exception_summary, private_workdir
+from superkernel.util import exception_summary
 
 from ._util import reference_run
 from .foldsize import data_prop_is_bounded, fold_size_bound
@@ -124,10 +124,9 @@ def annotate(model: ir.Model, *, symbolic: bool = True) -> Annotations:
             ann.notes.append("symbolic shape inference skipped: model too large to hold in memory twice")
         else:
             try:
-                from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+                from .symbolic import infer_symbolic
 
-                with private_workdir("superkernel-shapes-"):  # it saves a model into "." when incomplete
-                    sym = SymbolicShapeInference.infer_shapes(proto, auto_merge=True, guess_output_rank=False)
+                sym = infer_symbolic(proto, auto_merge=True)  # no file written, constants sized first
                 if sym is not None:
                     for name, vi in _value_infos(sym).items():
                         if name in missing:

@@ -55,6 +55,9 @@ class SuperKernelBackend:
         if not isinstance(compiler_config, CompilerConfig):
             raise TypeError(f"compiler_config must be a superkernel.CompilerConfig, got {type(compiler_config).__name__}")
         self.config = copy.deepcopy(compiler_config)
+        from superkernel.cache_dir import check_inductor_cache
+
+        check_inductor_cache()  # TorchInductor loads compiled modules from it: private or refused
         self.counters: Counter[str] = Counter()
         self._graphs: list[GraphInfo] = []
         # (scope the previous graph ended in, Dynamo's graph-break reason if it ended in one)

@@ -28,7 +28,7 @@ from superkernel.static_kernel.manifest import valid_member_name
 from superkernel.static_kernel.package import Package, now_iso, package_name, read_manifest, write_package
 from superkernel.static_kernel.settings import ENV_VERIFY, StaticKernelWarning
 from superkernel.static_kernel.signature import input_signature
-from superkernel.util import exception_summary
+from superkernel.util import atomic_write, exception_summary, make_dirs
 
 
 @dataclass
@@ -58,7 +58,7 @@ class Builder:
     def staging(self) -> Path:
         """Private TorchInductor cache dir of this build (kernels land here, then in the package)."""
         path = self._run_dir() / ".inductor_cache"
-        path.mkdir(parents=True, exist_ok=True)
+        make_dirs(path, "static kernel staging cache")
         return path
 
     def carry(self, pkg: Package) -> None:
@@ -94,7 +94,7 @@ class Builder:
         with compat.inductor_cache_dir_at(str(staging)):
             artifact = compat.standalone_compile(lifted, inputs, patches)
             path = staging.parent / ".artifacts" / f"{key}.bin"
-            path.parent.mkdir(parents=True, exist_ok=True)
+            make_dirs(path.parent, "static kernel artifact folder")
             artifact.save(path=str(path), format="binary")
         data = path.read_bytes()
         self.counters["compiled"] += 1
@@ -163,8 +163,8 @@ class Builder:
         for key_file, data in files.items():
             p = staging.parent / ".artifacts" / Path(key_file).name
             if not p.exists():
-                p.parent.mkdir(parents=True, exist_ok=True)
-                p.write_bytes(data)
+                make_dirs(p.parent, "static kernel artifact folder")
+                atomic_write(p, data)
             paths.append(str(p))
         env = dict(os.environ)
         env["TORCHINDUCTOR_CACHE_DIR"] = str(staging)

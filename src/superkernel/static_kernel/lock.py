@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from superkernel.static_kernel.settings import ENV_LOCK_TIMEOUT, StaticKernelWarning
+from superkernel.util import make_dirs
 
 LOCK_NAME = ".build.lock"
 
@@ -27,7 +28,7 @@ def build_lock(outputs_root: Path) -> Any:
     """The process-wide ``FileLock`` of one build directory (re-entrant within this process)."""
     from filelock import FileLock
 
-    outputs_root.mkdir(parents=True, exist_ok=True)
+    make_dirs(outputs_root, "static kernel outputs folder")  # never through a link (docs/security.md)
     path = str((outputs_root / LOCK_NAME).resolve())
     with _LOCKS_GUARD:
         lock = _LOCKS.get(path)

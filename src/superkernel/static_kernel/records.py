@@ -30,7 +30,7 @@ from typing import Any
 import torch.fx as fx
 
 from superkernel.static_kernel.signature import is_operator_node, target_name, value_signature
-from superkernel.util import atomic_write
+from superkernel.util import atomic_write, make_dirs
 
 MAX_STEM = 120
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -127,8 +127,8 @@ class ShapeRecorder:
             touched.add(name)
         if not touched:
             return 0
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.debug_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.dir, "shape record folder")
+        make_dirs(self.debug_dir, "shape record folder")
         for name in sorted(new_files):
             record = {k: v for k, v in self._debug[name].items() if k != "occurrences"}
             atomic_write(self.dir / name, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode(), durable=True)

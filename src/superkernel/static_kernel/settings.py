@@ -51,7 +51,13 @@ def default_build_dir() -> Path:
 
 
 def resolve_build_dir(build_dir: str | os.PathLike[str] | None) -> Path:
+    from superkernel.util import OutputError, check_link_path
+
     path = Path(build_dir).expanduser() if build_dir else default_build_dir()
+    try:  # never a link itself, no other user's link on the way (docs/security.md)
+        check_link_path(path, "static kernel build_dir")
+    except OutputError as exc:
+        raise BuildDirError(str(exc)) from None
     if not path.is_dir():
         raise BuildDirError(
             f"static kernel build_dir {str(path)!r} does not exist; create it first "

@@ -33,6 +33,7 @@ from superkernel.static_kernel.native import NativeModules
 from superkernel.static_kernel.package import OUTPUTS_DIR, Package
 from superkernel.static_kernel.records import ShapeRecorder
 from superkernel.static_kernel.settings import StaticKernelWarning, log
+from superkernel.util import make_dirs
 from superkernel.static_kernel.signature import graph_input_shapes, graph_structure_hash, input_signature
 from superkernel.static_kernel.store import PackageStore
 from superkernel.util import exception_summary
@@ -82,7 +83,7 @@ class Workspace:
             stamp = _dt.datetime.now().strftime("%Y%m%d%H%M%S%f")
             pid = os.getpid()
             self.run_dir = self.root / f"{stamp}_{pid}_outputs"
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            make_dirs(self.run_dir, "static kernel run folder")  # never through a link (docs/security.md)
             self.recorder = ShapeRecorder(self.run_dir, pid)
         return self.run_dir
 

@@ -413,6 +413,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
+        if args.func in (_cmd_optimize, _cmd_analyze, _cmd_bench):  # they also measure plain torch.compile
+            from superkernel.cache_dir import check_inductor_cache
+
+            check_inductor_cache()  # before TorchInductor loads anything from it (docs/security.md)
         return int(args.func(args) or 0)
     except _no_result_errors() as exc:
         if os.environ.get("SUPERKERNEL_TRACEBACK"):

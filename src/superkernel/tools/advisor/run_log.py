@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import IO, Iterator
 
-from superkernel.util import _umask, check_not_input, temp_sibling
+from superkernel.util import _umask, check_not_input, make_dirs, temp_sibling
 
 LOG_NAME = "superkernel.log"
 
@@ -89,7 +89,7 @@ class RunLog:
     def __init__(self, path: Path | str, inputs=()) -> None:
         self.path = Path(path)
         check_not_input(self.path, inputs)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.path.parent, "--output", parent_of_file=True)
         self._tmp = temp_sibling(self.path)
         self.stream = open(self._tmp, "w", encoding="utf-8", buffering=1)
 
