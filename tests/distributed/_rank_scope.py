@@ -1,7 +1,8 @@
 """One rank of the collectives-in-a-scope test (started by test_dist_scope.py with torchrun's variables).
 
 A hand-written MLP sharded by a user-given plan (up colwise, down rowwise: one all-reduce),
-its whole forward inside ``super_kernel("mlp")``, compiled under reduce-overhead. Prints
+its whole forward inside ``super_kernel("mlp")``, compiled under reduce-overhead (and once under
+max-autotune: the result and whether the partition with the all-reduce was timed). Prints
 ``RESULT {json}``: bit-exactness to the exactness reference, the diff to the unsharded
 model, segments, cuts, and which partition each collective node landed in.
 """
@@ -61,6 +62,11 @@ def main() -> None:
         again = fast(x + 1)
         reference_again = model(x + 1)
     ex = superkernel.explain(fast)
+    with torch.no_grad():  # max-autotune: the segment holding the all-reduce is compiled plain, never timed
+        torch._dynamo.reset()
+        tuned = superkernel.compile(model, CompilerConfig.from_dict({"mode": "max-autotune"}))
+        tuned_out = [tuned(x) for _ in range(3)]
+        tuned_counters = dict(superkernel.pipeline.backend.find_backend(tuned).counters)
     with torch.no_grad():
         torch._dynamo.reset()
         abort = MLP().eval().requires_grad_(False)
@@ -83,7 +89,10 @@ def main() -> None:
         "second_call_max_abs": float((again - reference_again).abs().max()),
         "vs_unsharded_max_abs": float((out - full).abs().max()),
         "segments": [(s.name, s.realization, s.fallback) for s in ex.segments], "cuts": len(ex.cuts),
-        "collectives": collectives, "abort_error": abort_error}), flush=True)
+        "collectives": collectives, "abort_error": abort_error,
+        "max_autotune_max_abs": max(float((o - eager).abs().max()) for o in tuned_out),
+        "max_autotune_not_timed": tuned_counters.get("partitions_not_timed_collectives", 0),
+        "max_autotune_frozen": tuned_counters.get("partitions_frozen", 0)}), flush=True)
     dist.destroy_process_group()
 
 

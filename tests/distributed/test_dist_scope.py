@@ -55,3 +55,12 @@ def test_sharding_matches_the_unsharded_model(ranks):
         assert r["sharded"] == {"up": "colwise", "down": "rowwise"}
         assert r["up_rows"] == 32                # 64 output features over 2 ranks
         assert r["vs_unsharded_max_abs"] < 1e-5  # another summation order, not another result
+
+
+def test_max_autotune_never_times_a_partition_holding_a_collective(ranks):
+    """Choosing plain vs frozen runs a partition as often as each rank's own clock decides; with the
+    all-reduce inside, ranks would pair different calls (gloo matches by order) and sum the wrong
+    tensors. Such a partition is compiled plain without timing, and the result is right."""
+    for r in ranks:
+        assert r["max_autotune_not_timed"] >= 1 and r["max_autotune_frozen"] == 0, r
+        assert r["max_autotune_max_abs"] < 1e-5, r

@@ -99,6 +99,9 @@ class InductorCpu(Inductor):
         gm, inputs, name = module.gm, module.example_inputs, module.partition.name
         plain = lambda: static.compile(gm, inputs, compile_fn, name=name)  # noqa: E731
         may_freeze = self.context.device == "cpu" and self.config.inductor.freezing is not False and bool(module.inputs)
+        if may_freeze and _holds_collectives(gm):
+            self.counters["partitions_not_timed_collectives"] += 1
+            may_freeze = False
         if not may_freeze:
             return plain(), ""
         held, choice = static.packaged_choice(gm, inputs, name=name)
@@ -167,3 +170,13 @@ class InductorCpu(Inductor):
                 reals = [r if isinstance(r, torch.nn.Parameter) or i in static else None for i, r in enumerate(reals)]
             self._reals = (parent, reals)
         return self._reals[1]
+
+
+def _holds_collectives(gm: Any) -> bool:
+    """Choosing plain vs frozen runs the partition a number of times each rank decides by its own
+    clock; a collective inside would run a different number of times on each rank, and gloo pairs
+    collectives by call order, so ranks would sum the wrong tensors (measured: max-autotune under
+    ``--nproc 2`` gave logits off by 0.8, top-1 agreement 8%). Such a partition is compiled plain only."""
+    from superkernel.runtime.realizations.collectives import collectives
+
+    return bool(collectives(gm))
