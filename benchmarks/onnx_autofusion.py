@@ -46,26 +46,13 @@ from superkernel.onnx import hfsuite
 from superkernel.onnx import timing as T
 from superkernel.onnx import verify as V
 from superkernel.onnx.cli import main as gaf
-from superkernel.util import atomic_write
+from superkernel.util import atomic_write, cpu_name
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results")
 P2_TYPE = {"bert": "bert", "distilbert": "bert", "bart_encoder": "bart", "vit": "vit", "gpt2": "gpt2",
            "t5_encoder": "t5", "llama": "gpt2", "llama_decode": "gpt2"}
 TOOLS = ("P1", "P2", "P3", "GA")
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
 
 
 def op_types(path: str) -> set[str]:

@@ -389,3 +389,22 @@ def short_repr(value: object, limit: int = 80) -> str:
     r.maxlevel, r.maxlist, r.maxdict, r.maxtuple, r.maxset = 3, 6, 6, 6, 6
     r.maxstring, r.maxother, r.maxlong = limit, limit, 40
     return safe_text(r.repr(value), limit)
+
+
+def cpu_name() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows: for reports and cache keys."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def cpu_id() -> str:
+    """The CPU's name and logical core count: the part of a calibration key that says where it was measured."""
+    return f"{cpu_name()} x{os.cpu_count()}"

@@ -4,14 +4,14 @@ constants (memory bandwidth, the cost of one extra GEMM call), measured once and
 
 from __future__ import annotations
 
-import os
-import platform
 import statistics
 import subprocess
 import time
 from pathlib import Path
 
 import torch
+
+from superkernel.util import cpu_id
 
 CACHE_SYSFS = Path("/sys/devices/system/cpu/cpu0/cache")
 #: used when neither sysfs nor lscpu says (a common L2 per core)
@@ -58,19 +58,6 @@ def per_core_cache_bytes() -> tuple[int, str]:
     except (OSError, ValueError, subprocess.SubprocessError):
         pass
     return DEFAULT_PER_CORE_CACHE, "default (no cache size found)"
-
-
-def cpu_id() -> str:
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{name} x{os.cpu_count()}"
 
 
 def environment() -> str:

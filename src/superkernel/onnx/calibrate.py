@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import platform
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ import onnx
 import onnx_ir as ir
 
 from . import _util as U
-from superkernel.util import exception_summary
+from superkernel.util import cpu_id, exception_summary
 
 CACHE_VERSION = 3  # 2: warmed process, random session order, spread kept; 3: ABBA sessions
 SPREAD_KEYS = ("ratio", "ratio_lo", "ratio_hi", "rounds", "created_first")
@@ -125,19 +124,6 @@ def write_cache(path: str, entries: Mapping[str, dict], inputs: Sequence[str] = 
     text = json.dumps({"version": CACHE_VERSION, "entries": entries, "signature": signature}, indent=0,
                       sort_keys=True)
     atomic_write(path, text, inputs)
-
-
-def cpu_id() -> str:
-    name = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    name = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return f"{name} x{os.cpu_count()}"
 
 
 class Calibrator:

@@ -8,16 +8,7 @@ import sys
 
 import torch
 
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown CPU"
+from superkernel.util import cpu_name
 
 
 def hardware(device: torch.device) -> str:
