@@ -61,12 +61,7 @@ def check_write_path(path: Path | str, inputs: Iterable[Path | str | None] = (),
     """
     p = Path(path)
     check_link_path(p.parent, flag, what="folder of a file")
-    try:
-        st = os.lstat(p)
-    except FileNotFoundError:
-        st = None
-    except OSError as exc:
-        raise OutputError(f"{flag} {safe_text(path)}: cannot be checked ({exc.strerror or exc})") from None
+    st = _lstat_or_none(p, f"{flag} {safe_text(path)}")
     if st is not None and stat.S_ISLNK(st.st_mode):
         raise OutputError(f"{flag} {safe_text(path)} is a symbolic link; give the real path (links are never written "
                           "through)")
@@ -77,6 +72,16 @@ def check_write_path(path: Path | str, inputs: Iterable[Path | str | None] = (),
 
 
 _MAX_LINKS = 40
+
+
+def _lstat_or_none(path: Path, label: str) -> os.stat_result | None:
+    """``os.lstat(path)``, None when nothing is there; any other failure is one OutputError line."""
+    try:
+        return os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise OutputError(f"{label}: cannot be checked ({exc.strerror or exc})") from None
 
 
 def _trusted_link_owner(uid: int) -> bool:
@@ -95,12 +100,7 @@ def check_link_path(path: Path | str, flag: str = "output", *, what: str = "") -
     """
     p = Path(os.path.abspath(path))
     label = f"{flag} {safe_text(path)}" if not what else f"{flag}: the {what} {safe_text(path)}"
-    try:
-        st = os.lstat(p)
-    except FileNotFoundError:
-        st = None
-    except OSError as exc:
-        raise OutputError(f"{label}: cannot be checked ({exc.strerror or exc})") from None
+    st = _lstat_or_none(p, label)
     if st is not None and stat.S_ISLNK(st.st_mode) and not what:
         raise OutputError(f"{label} is a symbolic link; give the real path (links are never written through)")
     pending = list(p.parts[1:])
