@@ -60,19 +60,15 @@ def bench(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, opts, *, write_files: bool) -> int:
     from superkernel.tools.advisor.workflow import check_options
-    from superkernel.tools.distributed.launcher import LaunchError, check_nproc, in_job, launch
+    from superkernel.tools.distributed.launcher import check_nproc, in_job
     from superkernel.tools.distributed.optimize import DistOptions, load_tp_plan, run
 
     check_nproc(args.nproc)
     plan = load_tp_plan(args.tp_plan) if args.tp_plan is not None else None
     if not in_job():
         check_options(opts)  # a bad input is one line here, before any rank starts
-        try:
-            return launch(args.argv, args.nproc)
-        except LaunchError as exc:
-            sys.stderr.write(f"superkernel: error: {exc}\n")
-            return 1
-    source = f"--tp-plan {args.tp_plan}" if plan is not None else "the model's transformers tp_plan"
+        return _launch(args, "superkernel")
+    source = _plan_source(args.tp_plan)
     opts.inputs = list(opts.inputs) + ([args.tp_plan] if args.tp_plan is not None else [])
     return run(DistOptions(base=opts, tp_plan=plan, tp_plan_source=source,
                            inductor_baseline=not args.no_torch_compile_baseline, write_files=write_files))
@@ -81,7 +77,7 @@ def _run(args: argparse.Namespace, opts, *, write_files: bool) -> int:
 def static_compile(args: argparse.Namespace) -> int:
     """``superkernel static-compile --nproc N``: launch (parent) or build/load this rank's part (child)."""
     from superkernel.static_kernel.settings import resolve_build_dir
-    from superkernel.tools.distributed.launcher import LaunchError, check_nproc, in_job, launch
+    from superkernel.tools.distributed.launcher import LaunchError, check_nproc, in_job
     from superkernel.tools.distributed.optimize import load_tp_plan
     from superkernel.tools.distributed.static_build import StaticBuildOptions, build_rank, check_mode
     from superkernel.tools.static_session import check_cache_len, check_plan
@@ -97,13 +93,24 @@ def static_compile(args: argparse.Namespace) -> int:
     check_mode(args.mode, args.config)
     check_cache_len(args.prompt_len, args.max_cache_len or args.prompt_len + 36)
     if not in_job():
-        try:
-            return launch(args.argv, args.nproc)
-        except LaunchError as exc:
-            sys.stderr.write(f"superkernel static-compile: error: {exc}\n")
-            return 1
-    source = f"--tp-plan {args.tp_plan}" if plan is not None else "the model's transformers tp_plan"
+        return _launch(args, "superkernel static-compile")
+    source = _plan_source(args.tp_plan)
     return build_rank(StaticBuildOptions(
         model=args.model, build_dir=build_dir, batch_sizes=args.batch_sizes, plan=args.config, mode=args.mode,
         prompt_len=args.prompt_len, max_cache_len=args.max_cache_len, seed=args.seed, threads=args.threads,
         tp_plan=plan, tp_plan_source=source, as_json=args.json))
+
+
+def _launch(args: argparse.Namespace, prog: str) -> int:
+    """Start the job's ranks (this process becomes their watchdog); a launch failure is one line, exit 1."""
+    from superkernel.tools.distributed.launcher import LaunchError, launch
+
+    try:
+        return launch(args.argv, args.nproc)
+    except LaunchError as exc:
+        sys.stderr.write(f"{prog}: error: {exc}\n")
+        return 1
+
+
+def _plan_source(tp_plan: Path | None) -> str:
+    return f"--tp-plan {tp_plan}" if tp_plan is not None else "the model's transformers tp_plan"
