@@ -51,7 +51,7 @@ from superkernel.tools.advisor.environment import choose_threads
 from superkernel.tools.advisor.environment import hardware as describe_hardware
 from superkernel.tools.advisor.strategies import plan_for
 from superkernel.tools.advisor.structure import analyze_structure
-from superkernel.tools.decode import DecodeSession, prepare, run_decode, synchronize
+from superkernel.tools.decode import DecodeSession, prepare, run_decode
 from superkernel.tools.fresh_cache import CacheHolder, fresh_cache, holder_step
 from superkernel.tools.peer_check import PeerCheck, peer_tolerance
 from superkernel.tools.models import load_model
@@ -65,16 +65,9 @@ BASELINES = ("eager", "torch.compile", "torch.compile lite", "torch.compile free
 
 def copy_bandwidth(device: torch.device, megabytes: int = 256, repeats: int = 5) -> float:
     """Bytes/s of a large device-to-device copy (read + write), the best of a few."""
-    n = megabytes * 2**20 // 4
-    src, dst = torch.randn(n, device=device), torch.empty(n, device=device)
-    best = float("inf")
-    for _ in range(repeats):
-        synchronize(device)
-        start = time.perf_counter()
-        dst.copy_(src)
-        synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * src.numel() * 4 / best
+    from superkernel.autofusion.machine import measure_bandwidth
+
+    return measure_bandwidth(megabytes, repeats, device)
 
 
 def bytes_per_step(model: torch.nn.Module, session: DecodeSession) -> int:

@@ -65,14 +65,19 @@ def environment() -> str:
     return f"{cpu_id()}|torch {torch.__version__}|threads {torch.get_num_threads()}|clock v5"
 
 
-def measure_bandwidth(megabytes: int = 32, repeats: int = 5) -> float:
-    """Bytes/s of a copy (read + write) of a ``megabytes`` float32 tensor: the best of ``repeats``."""
+def measure_bandwidth(megabytes: int = 32, repeats: int = 5, device: torch.device | str = "cpu") -> float:
+    """Bytes/s of a copy (read + write) of a ``megabytes`` float32 tensor on ``device``: the best of
+    ``repeats`` (also the decode benchmarks' memory roofline)."""
+    device = torch.device(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     n = megabytes * 2**20 // 4
-    src, dst = torch.rand(n), torch.empty(n)
+    src, dst = torch.rand(n, device=device), torch.empty(n, device=device)
     best = float("inf")
     for _ in range(repeats):
+        sync()
         start = time.perf_counter()
         dst.copy_(src)
+        sync()
         best = min(best, time.perf_counter() - start)
     return 2 * n * 4 / best
 
