@@ -53,3 +53,41 @@ def test_bad_lengths_are_rejected(llama):
         prepare(llama.model, prompt_len=4, steps=2, warmup=0)
     with pytest.raises(ValueError, match="max_position_embeddings"):
         prepare(llama.model, prompt_len=4000, steps=2, warmup=1)
+
+
+def _counted(calls):
+    """DynamoCounts for ``calls`` run as first call / warm-up / timed, as run_decode marks them."""
+    from superkernel.tools.decode import _counts, _dynamo_marks
+
+    marks = [_dynamo_marks()]
+    for call in calls:
+        call()
+        marks.append(_dynamo_marks())
+    return _counts(marks)
+
+
+def _own_frame(k):
+    """A function with a code object of its own (a lambda made in a loop shares one)."""
+    scope: dict = {}
+    exec(compile(f"def times_{k}(t):\n    return t * {k}\n", f"<frame {k}>", "exec"), scope)
+    return scope[f"times_{k}"]
+
+
+def test_recompile_limit_is_counted_per_frame_not_summed_over_frames():
+    torch._dynamo.reset()
+    limit = 3
+    x = torch.ones(2)
+    try:
+        with torch._dynamo.config.patch(recompile_limit=limit, automatic_dynamic_shapes=False):
+            # many frames, each failing its guards once: not the limit
+            fns = [torch.compile(_own_frame(k), backend="eager") for k in range(2 * limit)]
+            spread = _counted([lambda: [f(x) for f in fns],
+                               lambda: [f(torch.ones(i + 3)) for i, f in enumerate(fns)], lambda: None])
+            assert not spread.limit_hit
+            # one frame recompiled past its limit: Dynamo gives up on it
+            one = torch.compile(lambda t: t + 1, backend="eager")
+            hit = _counted([lambda: one(x), lambda: [one(torch.ones(n)) for n in range(3, 4 + limit)],
+                            lambda: None])
+            assert hit.limit_hit
+    finally:
+        torch._dynamo.reset()

@@ -307,13 +307,14 @@ class DynamoCounts:
         return asdict(self)
 
 
-def _dynamo_marks() -> tuple[int, int, int, list[str], list[str]]:
+def _dynamo_marks() -> tuple[int, int, int, list[str], list[str], dict[Any, int]]:
     from torch._dynamo.utils import counters, guard_failures
 
     fails = [reason for reasons in guard_failures.values() for reason in reasons]
     breaks = list(counters["graph_break"].keys())
+    per_code = {code: len(reasons) for code, reasons in guard_failures.items()}
     return (len(fails), int(sum(counters["graph_break"].values())), int(counters["stats"]["unique_graphs"]),
-            fails, breaks)
+            fails, breaks, per_code)
 
 
 def _first_line(text: str) -> str:
@@ -354,15 +355,26 @@ def run_decode(session: DecodeSession, step: StepFn, *, label: str = "",
                      compile_seconds=times[0], batch=session.batch, dynamo=_counts(marks))
 
 
-def _counts(marks: list[tuple[int, int, int, list[str], list[str]]]) -> DynamoCounts:
+def _limit_hit(start: dict[Any, int], end: dict[Any, int], new_breaks: list[str]) -> bool:
+    """Whether Dynamo gave up on a frame: its recompile limit counts per code object, not in all.
+
+    Guard failures summed over every frame overstate it: a model with graph breaks has many
+    frames, each failing the guards of another backend's entries once.
+    """
+    limit = int(getattr(torch._dynamo.config, "recompile_limit", 8) or 8)
+    if any(n - start.get(code, 0) >= limit for code, n in end.items()):
+        return True
+    return any("recompile limit" in b.lower() for b in new_breaks)
+
+
+def _counts(marks: list[tuple[int, int, int, list[str], list[str], dict[Any, int]]]) -> DynamoCounts:
     start, first, warm, end = marks
     later_fails = end[3][first[0]:]
     new_breaks = [b for b in end[4] if b not in start[4]]
-    limit = int(getattr(torch._dynamo.config, "recompile_limit", 8) or 8)
     return DynamoCounts(
         recompiles_first=first[0] - start[0], recompiles_warmup=warm[0] - first[0], recompiles_timed=end[0] - warm[0],
         graph_breaks_first=first[1] - start[1], graph_breaks_later=end[1] - first[1],
         graphs_first=first[2] - start[2], graphs_later=end[2] - first[2],
         reasons=list(dict.fromkeys(_first_line(r) for r in later_fails))[:5],
         break_reasons=[_first_line(b) for b in new_breaks][:5],
-        limit_hit=(end[0] - start[0]) >= limit)
+        limit_hit=_limit_hit(start[5], end[5], new_breaks))
