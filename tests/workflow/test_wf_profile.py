@@ -87,6 +87,24 @@ def test_marks_count_calls_and_discount_the_hooks_cost_in_the_callers():
     assert marks.calls == 0
 
 
+def test_marks_keep_the_fast_call_path_and_restore_every_forward():
+    from superkernel.tools.advisor.profile import ModuleRole, _Marks
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    own = model[1].forward                      # a forward set on the instance (as a scope wrapper does)
+    model[1].forward = own
+    expected = model(torch.ones(1, 2))
+    marks = _Marks(model, [ModuleRole("0", "mlp", 0), ModuleRole("1", "other", 0)], profiler=False)
+    # timed without forward hooks: a hooked module leaves Module.__call__'s fast path
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    out = model(torch.ones(1, 2))
+    assert marks.calls == 2 and torch.equal(out, expected)
+    marks.remove()
+    assert "forward" not in model[0].__dict__ and model[1].__dict__["forward"] is own
+    model(torch.ones(1, 2))
+    assert marks.calls == 2
+
+
 def test_covered_share_grows_with_the_scopes(llama, llama_profile):
     structure = analyze_structure(llama.model)
     share = {s: covered_share(llama_profile, llama.model, plan_for(s, structure).scopes)
