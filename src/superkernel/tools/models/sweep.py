@@ -49,6 +49,7 @@ def sweep_one(model_type: str, *, strategy: str = "decoder_layer", mode: str = "
         session = prepare(model, prompt_len=prompt_len, steps=steps, warmup=warmup, seed=0)
         eager = run_decode(session, session.step_fn())
         superkernel.apply_scopes(model, plan.scopes)
+        torch._dynamo.reset()  # no frame compiled before (another model, another test) meets this row's guards
         try:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
