@@ -56,3 +56,14 @@ def test_torch_compile_recompiling_leaves_the_plan():
     results[1].dynamo = DynamoCounts(recompiles_timed=5, reasons=["guard"])
     d = decide(results)
     assert d.kind == "plan" and "recompiles" in d.reason
+
+
+def test_a_busy_machine_is_named_in_the_outcome_not_hidden_behind_a_recommendation():
+    from superkernel.tools.advisor.workflow import outcome_message
+
+    results = _results(2.0, 1.0, _run("a / ro", 0.9))
+    steady, busy = decide(results, drift=0.1), decide(results, drift=2.4)
+    assert not steady.unsteady and "idle machine" not in outcome_message(results, steady)
+    assert busy.unsteady and busy.kind == "torch.compile"
+    text = outcome_message(results, busy)
+    assert "240%" in text and "re-run on an idle machine" in text and "use torch.compile" in text

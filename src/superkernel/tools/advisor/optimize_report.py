@@ -7,7 +7,7 @@ from typing import Any
 
 from superkernel.tools.advisor.analysis import Analysis
 from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE
-from superkernel.tools.advisor.results import RunResult
+from superkernel.tools.advisor.results import UNSTEADY_DRIFT, RunResult
 from superkernel.tools.advisor.strategies import DESCRIPTIONS
 from superkernel.tools.advisor.table import fmt_diff, markdown_table
 
@@ -185,7 +185,10 @@ def render(*, analysis: Analysis, model_name: str, model_source: str, notes: lis
     if eager_drift is not None:
         size = abs(eager_drift)
         verdict = ("under 5%: the machine's speed stayed steady during the run" if size < 0.05 else
-                   "differences between plans smaller than this are within the machine's drift")
+                   "differences between plans smaller than this are within the machine's drift"
+                   if size <= UNSTEADY_DRIFT else
+                   "**the machine was too busy to compare plans measured at different times: re-run on an idle "
+                   "machine before acting on this report**")
         lines.append(f"- Machine drift: eager was timed again after all plans, {eager_drift:+.1%} against its first "
                      f"median ({verdict}).")
     lines.append("- Decode steps use a preallocated StaticCache; prefill is never scoped or compiled.")

@@ -122,6 +122,9 @@ def recommend(results: list[RunResult]) -> RunResult | None:
 #: A plan must beat plain torch.compile by more than this (relative) to be recommended
 #: over it; smaller differences are within the run-to-run noise of a decode step.
 NOISE_FLOOR = 0.03
+#: An eager drift beyond this: the machine's speed changed so much during the run that no
+#: comparison between plans measured at different times means anything (a busy machine).
+UNSTEADY_DRIFT = 0.25
 
 
 @dataclass
@@ -133,6 +136,11 @@ class Recommendation:
     baseline: RunResult | None = None  # the torch.compile baseline (kind "torch.compile")
     reason: str = ""
     noise: float = NOISE_FLOOR
+
+    @property
+    def unsteady(self) -> bool:
+        """The run's eager drift exceeded :data:`UNSTEADY_DRIFT`: its comparisons are not reliable."""
+        return self.noise > UNSTEADY_DRIFT
 
     @property
     def name(self) -> str | None:

@@ -280,6 +280,15 @@ def plans_summary(results: list[RunResult]) -> str:
 
 
 def outcome_message(results: list[RunResult], decision: Recommendation) -> str:
+    text = _outcome(results, decision)
+    if decision.unsteady:
+        return (f"the machine's speed changed during the run (eager, timed again at the end, moved by "
+                f"{decision.noise:.0%}): plans measured at different times cannot be compared, so take this with "
+                f"care and re-run on an idle machine. {text}")
+    return text
+
+
+def _outcome(results: list[RunResult], decision: Recommendation) -> str:
     plan_results = [r for r in results if r.kind == "plan"]
     if decision.kind == "plan":
         best = decision.plan
