@@ -127,9 +127,7 @@ def _load_graph(data: bytes) -> fx.GraphModule:
     from torch.fx._graph_pickler import GraphPickler
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    gm = GraphPickler.loads(data, FakeTensorMode(shape_env=ShapeEnv()))
-    gm.recompile()
-    return gm
+    return GraphPickler.loads(data, FakeTensorMode(shape_env=ShapeEnv()))  # (its graph setter generated the code)
 
 
 class FrameBackend:
