@@ -1,6 +1,6 @@
 """Every causal-LM architecture transformers registers, through the harness of ``analyze`` / ``optimize``.
 
-    .venv/bin/python benchmarks/hf_registry_sweep.py [--types llama,mpt,...] [--quick] [--timeout 600]
+    .venv/bin/python benchmarks/hf_registry_sweep.py [--types llama,mpt,...] [--quick] [--timeout 600] [--resume]
 
 The list is generated from transformers' own auto mapping (``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``
 with a config class), not written by hand; each architecture gets a tiny config
@@ -75,16 +75,40 @@ def _start(types: list[str], log: Path) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
 
 
+def _cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` and its waited-for children (Linux /proc), else None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+#: A worker silent this many times ``timeout`` in wall time is hung, whatever its CPU time says.
+HANG_FACTOR = 6
+
+
+def _late(w: dict, timeout: int) -> bool:
+    """Over its time for one architecture: ``timeout`` seconds of CPU time (so a busy machine, which
+    stretches wall time, does not fail an architecture), or ``HANG_FACTOR`` x ``timeout`` of wall time."""
+    wall = time.time() - w["since"]
+    cpu = _cpu_seconds(w["proc"].pid)
+    if cpu is None:
+        return wall > timeout
+    return cpu - w["cpu_since"] > timeout or wall > HANG_FACTOR * timeout
+
+
 def run_all(types: list[str], work: Path, timeout: int, on_row, jobs: int = 1) -> None:
     """Run ``jobs`` workers over ``types``; rows reach ``on_row`` as they are written. A row left at
-    "started" when its worker died or exceeded ``timeout`` is reported as such, and the worker is
-    restarted on the rest of its list."""
+    "started" when its worker died or went over its time (:func:`_late`) is reported as such, and
+    the worker is restarted on the rest of its list."""
     queues = [types[i::jobs] for i in range(jobs)]
     workers = []
     for i, queue in enumerate(queues):
         if queue:
             log = work / f"rows_{i}.jsonl"
-            workers.append({"queue": queue, "log": log, "proc": _start(queue, log), "seen": set(), "since": time.time()})
+            workers.append({"queue": queue, "log": log, "proc": _start(queue, log), "seen": set(), "since": time.time(),
+                            "cpu_since": 0.0})
     while workers:
         time.sleep(2)
         for w in list(workers):
@@ -93,10 +117,10 @@ def run_all(types: list[str], work: Path, timeout: int, on_row, jobs: int = 1) -
                 row = rows.get(name)
                 if row is not None and not row.get("started") and name not in w["seen"]:
                     w["seen"].add(name)
-                    w["since"] = time.time()
+                    w["since"], w["cpu_since"] = time.time(), _cpu_seconds(w["proc"].pid) or 0.0
                     on_row(row)
             done = w["proc"].poll() is not None
-            late = time.time() - w["since"] > timeout
+            late = not done and _late(w, timeout)
             if not (done or late):
                 continue
             if late:
@@ -106,7 +130,8 @@ def run_all(types: list[str], work: Path, timeout: int, on_row, jobs: int = 1) -
             stuck = next((n for n in rest if rows.get(n, {}).get("started")), None)
             if stuck is not None:
                 tail = (w["proc"].stderr.read() or "").strip().splitlines()[-1:] if not late else []
-                why = f"no result within {timeout} s" if late else f"the worker died ({(tail or ['?'])[0][:200]})"
+                why = (f"no result within {timeout} s of CPU time (or {HANG_FACTOR * timeout} s of wall time)" if late
+                       else f"the worker died ({(tail or ['?'])[0][:200]})")
                 on_row({"model_type": stuck, "eligible": None, "exit": "crash", "reason": why})
                 w["seen"].add(stuck)
                 rest.remove(stuck)
@@ -116,7 +141,7 @@ def run_all(types: list[str], work: Path, timeout: int, on_row, jobs: int = 1) -
                 rest = []
             workers.remove(w)
             if rest:
-                w.update(queue=rest, proc=_start(rest, w["log"]), since=time.time())
+                w.update(queue=rest, proc=_start(rest, w["log"]), since=time.time(), cpu_since=0.0)
                 workers.append(w)
 
 
@@ -162,6 +187,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
              "mode reduce-overhead against its exactness reference. Compile: the plan's first step (s).", "",
              *(["Eligibility only (`--eligibility-only`): eager decodes, no superkernel plan compiled in this run.", ""]
                if meta.get("eligibility_only") else []),
+             *([f"Resumed (`--resume`): {meta['resumed']}; the date and load above are this run's.", ""]
+               if meta.get("resumed") else []),
              f"**{len(eligible)} decode in eager; of those {len(ran)} exit 0, "
              f"{sum(1 for r in ran if r.get('bit_exact'))} bit-exact, "
              f"{sum(1 for r in ran if r.get('recompiles_timed') == 0 and not r.get('limit_hit'))} with 0 recompiles "
@@ -218,6 +245,19 @@ def write(rows: list[dict], meta: dict, out: Path) -> None:
     atomic_write(out / f"{stem}.md", markdown(rows, meta))
 
 
+def _kept_rows(out: Path, eligibility_only: bool, names: list[str]) -> list[dict]:
+    """Rows of an earlier run (``--resume``) that have a result: eligible or not, not a timeout or crash."""
+    stem = "hf_registry_eligibility" if eligibility_only else "hf_registry_sweep"
+    path = out / f"{stem}.json"
+    if not path.exists():
+        return []
+    try:
+        rows = json.loads(path.read_text())["rows"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SystemExit(f"--resume: cannot read {path} ({exc}); move it away to start a new sweep") from None
+    return [r for r in rows if isinstance(r, dict) and r.get("model_type") in names and r.get("eligible") is not None]
+
+
 def main(argv: list[str] | None = None) -> int:
     from superkernel.tools.models.registry import causal_lm_types
 
@@ -232,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cli", default="", help="comma-separated types to also run through the real CLI commands")
     p.add_argument("--output", type=Path, default=RESULTS)
     p.add_argument("--render", type=Path, metavar="JSON", help="only rewrite the markdown from a JSON of this script")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the rows of the output's JSON that have a result and run only the rest (a sweep "
+                        "longer than one sitting; rows that timed out or crashed are run again)")
     args = p.parse_args(argv)
     if args.render is not None:
         data = json.loads(args.render.read_text())
@@ -259,7 +302,11 @@ def main(argv: list[str] | None = None) -> int:
             "load": " ".join(f"{x:.1f}" for x in os.getloadavg()), "torch": torch.__version__,
             "transformers": transformers.__version__, "registered": len(registered), "steps": STEPS,
             "warmup": WARMUP, "requested": names, "eligibility_only": args.eligibility_only}
-    rows: list[dict] = []
+    rows: list[dict] = _kept_rows(args.output, args.eligibility_only, names) if args.resume else []
+    if rows:
+        names = [n for n in names if n not in {r["model_type"] for r in rows}]
+        meta["resumed"] = f"{len(rows)} rows kept from earlier runs of this script, {len(names)} run now"
+        print(meta["resumed"], flush=True)
 
     def on_row(row: dict) -> None:
         rows.append(row)
