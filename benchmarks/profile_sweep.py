@@ -9,7 +9,7 @@ architectures (:mod:`superkernel.tools.models.archs`) and every registry type th
 :mod:`superkernel.tools.models.registry`). Per architecture, in a child process (a crash or a
 hang costs one row): build, prefill, structure analysis, then the same eager profile
 ``analyze --profile`` runs (:func:`~superkernel.tools.advisor.profile.profile_step`: rounds with
-and without the timing hooks alternating) and the covered share of every built-in strategy that
+and without the timing wrappers alternating) and the covered share of every built-in strategy that
 applies. Per row: ok / error, the profiled step (sum of the per-kind times), the bare step
 measured interleaved with it, their ratio (``coverage``; the issue asks for 0.9-1.1), the kind
 shares, operators and launches per step. ``--cli`` also runs the real ``superkernel analyze
@@ -180,8 +180,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
              f"{meta['load_end']} at the end; torch {meta['torch']}, transformers {meta['transformers']}.", "",
              f"Zoo, hand-checked architectures and every registry type eligible in eager "
              f"(`hf_registry_eligibility.json`), tiny configs, prompt {PROMPT_LEN}, one CPU thread: rounds of "
-             f"{2 * PROFILE_STEPS} steps with the timing hooks alternate with rounds without (4-16 rounds, the fastest "
-             "quarter of each, timed with the thread's CPU time, the hooks' cost per call measured on an empty module "
+             f"{2 * PROFILE_STEPS} steps with the timing wrappers around the marked modules' forward alternate with rounds without (4-16 rounds, the fastest "
+             "quarter of each, timed with the thread's CPU time, the wrappers' cost per call measured on an empty module "
              f"taken out), then {PROFILE_STEPS} steps under torch.profiler. Profiled = the per-kind times summed (they add up to the hooked step by "
              "construction: 'other' is the step minus the marked modules); measured = the bare step; coverage = "
              f"profiled / measured (criterion {lo}-{hi}).", "",
