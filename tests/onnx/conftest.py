@@ -16,15 +16,20 @@ from tests._env import environ
 DIMS = zoo.Dims(batch=2, seq=8, hidden=64, heads=4, kv_heads=2, intermediate=128)
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="package", autouse=True)
 def calibration_cache(tmp_path_factory):
-    """Micro-benchmark results of the tests go to a temporary cache, not the user's."""
+    """Micro-benchmark results of the tests go to a temporary cache, not the user's.
+
+    Package-scoped (as are the other autouse fixtures here): a session-scoped one stayed set after the
+    ONNX tests, and every later test in the same xdist worker then compiled reduce-overhead graphs with
+    an empty superkernel cache (native modules and precompiled headers rebuilt: an order dependence).
+    """
     path = str(tmp_path_factory.mktemp("sk_cache"))
     with environ(SUPERKERNEL_CACHE_DIR=path):
         yield path
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="package", autouse=True)
 def short_measurements():
     """Real micro-benchmarks and end-to-end checks run in the tests to prove the path works;
     which fusion a measurement keeps is tested through the ``measure=`` / ``timer=`` seams, so
@@ -39,7 +44,7 @@ def short_measurements():
         calibrate.MICRO_WARMUP, calibrate.MICRO_ROUNDS, e2e.WARMUP, e2e.ROUNDS = saved
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="package", autouse=True)
 def onnx_registry_built_once():
     """torch.onnx.export(dynamo=True) rebuilds its operator registry from torchlib on every
     call (about 1 s, most of a small export); the tests export dozens of small modules, so

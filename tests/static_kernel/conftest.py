@@ -47,9 +47,14 @@ def parse_child(code: int, stdout: str, stderr: str) -> dict:
     raise AssertionError(f"child failed (exit {code}):\n{stdout[-2000:]}\n{stderr[-4000:]}")
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="package", autouse=True)
 def _private_trust_key(tmp_path_factory):
-    """Packages are signed with a per-user key under $XDG_CACHE_HOME: tests (and their children) use a private one."""
+    """Packages are signed with a per-user key under $XDG_CACHE_HOME: tests (and their children) use a private one.
+
+    Package-scoped, not session-scoped: a session fixture stays set after this package's tests, so every
+    later test in the same xdist worker ran with an empty superkernel cache (native CPU modules and their
+    precompiled headers rebuilt on each reduce-overhead compile: slower, and an order dependence).
+    """
     with environ(XDG_CACHE_HOME=str(tmp_path_factory.mktemp("xdg_cache"))):
         yield
 

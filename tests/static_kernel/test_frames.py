@@ -83,7 +83,10 @@ def test_changed_source_makes_the_frame_stale(built_fn):
 def test_graph_break_gives_a_notice_and_a_partition_package(tmp_path):
     build_dir = tmp_path / "build"
     build_dir.mkdir()
-    result = run_child(tmp_path, build_dir, 2, tmp_path / "gb_out.pt", "--function", "--graph-break")
+    # (the fresh-process load check of a written package is covered by the fixtures' packages, which
+    # fresh processes then load without compiling)
+    result = run_child(tmp_path, build_dir, 2, tmp_path / "gb_out.pt", "--function", "--graph-break",
+                       SUPERKERNEL_STATIC_VERIFY="0")
     assert result["static"]["frames_unsupported"] == 1 and result["static"].get("frames_built", 0) == 0
     assert len(result["notices"]) == 1 and "cannot be precompiled as one frame" in result["notices"][0]
     assert "graph_break" in result["notices"][0]

@@ -21,19 +21,15 @@ EXPECTED_TRIALS = {
 }
 
 
-@pytest.mark.parametrize("name", ZOO_NAMES)
-def test_analyze_cli_on_every_zoo_model(name, tmp_path):
-    out = tmp_path / "analysis.json"
-    result = run_cli("analyze", "--model", name, "--prompt-len", "4", "--json", str(out))
-    assert result.code == 0, result.err
-    data = json.loads(out.read_text())
+def check_zoo_analysis(name: str, data: dict, out: str) -> None:
+    """What ``superkernel analyze --model NAME --json`` must report on a zoo model (``out``: its terminal output)."""
     assert data["model"] == name
     assert data["structure"]["layers_path"] == "model.layers"
     assert len(data["structure"]["layers"]) == 4
     assert data["decode_graphs"] == 1 and data["graph_breaks"] == []
     assert "preallocated" in data["kv_cache"] and "prefill" in data["prefill_decode"]
     assert [t["strategy"] for t in data["trials"]] == EXPECTED_TRIALS[name]
-    assert data["issues"] == [] and "potential issues: none found" in result.out
+    assert data["issues"] == [] and "potential issues: none found" in out
     for trial in data["trials"]:
         assert trial["error"] is None
         assert trial["graphs"] == 1
@@ -44,11 +40,35 @@ def test_analyze_cli_on_every_zoo_model(name, tmp_path):
     assert len(by_name["all_layers"]["segments"]) == 1          # one scope over the back-to-back layers
     assert len(by_name["decoder_layer"]["segments"]) == 4
     # terminal output names the parts found
-    assert "decoder layers: 4" in result.out
+    assert "decoder layers: 4" in out
     if name != "llama-tiny":
-        assert "MoE layers: " in result.out and ("experts" in result.out)
+        assert "MoE layers: " in out and ("experts" in out)
     if name == "deepseek-v3-tiny":
-        assert "MLA" in result.out and "shared_experts" in result.out
+        assert "MLA" in out and "shared_experts" in out
+
+
+def check_profile(data: dict, out: str, strategies: list[str]) -> None:
+    """What ``superkernel analyze --profile --json`` adds: the eager step's profile and one forecast per plan."""
+    prof = data["profile"]
+    assert sum(v["share"] for v in prof["kinds"].values()) == pytest.approx(1.0)
+    assert prof["launches_per_step"] > 0 and prof["measured_ms"] > 0
+    assert [p["strategy"] for p in data["plans"]] == strategies
+    assert "where the eager decode step spends its time" in out and "top modules" in out
+
+
+# deepseek-v3-tiny: the same checks run on the analysis docs/workflow.md's example writes
+# (tests/workflow/test_wf_docs.py::test_doc_examples_run), which analyzes that model with --profile.
+@pytest.mark.parametrize("name", [n for n in ZOO_NAMES if n != "deepseek-v3-tiny"])
+def test_analyze_cli_on_every_zoo_model(name, tmp_path):
+    out = tmp_path / "analysis.json"
+    # llama-tiny with --profile: this run also checks the profile part of the JSON and the terminal
+    profile = ["--profile"] if name == "llama-tiny" else []
+    result = run_cli("analyze", "--model", name, "--prompt-len", "4", *profile, "--json", str(out))
+    assert result.code == 0, result.err
+    data = json.loads(out.read_text())
+    check_zoo_analysis(name, data, result.out)
+    if profile:
+        check_profile(data, result.out, EXPECTED_TRIALS[name])
 
 
 def test_trial_capture_reports_cuts_with_reasons_and_source(llama_session):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from pathlib import Path
@@ -10,6 +11,7 @@ import pytest
 
 from superkernel.tools import cli
 
+from .test_wf_analyze import EXPECTED_TRIALS, check_profile, check_zoo_analysis
 from .wf_helpers import run_cli
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "workflow.md"
@@ -29,16 +31,34 @@ def test_doc_has_tested_examples_of_each_command():
 
 
 def test_doc_examples_run(tmp_path, monkeypatch):
+    """Every tested block, as written (the CLI gets ``--quiet``, analyze ``--json`` to be checked).
+
+    The analysis of the deepseek-v3-tiny example is checked as test_wf_analyze.py checks every zoo
+    model's (that test leaves this model to this run rather than analyzing it a second time).
+    """
     monkeypatch.chdir(tmp_path)
+    analyzed = []
     for lang, code in doc_blocks():  # in order: optimize writes the yaml that bench and Python read
         if lang == "bash":
             argv = shlex.split(code.strip())
             assert argv[0] == "superkernel"
-            result = run_cli(*argv[1:], *(["--quiet"] if argv[1] != "analyze" else []))
+            if argv[1] == "analyze":
+                extra = ["--json", str(tmp_path / f"analysis_{len(analyzed)}.json")]
+            else:
+                extra = ["--quiet"]
+            result = run_cli(*argv[1:], *extra)
             assert result.code == 0, f"{code}\n{result.err}"
+            if argv[1] == "analyze":
+                analyzed.append((argv, extra[1], result.out))
         else:
             exec(compile(code, str(DOC), "exec"), {"__name__": "__doc_example__"})
     assert (tmp_path / "sk_quick" / "superkernel.yaml").is_file()
+    (argv, path, out), = analyzed
+    assert argv[2:] == ["--model", "deepseek-v3-tiny", "--profile"], \
+        "test_wf_analyze.py leaves deepseek-v3-tiny to this example: analyze it there again if the example changes"
+    data = json.loads(Path(path).read_text())
+    check_zoo_analysis("deepseek-v3-tiny", data, out)
+    check_profile(data, out, EXPECTED_TRIALS["deepseek-v3-tiny"])
 
 
 @pytest.mark.parametrize("command", ["optimize", "analyze", "bench"])
