@@ -24,8 +24,10 @@ import argparse
 import copy
 import json
 import os
+import resource
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -88,6 +90,8 @@ class Peer:
         self.holder: CacheHolder | None = None
         self.step: Callable | None = None
         self.compile_s: float | None = None
+        self.compile_cpu_s: float | None = None
+        self.counters: dict[str, int] = {}
         self.medians: list[float] = []
         self.p90s: list[float] = []
         self.first_logits: torch.Tensor | None = None
@@ -97,10 +101,19 @@ class Peer:
         self.recompiles_timed = 0
 
 
+def cpu_seconds() -> float:
+    """user + sys CPU time of this process and its finished children (g++ runs included)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def _superkernel(mode: str, run_eagerly: bool = False) -> Callable[[Callable], Callable]:
     def make(fn: Callable) -> Callable:
         cfg = sk.CompilerConfig.from_dict({"mode": mode, "debug": {"run_eagerly": run_eagerly}})
-        return torch.compile(fn, backend=sk.get_backend(cfg), dynamic=False)
+        backend = sk.get_backend(cfg)
+        compiled = torch.compile(fn, backend=backend, dynamic=False)
+        compiled.superkernel_counters = backend.counters  # type: ignore[attr-defined]
+        return compiled
     return make
 
 
@@ -133,14 +146,21 @@ def run_config(dtype_name: str, threads: int, args: argparse.Namespace, bandwidt
         try:
             peer.step = peer.compile_fn(base)
             session.restore_cache()
+            cpu_before = cpu_seconds()
             first = run(peer, session.cache)
+            cpu_first = cpu_seconds() - cpu_before
         except Exception as exc:  # noqa: BLE001 - reported in the table
             peer.error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
             print(f"  {peer.label}: failed: {peer.error}", flush=True)
             continue
         peer.compile_s = first.compile_seconds if peer.label != "eager" else 0.0
+        # CPU time of the whole first run less the CPU time of its timed steps (about their wall time)
+        steps_s = sum(first.step_seconds[1:])
+        peer.compile_cpu_s = max(0.0, cpu_first - steps_s) if peer.label != "eager" else 0.0
+        peer.counters = dict(getattr(peer.step, "superkernel_counters", {}))
         peer.first_logits = first.logits
-        print(f"  compiled {peer.label:<40} first step {first.compile_seconds:7.1f} s", flush=True)
+        print(f"  compiled {peer.label:<40} first step {first.compile_seconds:7.1f} s wall, "
+              f"{peer.compile_cpu_s:7.1f} s CPU (load {os.getloadavg()[0]:.1f})", flush=True)
     eager = peers[0]
     for peer in peers:
         if peer.mode == "reduce-overhead" and peer.first_logits is not None and reference.first_logits is not None:
@@ -181,14 +201,18 @@ def run_config(dtype_name: str, threads: int, args: argparse.Namespace, bandwidt
         median = statistics.median(peer.medians)
         row.update({"median_ms": median, "p90_ms": statistics.median(peer.p90s), "compile_s": peer.compile_s,
                     "time_vs_eager": ratio(peer, "eager"), "time_vs_torch_compile": ratio(peer, "torch.compile"),
+                    "compile_cpu_s": peer.compile_cpu_s,
                     "x_roofline": median / roofline_ms, "correct_every_round": not peer.check.wrong,
                     "check": peer.check.to_dict(), "check_summary": peer.check.summary(),
                     "recompiles_timed": peer.recompiles_timed})
         if peer.bit_exact is not None:
             row["bit_exact_vs_reference"] = peer.bit_exact
+        if peer.counters:
+            row["superkernel_counters"] = peer.counters
         rows.append(row)
     del scoped, model, session
     return {"dtype": dtype_name, "threads": threads, "bytes_per_step": total_bytes, "roofline_ms": roofline_ms,
+            "load_at_end": " ".join(f"{x:.2f}" for x in os.getloadavg()),
             "bandwidth_read_GBps": bandwidth["read"] / 1e9, "bandwidth_copy_GBps": bandwidth["copy"] / 1e9,
             "rows": rows}
 
@@ -200,23 +224,35 @@ def _markdown(result: dict[str, Any]) -> str:
              "are checked against eager's on that round. Times: median over rounds of each run's median step. "
              "\"x roofline\" = median / ((weights + KV cache bytes) / measured read bandwidth): 1.00 is the memory "
              "bound. Ratios are medians of per-round ratios; a peer wrong on any round has none (never a baseline).",
-             f"Load when it started: {result['load']}.", ""]
+             f"Load when it started: {result['load']}. Inductor caches: {result.get('inductor_cache', 'user default')}. "
+             "Compile time = the first step (trace + compile + one step); CPU = user + sys of the process and its "
+             "g++ children over that step.", ""]
     for config in result["configs"]:
         lines += [f"## {config['dtype']}, {config['threads']} thread(s)", "",
                   f"{config['bytes_per_step'] / 1e9:.2f} GB per step; read bandwidth {config['bandwidth_read_GBps']:.1f} "
-                  f"GB/s, copy {config['bandwidth_copy_GBps']:.1f} GB/s; roofline {config['roofline_ms']:.1f} ms.", "",
-                  "| peer | median ms | p90 ms | vs eager | vs torch.compile | x roofline | compile s | "
-                  "correct every round | bit-exact vs reference | recompiles (timed) |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  f"GB/s, copy {config['bandwidth_copy_GBps']:.1f} GB/s; roofline {config['roofline_ms']:.1f} ms. "
+                  f"Load at the end of this configuration: {config.get('load_at_end', '?')}.", "",
+                  "| peer | median ms | p90 ms | vs eager | vs torch.compile | x roofline | compile s (wall) | "
+                  "compile s (CPU) | correct every round | bit-exact vs reference | recompiles (timed) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in config["rows"]:
             if "error" in r:
-                lines.append(f"| {r['peer']} | failed: {r['error']} |" + " |" * 8)
+                lines.append(f"| {r['peer']} | failed: {r['error']} |" + " |" * 9)
                 continue
             fmt = lambda v: f"{v:.2f}x" if v is not None else "-"  # noqa: E731
             exact = {True: "yes", False: "NO"}.get(r.get("bit_exact_vs_reference"), "-")
             lines.append(f"| {r['peer']} | {r['median_ms']:.1f} | {r['p90_ms']:.1f} | {fmt(r['time_vs_eager'])} | "
                          f"{fmt(r['time_vs_torch_compile'])} | {r['x_roofline']:.2f} | {r['compile_s']:.1f} | "
+                         f"{r.get('compile_cpu_s') or 0.0:.1f} | "
                          f"{r['check_summary']} | {exact} | {r['recompiles_timed']} |")
+        lines.append("")
+        for r in config["rows"]:
+            c = r.get("superkernel_counters")
+            if c and "partitions_compiled" in c:
+                lines.append(f"- {r['peer']}: {c.get('partitions_compiled', 0)} partitions, "
+                             f"{c.get('partitions_inductor_compiles', 0)} plain Inductor compiles "
+                             f"({c.get('partitions_reused', 0)} reused), {c.get('partitions_frozen', 0)} frozen, "
+                             f"{c.get('partitions_choice_reused', 0)} took an identical partition's plain/frozen choice")
         lines.append("")
     return "\n".join(lines)
 
@@ -235,7 +271,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="reduce-overhead,max-autotune")
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--name", default="real_width", help="stem of the result files")
+    parser.add_argument("--warm-cache", action="store_true",
+                        help="use the user's Inductor cache dir (default: a fresh one, so compile times are cold)")
     args = parser.parse_args(argv)
+    cold_dir = None
+    if not args.warm_cache:
+        cold_dir = tempfile.TemporaryDirectory(prefix="real_width_inductor_")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cold_dir.name
     args.modes = [m for m in args.modes.split(",") if m]
     dtypes = [d for d in args.dtypes.split(",") if d]
     threads = [os.cpu_count() or 1 if t == "all" else int(t) for t in args.threads.split(",") if t]
@@ -246,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
                               "python": sys.version.split()[0], "layers": args.layers, "steps": args.steps,
                               "warmup": args.warmup, "rounds": args.rounds, "prompt_len": args.prompt_len,
                               "strategy": args.strategy, "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+                              "inductor_cache": "user default (warm)" if args.warm_cache else "fresh dir (cold)",
                               "configs": []}
     args.output.mkdir(parents=True, exist_ok=True)
     wrong = []
