@@ -62,6 +62,21 @@ def build_model(layers: int, dtype: torch.dtype, seed: int = 0) -> torch.nn.Modu
     return model.to(dtype).eval().requires_grad_(False)
 
 
+def save_checkpoint(directory: Path, layers: int, dtype_name: str, seed: int) -> int:
+    """A local checkpoint for ``superkernel optimize --model DIR`` (written to a temporary sibling, then renamed)."""
+    if directory.exists():
+        print(f"error: --save-checkpoint {directory}: exists; give a new directory", file=sys.stderr)
+        return 2
+    if dtype_name not in DTYPES:
+        print(f"error: dtype {dtype_name!r}: allowed {', '.join(DTYPES)}", file=sys.stderr)
+        return 2
+    partial = directory.with_name(directory.name + ".partial")
+    build_model(layers, DTYPES[dtype_name], seed).save_pretrained(partial)
+    partial.rename(directory)
+    print(f"wrote {directory} ({layers} layers, {dtype_name}, seed {seed})")
+    return 0
+
+
 def memory_bandwidth(megabytes: int = 512, repeats: int = 5) -> dict[str, float]:
     """Bytes/s of streaming reads of a large float32 tensor, best of ``repeats`` each: ``sum``, a
     matrix-vector product over it as rows (``W @ x``) and as columns (``x @ W``), and a copy (read +
@@ -117,9 +132,15 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
+#: ``--modes`` values: a superkernel mode, or max-autotune without freezing (weights stay inputs, so
+#: identical layers share one compiled kernel and the compile grows with distinct partitions only).
+MODES = {"reduce-overhead": {"mode": "reduce-overhead"}, "max-autotune": {"mode": "max-autotune"},
+         "max-autotune-unfrozen": {"mode": "max-autotune", "inductor": {"freezing": False}}}
+
+
 def _superkernel(mode: str, run_eagerly: bool = False) -> Callable[[Callable], Callable]:
     def make(fn: Callable) -> Callable:
-        cfg = sk.CompilerConfig.from_dict({"mode": mode, "debug": {"run_eagerly": run_eagerly}})
+        cfg = sk.CompilerConfig.from_dict({**MODES[mode], "debug": {"run_eagerly": run_eagerly}})
         backend = sk.get_backend(cfg)
         compiled = torch.compile(fn, backend=backend, dynamic=False)
         compiled.superkernel_counters = backend.counters  # type: ignore[attr-defined]
@@ -285,7 +306,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="real_width", help="stem of the result files")
     parser.add_argument("--warm-cache", action="store_true",
                         help="use the user's Inductor cache dir (default: a fresh one, so compile times are cold)")
+    parser.add_argument("--save-checkpoint", type=Path, metavar="DIR",
+                        help="only write the seeded model (--layers, first of --dtypes) as a Hugging Face checkpoint "
+                             "(config.json + model.safetensors) into DIR, which must not exist, and exit")
     args = parser.parse_args(argv)
+    if args.save_checkpoint is not None:
+        return save_checkpoint(args.save_checkpoint, args.layers, args.dtypes.split(",")[0], args.seed)
     cold_dir = None
     if not args.warm_cache:
         cold_dir = tempfile.TemporaryDirectory(prefix="real_width_inductor_")
@@ -293,8 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     args.modes = [m for m in args.modes.split(",") if m]
     dtypes = [d for d in args.dtypes.split(",") if d]
     threads = [os.cpu_count() or 1 if t == "all" else int(t) for t in args.threads.split(",") if t]
-    if set(dtypes) - set(DTYPES) or set(args.modes) - {"reduce-overhead", "max-autotune"}:
-        parser.error(f"dtypes: {', '.join(DTYPES)}; modes: reduce-overhead, max-autotune")
+    if set(dtypes) - set(DTYPES) or set(args.modes) - set(MODES):
+        parser.error(f"dtypes: {', '.join(DTYPES)}; modes: {', '.join(MODES)}")
     threads = list(dict.fromkeys(threads))
     result: dict[str, Any] = {"hardware": describe_hardware(torch.device("cpu")), "torch": torch.__version__,
                               "python": sys.version.split()[0], "layers": args.layers, "steps": args.steps,
