@@ -14,7 +14,8 @@ logits are checked against eager on that round (``superkernel.tools.peer_check``
 is marked and not used as a baseline. reduce-overhead is checked bit for bit against its
 exactness reference. The roofline is (bytes of weights + KV cache) / memory bandwidth measured
 here with the same thread count (the fastest of three STREAM-like reads of a 512 MiB tensor:
-``sum``, ``W @ x`` and ``x @ W``; a copy is reported beside it). Compile times are cold (a fresh
+``sum``, ``W @ x`` and ``x @ W``, measured before the configuration and after every round, the
+best kept; a copy is reported beside it). Compile times are cold (a fresh
 Inductor cache directory per run, unless ``--warm-cache``), wall and CPU (user + sys, g++ included).
 Writes benchmarks/results/real_width.{json,md}. It is slow: a max-autotune compile of 24 layers
 takes minutes on 2 cores.
@@ -71,6 +72,10 @@ def save_checkpoint(directory: Path, layers: int, dtype_name: str, seed: int) ->
         print(f"error: dtype {dtype_name!r}: allowed {', '.join(DTYPES)}", file=sys.stderr)
         return 2
     partial = directory.with_name(directory.name + ".partial")
+    if partial.exists():
+        print(f"error: {partial} exists (an interrupted earlier write?); remove it or give another directory",
+              file=sys.stderr)
+        return 2
     build_model(layers, DTYPES[dtype_name], seed).save_pretrained(partial)
     partial.rename(directory)
     print(f"wrote {directory} ({layers} layers, {dtype_name}, seed {seed})")
@@ -98,6 +103,13 @@ def memory_bandwidth(megabytes: int = 512, repeats: int = 5) -> dict[str, float]
     reads = {name: n * 4 / t for name, t in best.items() if name != "copy"}
     return {"read": max(reads.values()), "copy": 2 * n * 4 / best["copy"],
             "reads": reads}
+
+
+def best_bandwidth(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Per kernel, the faster of two bandwidth measurements (one per round, so a busy moment of a
+    shared machine does not set the roofline)."""
+    reads = {k: max(a["reads"].get(k, 0.0), v) for k, v in b["reads"].items()}
+    return {"read": max(reads.values()), "copy": max(a["copy"], b["copy"]), "reads": reads}
 
 
 def bytes_per_step(model: torch.nn.Module, session: DecodeSession) -> int:
@@ -212,6 +224,7 @@ def run_config(dtype_name: str, threads: int, args: argparse.Namespace, bandwidt
             peer.check.check(logits[peer.label], logits["eager"])
         print(f"  round {r + 1}/{args.rounds}: " + "  ".join(f"{p.label.replace('superkernel ', 'sk ')} "
                                                             f"{p.medians[-1]:.1f}" for p in live), flush=True)
+        bandwidth = best_bandwidth(bandwidth, memory_bandwidth())  # the load changes: the best seen is the bound
     total_bytes = bytes_per_step(model, session)
     roofline_ms = total_bytes / bandwidth["read"] * 1e3
     good = {p.label: p for p in live if not p.check.wrong}
