@@ -13,7 +13,10 @@ next ``generate()`` would) and its
 logits are checked against eager on that round (``superkernel.tools.peer_check``); a wrong peer
 is marked and not used as a baseline. reduce-overhead is checked bit for bit against its
 exactness reference. The roofline is (bytes of weights + KV cache) / memory bandwidth measured
-here with the same thread count (a STREAM-like read: ``sum`` of a 512 MiB tensor; and copy).
+here with the same thread count (the fastest of three STREAM-like reads of a 512 MiB tensor:
+``sum``, ``W @ x`` and ``x @ W``, measured before the configuration and after every round, the
+best kept; a copy is reported beside it). Compile times are cold (a fresh
+Inductor cache directory per run, unless ``--warm-cache``), wall and CPU (user + sys, g++ included).
 Writes benchmarks/results/real_width.{json,md}. It is slow: a max-autotune compile of 24 layers
 takes minutes on 2 cores.
 """
@@ -24,8 +27,10 @@ import argparse
 import copy
 import json
 import os
+import resource
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -58,19 +63,53 @@ def build_model(layers: int, dtype: torch.dtype, seed: int = 0) -> torch.nn.Modu
     return model.to(dtype).eval().requires_grad_(False)
 
 
+def save_checkpoint(directory: Path, layers: int, dtype_name: str, seed: int) -> int:
+    """A local checkpoint for ``superkernel optimize --model DIR`` (written to a temporary sibling, then renamed)."""
+    if directory.exists():
+        print(f"error: --save-checkpoint {directory}: exists; give a new directory", file=sys.stderr)
+        return 2
+    if dtype_name not in DTYPES:
+        print(f"error: dtype {dtype_name!r}: allowed {', '.join(DTYPES)}", file=sys.stderr)
+        return 2
+    partial = directory.with_name(directory.name + ".partial")
+    if partial.exists():
+        print(f"error: {partial} exists (an interrupted earlier write?); remove it or give another directory",
+              file=sys.stderr)
+        return 2
+    build_model(layers, DTYPES[dtype_name], seed).save_pretrained(partial)
+    partial.rename(directory)
+    print(f"wrote {directory} ({layers} layers, {dtype_name}, seed {seed})")
+    return 0
+
+
 def memory_bandwidth(megabytes: int = 512, repeats: int = 5) -> dict[str, float]:
-    """Best-of-``repeats`` bytes/s of a read (``sum``) and a copy (read + write) of a large float32 tensor."""
+    """Bytes/s of streaming reads of a large float32 tensor, best of ``repeats`` each: ``sum``, a
+    matrix-vector product over it as rows (``W @ x``) and as columns (``x @ W``), and a copy (read +
+    write). ``read`` is the fastest read: the bound a decode step's weight reads are held to (a
+    ``sum`` alone reads slower here than MKL's GEMV does: measured 15 vs 21 GB/s on one core)."""
     n = megabytes * 2**20 // 4
     src, dst = torch.rand(n), torch.empty(n)
-    read = copy_ = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        src.sum()
-        read = min(read, time.perf_counter() - start)
-        start = time.perf_counter()
-        dst.copy_(src)
-        copy_ = min(copy_, time.perf_counter() - start)
-    return {"read": n * 4 / read, "copy": 2 * n * 4 / copy_}
+    rows = src.view(-1, 4096)
+    vec_in, vec_out = torch.rand(4096), torch.rand(rows.shape[0])
+    kernels = {"sum": lambda: src.sum(), "W @ x": lambda: torch.mv(rows, vec_in),
+               "x @ W": lambda: torch.mv(rows.t(), vec_out), "copy": lambda: dst.copy_(src)}
+    best = dict.fromkeys(kernels, float("inf"))
+    with torch.no_grad():
+        for _ in range(repeats):
+            for name, kernel in kernels.items():
+                start = time.perf_counter()
+                kernel()
+                best[name] = min(best[name], time.perf_counter() - start)
+    reads = {name: n * 4 / t for name, t in best.items() if name != "copy"}
+    return {"read": max(reads.values()), "copy": 2 * n * 4 / best["copy"],
+            "reads": reads}
+
+
+def best_bandwidth(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Per kernel, the faster of two bandwidth measurements (one per round, so a busy moment of a
+    shared machine does not set the roofline)."""
+    reads = {k: max(a["reads"].get(k, 0.0), v) for k, v in b["reads"].items()}
+    return {"read": max(reads.values()), "copy": max(a["copy"], b["copy"]), "reads": reads}
 
 
 def bytes_per_step(model: torch.nn.Module, session: DecodeSession) -> int:
@@ -88,6 +127,8 @@ class Peer:
         self.holder: CacheHolder | None = None
         self.step: Callable | None = None
         self.compile_s: float | None = None
+        self.compile_cpu_s: float | None = None
+        self.counters: dict[str, int] = {}
         self.medians: list[float] = []
         self.p90s: list[float] = []
         self.first_logits: torch.Tensor | None = None
@@ -97,10 +138,25 @@ class Peer:
         self.recompiles_timed = 0
 
 
+def cpu_seconds() -> float:
+    """user + sys CPU time of this process and its finished children (g++ runs included)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+#: ``--modes`` values: a superkernel mode, or max-autotune without freezing (weights stay inputs, so
+#: identical layers share one compiled kernel and the compile grows with distinct partitions only).
+MODES = {"reduce-overhead": {"mode": "reduce-overhead"}, "max-autotune": {"mode": "max-autotune"},
+         "max-autotune-unfrozen": {"mode": "max-autotune", "inductor": {"freezing": False}}}
+
+
 def _superkernel(mode: str, run_eagerly: bool = False) -> Callable[[Callable], Callable]:
     def make(fn: Callable) -> Callable:
-        cfg = sk.CompilerConfig.from_dict({"mode": mode, "debug": {"run_eagerly": run_eagerly}})
-        return torch.compile(fn, backend=sk.get_backend(cfg), dynamic=False)
+        cfg = sk.CompilerConfig.from_dict({**MODES[mode], "debug": {"run_eagerly": run_eagerly}})
+        backend = sk.get_backend(cfg)
+        compiled = torch.compile(fn, backend=backend, dynamic=False)
+        compiled.superkernel_counters = backend.counters  # type: ignore[attr-defined]
+        return compiled
     return make
 
 
@@ -133,14 +189,21 @@ def run_config(dtype_name: str, threads: int, args: argparse.Namespace, bandwidt
         try:
             peer.step = peer.compile_fn(base)
             session.restore_cache()
+            cpu_before = cpu_seconds()
             first = run(peer, session.cache)
+            cpu_first = cpu_seconds() - cpu_before
         except Exception as exc:  # noqa: BLE001 - reported in the table
             peer.error = f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
             print(f"  {peer.label}: failed: {peer.error}", flush=True)
             continue
         peer.compile_s = first.compile_seconds if peer.label != "eager" else 0.0
+        # CPU time of the whole first run less the CPU time of its timed steps (about their wall time)
+        steps_s = sum(first.step_seconds[1:])
+        peer.compile_cpu_s = max(0.0, cpu_first - steps_s) if peer.label != "eager" else 0.0
+        peer.counters = dict(getattr(peer.step, "superkernel_counters", {}))
         peer.first_logits = first.logits
-        print(f"  compiled {peer.label:<40} first step {first.compile_seconds:7.1f} s", flush=True)
+        print(f"  compiled {peer.label:<40} first step {first.compile_seconds:7.1f} s wall, "
+              f"{peer.compile_cpu_s:7.1f} s CPU (load {os.getloadavg()[0]:.1f})", flush=True)
     eager = peers[0]
     for peer in peers:
         if peer.mode == "reduce-overhead" and peer.first_logits is not None and reference.first_logits is not None:
@@ -161,6 +224,7 @@ def run_config(dtype_name: str, threads: int, args: argparse.Namespace, bandwidt
             peer.check.check(logits[peer.label], logits["eager"])
         print(f"  round {r + 1}/{args.rounds}: " + "  ".join(f"{p.label.replace('superkernel ', 'sk ')} "
                                                             f"{p.medians[-1]:.1f}" for p in live), flush=True)
+        bandwidth = best_bandwidth(bandwidth, memory_bandwidth())  # the load changes: the best seen is the bound
     total_bytes = bytes_per_step(model, session)
     roofline_ms = total_bytes / bandwidth["read"] * 1e3
     good = {p.label: p for p in live if not p.check.wrong}
@@ -181,15 +245,20 @@ def run_config(dtype_name: str, threads: int, args: argparse.Namespace, bandwidt
         median = statistics.median(peer.medians)
         row.update({"median_ms": median, "p90_ms": statistics.median(peer.p90s), "compile_s": peer.compile_s,
                     "time_vs_eager": ratio(peer, "eager"), "time_vs_torch_compile": ratio(peer, "torch.compile"),
+                    "compile_cpu_s": peer.compile_cpu_s,
                     "x_roofline": median / roofline_ms, "correct_every_round": not peer.check.wrong,
                     "check": peer.check.to_dict(), "check_summary": peer.check.summary(),
                     "recompiles_timed": peer.recompiles_timed})
         if peer.bit_exact is not None:
             row["bit_exact_vs_reference"] = peer.bit_exact
+        if peer.counters:
+            row["superkernel_counters"] = peer.counters
         rows.append(row)
     del scoped, model, session
     return {"dtype": dtype_name, "threads": threads, "bytes_per_step": total_bytes, "roofline_ms": roofline_ms,
+            "load_at_end": " ".join(f"{x:.2f}" for x in os.getloadavg()),
             "bandwidth_read_GBps": bandwidth["read"] / 1e9, "bandwidth_copy_GBps": bandwidth["copy"] / 1e9,
+            "bandwidth_reads_GBps": {k: v / 1e9 for k, v in bandwidth.get("reads", {}).items()},
             "rows": rows}
 
 
@@ -200,23 +269,36 @@ def _markdown(result: dict[str, Any]) -> str:
              "are checked against eager's on that round. Times: median over rounds of each run's median step. "
              "\"x roofline\" = median / ((weights + KV cache bytes) / measured read bandwidth): 1.00 is the memory "
              "bound. Ratios are medians of per-round ratios; a peer wrong on any round has none (never a baseline).",
-             f"Load when it started: {result['load']}.", ""]
+             f"Load when it started: {result['load']}. Inductor caches: {result.get('inductor_cache', 'user default')}. "
+             "Compile time = the first step (trace + compile + one step); CPU = user + sys of the process and its "
+             "g++ children over that step.", ""]
     for config in result["configs"]:
         lines += [f"## {config['dtype']}, {config['threads']} thread(s)", "",
                   f"{config['bytes_per_step'] / 1e9:.2f} GB per step; read bandwidth {config['bandwidth_read_GBps']:.1f} "
-                  f"GB/s, copy {config['bandwidth_copy_GBps']:.1f} GB/s; roofline {config['roofline_ms']:.1f} ms.", "",
-                  "| peer | median ms | p90 ms | vs eager | vs torch.compile | x roofline | compile s | "
-                  "correct every round | bit-exact vs reference | recompiles (timed) |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  f"GB/s (best of " + ", ".join(f"{k} {v:.1f}" for k, v in config.get("bandwidth_reads_GBps", {}).items())
+                  + f"), copy {config['bandwidth_copy_GBps']:.1f} GB/s; roofline {config['roofline_ms']:.1f} ms. "
+                  f"Load at the end of this configuration: {config.get('load_at_end', '?')}.", "",
+                  "| peer | median ms | p90 ms | vs eager | vs torch.compile | x roofline | compile s (wall) | "
+                  "compile s (CPU) | correct every round | bit-exact vs reference | recompiles (timed) |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in config["rows"]:
             if "error" in r:
-                lines.append(f"| {r['peer']} | failed: {r['error']} |" + " |" * 8)
+                lines.append(f"| {r['peer']} | failed: {r['error']} |" + " |" * 9)
                 continue
             fmt = lambda v: f"{v:.2f}x" if v is not None else "-"  # noqa: E731
             exact = {True: "yes", False: "NO"}.get(r.get("bit_exact_vs_reference"), "-")
             lines.append(f"| {r['peer']} | {r['median_ms']:.1f} | {r['p90_ms']:.1f} | {fmt(r['time_vs_eager'])} | "
                          f"{fmt(r['time_vs_torch_compile'])} | {r['x_roofline']:.2f} | {r['compile_s']:.1f} | "
+                         f"{r.get('compile_cpu_s') or 0.0:.1f} | "
                          f"{r['check_summary']} | {exact} | {r['recompiles_timed']} |")
+        lines.append("")
+        for r in config["rows"]:
+            c = r.get("superkernel_counters")
+            if c and "partitions_compiled" in c:
+                lines.append(f"- {r['peer']}: {c.get('partitions_compiled', 0)} partitions, "
+                             f"{c.get('partitions_inductor_compiles', 0)} plain Inductor compiles "
+                             f"({c.get('partitions_reused', 0)} reused), {c.get('partitions_frozen', 0)} frozen, "
+                             f"{c.get('partitions_choice_reused', 0)} took an identical partition's plain/frozen choice")
         lines.append("")
     return "\n".join(lines)
 
@@ -235,17 +317,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="reduce-overhead,max-autotune")
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--name", default="real_width", help="stem of the result files")
+    parser.add_argument("--warm-cache", action="store_true",
+                        help="use the user's Inductor cache dir (default: a fresh one, so compile times are cold)")
+    parser.add_argument("--save-checkpoint", type=Path, metavar="DIR",
+                        help="only write the seeded model (--layers, first of --dtypes) as a Hugging Face checkpoint "
+                             "(config.json + model.safetensors) into DIR, which must not exist, and exit")
     args = parser.parse_args(argv)
+    if args.save_checkpoint is not None:
+        return save_checkpoint(args.save_checkpoint, args.layers, args.dtypes.split(",")[0], args.seed)
+    cold_dir = None
+    if not args.warm_cache:
+        cold_dir = tempfile.TemporaryDirectory(prefix="real_width_inductor_")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cold_dir.name
     args.modes = [m for m in args.modes.split(",") if m]
     dtypes = [d for d in args.dtypes.split(",") if d]
     threads = [os.cpu_count() or 1 if t == "all" else int(t) for t in args.threads.split(",") if t]
-    if set(dtypes) - set(DTYPES) or set(args.modes) - {"reduce-overhead", "max-autotune"}:
-        parser.error(f"dtypes: {', '.join(DTYPES)}; modes: reduce-overhead, max-autotune")
+    if set(dtypes) - set(DTYPES) or set(args.modes) - set(MODES):
+        parser.error(f"dtypes: {', '.join(DTYPES)}; modes: {', '.join(MODES)}")
     threads = list(dict.fromkeys(threads))
     result: dict[str, Any] = {"hardware": describe_hardware(torch.device("cpu")), "torch": torch.__version__,
                               "python": sys.version.split()[0], "layers": args.layers, "steps": args.steps,
                               "warmup": args.warmup, "rounds": args.rounds, "prompt_len": args.prompt_len,
                               "strategy": args.strategy, "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+                              "inductor_cache": "user default (warm)" if args.warm_cache else "fresh dir (cold)",
                               "configs": []}
     args.output.mkdir(parents=True, exist_ok=True)
     wrong = []

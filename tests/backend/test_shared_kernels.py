@@ -65,3 +65,25 @@ def test_key_ignores_names_and_sees_layouts():
     assert key != shared_kernels.structural_key(graph("layer0"), [x, w.t().contiguous().t()], opts)  # strides
     assert key != shared_kernels.structural_key(graph("layer0"), [x.double(), w.double()], opts)  # dtype
     assert key != shared_kernels.structural_key(graph("layer0"), [x, w], ("cpu", False, False))  # codegen options
+
+
+@pytest.mark.slow
+def test_identical_layers_take_the_first_layers_freezing_choice(monkeypatch):
+    """plain-vs-frozen is measured once per distinct partition, not once per layer (counted, not timed)."""
+    import superkernel.runtime.inductor_cpu as inductor_cpu
+
+    measured = []
+    real_time_variants = inductor_cpu.time_variants
+    monkeypatch.setattr(inductor_cpu, "time_variants", lambda *a, **k: measured.append(1) or real_time_variants(*a, **k))
+    torch.manual_seed(0)
+    model, x = Stack().eval(), torch.randn(1, 1, 16)
+    torch._dynamo.reset()
+    cfg = sk.CompilerConfig.from_dict({"mode": "max-autotune", "inductor": {"freezing": "auto", "gemm_templates": False}})
+    fn = sk.compile(model, cfg)
+    with torch.no_grad():
+        out = fn(x)
+    counters, segments = find_backend(fn).counters, sk.explain(fn).segments
+    assert len(measured) == 2  # layer 1's attn and mlp; layers 2 and 3 are not timed again
+    assert counters["partitions_choice_reused"] == 4
+    assert [s.realization for s in segments[2:]] == [s.realization for s in segments[:2]] * 2  # same choice per layer
+    torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)

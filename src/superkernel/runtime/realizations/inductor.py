@@ -107,26 +107,50 @@ class InductorCpu(Inductor):
         held, choice = static.packaged_choice(gm, inputs, name=name)
         if held:
             return plain(), "+plain-from-package" if choice == "frozen" else ""
-        best = self._best(job, plain)
+        best = self._best(job, plain, self._choice_key(job))
         if best.label or best.timings_ms:  # (a frozen variant was compiled: the choice is news)
             static.record_freezing_choice(gm, inputs, "frozen" if best.label else "plain", best.timings_ms)
         return best.fn, best.label
 
-    def _best(self, job: Job, compile_plain: Callable[[], Program]) -> Any:
-        """The partition compiled plainly and, where the weights may be frozen, frozen too; the faster kept."""
-        from superkernel.runtime.inductor_cpu import choose
+    def _choice_key(self, job: Job) -> Any:
+        """The structural key under which a plain-or-frozen choice is shared by identical partitions
+        (None: measured on its own; always so with the autofusion planner, whose decisions are per segment)."""
+        from superkernel.config import autofusion_enabled
+        from superkernel.runtime.shared_kernels import structural_key
+
+        if autofusion_enabled(self.config):
+            return None
+        i = self.config.inductor
+        options = ("choice", self.context.device, i.cpp_wrapper, i.autotune, str(i.freezing), i.gemm_templates)
+        return structural_key(job.module.gm, job.module.example_inputs, options)
+
+    def _best(self, job: Job, compile_plain: Callable[[], Program], key: Any = None) -> Any:
+        """The partition compiled plainly and, where the weights may be frozen, frozen too; the faster kept.
+        A partition structurally identical to one measured earlier in this graph (the next decoder layer)
+        takes that choice without measuring again: plain -> no frozen compile at all, frozen -> compiled
+        frozen with its own weights, untimed (``+frozen`` as the first)."""
+        from superkernel.runtime.inductor_cpu import Choice, choose
 
         module, inductor = job.module, self.config.inductor
+        choices = self.__dict__.setdefault("_freezing_choices", {})
+        freezing = inductor.freezing
+        if key is not None and key in choices:
+            self.counters["partitions_choice_reused"] += 1
+            if not choices[key]:
+                return Choice(compile_plain(), "", {})
+            freezing = True
         parent = module.inputs[0].graph.owning_module
         static = self.context.static_input_indices()
         reals = None if self.context.training_graph() else self._freezable_reals(parent, static)
         decisions: list[Any] = []
         rewrite = self._autofusion(decisions)
-        choice = choose(module, parent, reals, static, compile_plain, freezing=inductor.freezing,
+        choice = choose(module, parent, reals, static, compile_plain, freezing=freezing,
                         cpp_wrapper=inductor.cpp_wrapper, autotune=inductor.autotune,
                         gemm_templates=inductor.gemm_templates, rewrite=rewrite)
         if choice.label:
             self.counters["partitions_frozen"] += 1
+        if key is not None and key not in choices:
+            choices[key] = bool(choice.label)
         if rewrite is not None and job.info is not None:
             from superkernel.autofusion.decision import record
 
