@@ -200,6 +200,10 @@ def markdown(rows: list[dict], meta: dict) -> str:
         note = r.get("reason", "") if r.get("exit") != 0 else ""
         if r.get("capture_fallbacks"):
             note += f" capture fallback x{len(r['capture_fallbacks'])}: {r['capture_fallbacks'][0][:160]}"
+        if r.get("layer_lists"):
+            note += f" layers as parallel lists: {', '.join(f'`{p}`' for p in r['layer_lists'])}"
+        if r.get("static_mask"):
+            note += " full-length attention mask passed (the default one grows with the position)"
         if r.get("dynamic_sources"):
             note += f" dynamic: `{r['dynamic_sources']}`"
         if r.get("recompile_reasons") and r.get("recompiles_timed"):

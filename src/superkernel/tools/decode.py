@@ -59,6 +59,22 @@ class DecodeSession:
     #: so models that derive them from a mask growing with the position (OPT) keep static shapes.
     pass_position_ids: bool = False
 
+    #: A 2-D all-ones attention mask as long as the cache (``[batch, max_cache_len]``), passed with
+    #: every decode step when the model would otherwise build its default mask from the cache's
+    #: length (``torch.ones(batch, past + 1)``, see :func:`_default_mask_grows`): that mask's length
+    #: changes every step, so a compiled step would see a data-dependent shape. A full-length mask
+    #: is what transformers pads a shorter one to for a static cache, so the model computes the same.
+    attention_mask: torch.Tensor | None = None
+
+    def step_kwargs(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The decode step's inputs besides ids, cache and position (see the two fields above)."""
+        kwargs = {}
+        if self.pass_position_ids:
+            kwargs["position_ids"] = cache_position.unsqueeze(0).expand(input_ids.shape[0], -1)
+        if self.attention_mask is not None:
+            kwargs["attention_mask"] = self.attention_mask
+        return kwargs
+
     @property
     def prompt_len(self) -> int:
         return int(self.prompt_ids.shape[1])
@@ -112,17 +128,12 @@ class DecodeSession:
         Returns the last-position logits ``[batch, vocab]``. Compile it with any backend.
         """
         model, cache = self.model, self.cache
+        extra = self.step_kwargs
 
-        if self.pass_position_ids:
-            def decode_step(input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
-                position_ids = cache_position.unsqueeze(0).expand(input_ids.shape[0], -1)
-                out = model(input_ids=input_ids, past_key_values=cache, cache_position=cache_position,
-                            position_ids=position_ids, use_cache=True)
-                return out.logits[:, -1, :]
-        else:
-            def decode_step(input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
-                out = model(input_ids=input_ids, past_key_values=cache, cache_position=cache_position, use_cache=True)
-                return out.logits[:, -1, :]
+        def decode_step(input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+            out = model(input_ids=input_ids, past_key_values=cache, cache_position=cache_position, use_cache=True,
+                        **extra(input_ids, cache_position))
+            return out.logits[:, -1, :]
 
         return decode_step
 
@@ -242,11 +253,33 @@ def prepare(model: torch.nn.Module, *, prompt_len: int = 32, steps: int = 32, wa
                             snapshot=snapshot, warmup=warmup, steps=steps, prefill_seconds=prefill_seconds,
                             max_cache_len=max_cache_len, pass_position_ids=_takes_position_ids(model))
     first = out.logits[:, -1].argmax(-1)
-    if reference_tokens:
+    session.tokens = _greedy_tokens(session, first) if reference_tokens else first.reshape(1, batch)
+    if _pass_static_mask(session) and reference_tokens:
+        without = session.tokens
         session.tokens = _greedy_tokens(session, first)
-    else:
-        session.tokens = first.reshape(1, batch)
+        if not torch.equal(without, session.tokens):  # the full mask is not what the model's default means
+            session.attention_mask, session.tokens = None, _greedy_tokens(session, first)
     return session
+
+
+def _pass_static_mask(session: DecodeSession) -> bool:
+    """Give the session a full-length attention mask if the model's default one grows (see
+    :mod:`superkernel.tools.default_mask`); True when it did (the caller decodes again with it
+    and keeps the mask only if the greedy tokens stay the same)."""
+    from superkernel.tools.default_mask import default_mask_grows, takes_attention_mask
+
+    if session.attention_mask is not None or not takes_attention_mask(session.model):
+        return False
+    session.restore_cache()
+    try:
+        grows = default_mask_grows(session.step_fn(), [session.inputs(i) for i in range(min(2, len(session.tokens)))],
+                                   session.batch)
+    finally:
+        session.restore_cache()
+    if grows:
+        session.attention_mask = torch.ones(session.batch, session.max_cache_len, dtype=torch.long,
+                                            device=session.device)
+    return grows
 
 
 def _greedy_tokens(session: DecodeSession, first: torch.Tensor) -> torch.Tensor:

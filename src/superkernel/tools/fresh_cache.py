@@ -51,14 +51,11 @@ def fresh_cache(session: DecodeSession, model: torch.nn.Module | None = None, se
 def holder_step(session: DecodeSession, holder: CacheHolder, model: torch.nn.Module | None = None) -> StepFn:
     """The session's decode step (same signature and output as ``session.step_fn()``) on ``holder.cache``."""
     model = model if model is not None else session.model
-    pass_position_ids = session.pass_position_ids
+    extra = session.step_kwargs
 
     def decode_step(input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
-        kwargs = {}
-        if pass_position_ids:
-            kwargs["position_ids"] = cache_position.unsqueeze(0).expand(input_ids.shape[0], -1)
         out = model(input_ids=input_ids, past_key_values=holder.cache, cache_position=cache_position,
-                    use_cache=True, **kwargs)
+                    use_cache=True, **extra(input_ids, cache_position))
         return out.logits[:, -1, :]
 
     return decode_step

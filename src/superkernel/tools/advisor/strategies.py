@@ -75,8 +75,9 @@ def applicable(structure: ModelStructure) -> dict[str, str | None]:
     reasons["attention"] = None if structure.attention_paths else "no attention modules found"
     reasons["mlp"] = None if structure.mlp_paths else "no dense MLP modules (every feed-forward is MoE)"
     reasons["moe"] = None if structure.moe_paths else "no MoE blocks (dense model)"
-    reasons["decoder_layer"] = None if structure.layers else no_layers
-    reasons["all_layers"] = None if structure.layers else no_layers
+    stack = structure.layers or structure.parallel_layers  # a module per layer, or parallel per-layer lists
+    reasons["decoder_layer"] = None if stack else no_layers
+    reasons["all_layers"] = None if stack else no_layers
     return reasons
 
 
@@ -94,8 +95,14 @@ def plan_for(strategy: str, structure: ModelStructure) -> ScopePlan:
         scopes = {"mlp": compress(structure.mlp_paths, lp, n)}
     elif strategy == "moe":
         scopes = {"moe": compress(structure.moe_paths, lp, n)}
+    elif strategy == "decoder_layer" and not structure.layers:
+        # No module per layer: layer i's label on entry i of every parallel list (they run in one
+        # iteration of the model's layer loop, with its residual glue between them).
+        scopes = {f"decoder_layer_{i}": members for i, members in enumerate(structure.parallel_layers)}
     elif strategy == "decoder_layer":
         scopes = {f"decoder_layer_{p.index}": [p.path] for p in structure.layers}
+    elif not structure.layers:
+        scopes = {"all_layers": [f"{path}.*" for path in structure.parallel_lists]}
     else:
         # The layers run back to back, so one label on each of them is one scope over the stack
         # (the ModuleList itself has no forward to wrap).

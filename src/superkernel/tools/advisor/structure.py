@@ -42,6 +42,11 @@ class ModelStructure:
     final_norm: str | None = None
     lm_head: str | None = None
     classes: dict[str, str] = field(default_factory=dict)  # path -> class name of every role found
+    #: No module per decoder layer, but parallel per-layer ModuleLists (XLM: ``attentions``,
+    #: ``layer_norm1``, ``ffns``, ``layer_norm2``, entry *i* of each belonging to layer *i*):
+    #: the lists' paths, and per layer the paths of its entries (see :func:`find_parallel_lists`).
+    parallel_lists: list[str] = field(default_factory=list)
+    parallel_layers: list[list[str]] = field(default_factory=list)
 
     @property
     def num_layers(self) -> int:
@@ -99,6 +104,21 @@ def _find_block_stack(model: torch.nn.Module) -> tuple[str | None, torch.nn.Modu
         if best[1] is None or len(module) > len(best[1]):
             best = (name, module)
     return best
+
+
+def find_parallel_lists(model: torch.nn.Module) -> list[str]:
+    """Sibling ModuleLists of one length, one of them of attention modules: a layer stack kept as
+    parallel lists (XLM's ``attentions`` / ``ffns`` / norms) instead of one module per layer.
+
+    Only asked when :func:`find_layer_stack` finds no stack; the lists in their definition order.
+    """
+    for _, parent in model.named_modules():
+        lists = [(n, c) for n, c in parent.named_children() if isinstance(c, torch.nn.ModuleList) and len(c)]
+        for name, stack in lists:
+            if all("attention" in _cls(m).lower() for m in stack):
+                prefix = next(n for n, m in model.named_modules() if m is parent)
+                return [f"{prefix}.{n}" if prefix else n for n, c in lists if len(c) == len(stack)]
+    return []
 
 
 def _find_attention(layer: torch.nn.Module) -> str | None:
@@ -162,6 +182,10 @@ def analyze_structure(model: torch.nn.Module) -> ModelStructure:
     layers = [] if stack is None else [_describe_layer(i, f"{layers_path}.{i}", m) for i, m in enumerate(stack)]
     s = ModelStructure(architecture=_cls(model), layers_path=layers_path, layers=layers,
                        attention_kind=_attention_kind(model, layers))
+    if not layers:
+        s.parallel_lists = find_parallel_lists(model)
+        depth = len(model.get_submodule(s.parallel_lists[0])) if s.parallel_lists else 0
+        s.parallel_layers = [[f"{path}.{i}" for path in s.parallel_lists] for i in range(depth)]
     for name, module in model.named_modules():
         if not name or (layers_path and name.startswith(layers_path + ".")):
             continue

@@ -42,12 +42,16 @@ def sweep_one(model_type: str, *, strategy: str = "decoder_layer", mode: str = "
         structure = analyze_structure(model)
         plan = plan_for(strategy, structure)
         row["scopes"] = len(plan.scopes)
+        row["strategy"] = strategy
+        if structure.parallel_lists:  # no module per layer: each layer's scope is entry i of these lists
+            row["layer_lists"] = structure.parallel_lists
         if not plan.scopes:
             row.update(exit=1, stage=stage, reason=f"strategy {strategy} finds no module to scope")
             return row
         stage = "prepare"
         session = prepare(model, prompt_len=prompt_len, steps=steps, warmup=warmup, seed=0)
         eager = run_decode(session, session.step_fn())
+        row["static_mask"] = session.attention_mask is not None  # the model's default mask grows (tools.default_mask)
         superkernel.apply_scopes(model, plan.scopes)
         torch._dynamo.reset()  # no frame compiled before (another model, another test) meets this row's guards
         try:
