@@ -4,7 +4,10 @@ and its CI subset through the analyze / optimize harness (benchmarks/hf_registry
 The CI subset is one model per failure class the issue found on architectures nobody on the
 project wrote: a recurrent state cache (Mamba), a position bias sliced with an index computed
 from a tensor (MPT: capturing it made Dynamo fail), learned absolute positions with an offset
-and a growing mask (BioGPT: it recompiled in the timed steps).
+and a growing mask (BioGPT: it recompiled in the timed steps); and two the full sweep found
+after those were fixed: a default mask built from the cache's length (RemBERT, as BigBird,
+Megatron-BERT and RoFormer: the reference compile failed) and decoder layers kept as parallel
+ModuleLists (XLM: decoder_layer found no stack).
 """
 
 from __future__ import annotations
@@ -79,3 +82,46 @@ def test_strict_scope_check_abort_raises_instead_of_falling_back():
     finally:
         superkernel.remove_scopes(model)
         torch._dynamo.reset()
+
+
+def test_a_default_mask_that_grows_is_replaced_by_a_full_length_one(llama_session):
+    """RemBERT builds ``torch.ones(batch, past + 1)`` from the cache's length when no mask is given:
+    compiled, its size is data-dependent (the reference compile failed with an IndexError). The
+    harness detects the growing mask in eager and passes one as long as the cache, as generate() does."""
+    from superkernel.tools.decode import prepare
+    from superkernel.tools.default_mask import default_mask_grows
+    from superkernel.tools.models.registry import build_tiny
+
+    session = prepare(build_tiny("rembert"), prompt_len=20, steps=2, warmup=1)
+    assert session.attention_mask is not None
+    assert tuple(session.attention_mask.shape) == (1, session.max_cache_len) and bool(session.attention_mask.all())
+    mask, session.attention_mask = session.attention_mask, None
+    session.restore_cache()
+    assert default_mask_grows(session.step_fn(), [session.inputs(0), session.inputs(1)], session.batch)
+    session.attention_mask = mask
+    session.restore_cache()
+    assert not default_mask_grows(session.step_fn(), [session.inputs(0), session.inputs(1)], session.batch)
+    session.restore_cache()
+    assert llama_session.attention_mask is None  # llama builds no mask of its own from the cache length
+
+
+def test_layers_kept_as_parallel_lists_get_one_scope_per_layer():
+    """XLM has no module per decoder layer: entry i of ``attentions`` / ``layer_norm1`` / ``ffns`` /
+    ``layer_norm2`` is layer i. decoder_layer gives each layer's label to its entries."""
+    import superkernel
+    from superkernel.tools.advisor.strategies import applicable, plan_for
+    from superkernel.tools.advisor.structure import analyze_structure
+    from superkernel.tools.models.registry import build_tiny
+
+    model = build_tiny("xlm")
+    structure = analyze_structure(model)
+    lists = ["transformer.attentions", "transformer.layer_norm1", "transformer.ffns", "transformer.layer_norm2"]
+    assert not structure.layers and structure.parallel_lists == lists
+    assert applicable(structure)["decoder_layer"] is None and applicable(structure)["attention"] is not None
+    plan = plan_for("decoder_layer", structure)
+    assert plan.scopes == {f"decoder_layer_{i}": [f"{p}.{i}" for p in lists] for i in range(2)}
+    assert plan_for("all_layers", structure).scopes == {"all_layers": [f"{p}.*" for p in lists]}
+    try:
+        assert len(superkernel.apply_scopes(model, plan.scopes)) == 8
+    finally:
+        superkernel.remove_scopes(model)

@@ -142,5 +142,6 @@ def save_tiny_checkpoint(model_type: str, directory, *, seed: int = 0, dtype: to
 #: The CI subset of the generated sweep (tests/): one per failure class the issue found (full and
 #: sliding attention are in tests/workflow/test_wf_sweep.py): a recurrent state cache (mamba), a
 #: position bias sliced with an index computed from a tensor (mpt), learned absolute positions
-#: with an offset and a growing mask (biogpt).
-CI_SUBSET = ("mamba", "mpt", "biogpt")
+#: with an offset and a growing mask (biogpt), a default mask built from the cache's length
+#: (rembert, for the BERT-family decoders) and decoder layers kept as parallel lists (xlm).
+CI_SUBSET = ("mamba", "mpt", "biogpt", "rembert", "xlm")
