@@ -125,3 +125,4 @@ def test_layers_kept_as_parallel_lists_get_one_scope_per_layer():
         assert len(superkernel.apply_scopes(model, plan.scopes)) == 8
     finally:
         superkernel.remove_scopes(model)
+    assert structure.stack_description == f"2 as parallel lists {', '.join(lists)}"

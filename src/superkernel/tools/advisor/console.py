@@ -13,7 +13,7 @@ from superkernel.tools.advisor.table import rich_table
 def print_analysis(a: Analysis, console: Console) -> None:
     s = a.structure
     console.print(f"[bold]{a.model_name}[/]: {a.architecture}, {a.num_parameters / 1e6:.2f} M parameters")
-    console.print(f"  decoder layers: {s.num_layers} at {s.layers_path}; attention: {s.attention_kind}; "
+    console.print(f"  decoder layers: {s.stack_description}; attention: {s.attention_kind}; "
                   f"dense MLP layers: {len(s.mlp_paths)}; MoE layers: {len(s.moe_paths)}")
     console.print(f"  prefill/decode: {a.prefill_decode}")
     console.print(f"  KV cache: {a.kv_cache}")

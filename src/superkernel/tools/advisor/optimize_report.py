@@ -24,7 +24,7 @@ def _latency_change(base: float, new: float) -> str:
 def structure_section(a: Analysis) -> list[str]:
     s = a.structure
     out = [f"- Architecture: `{a.architecture}`, {a.num_parameters / 1e6:.2f} M parameters",
-           f"- Decoder layers: {s.num_layers} at `{s.layers_path}` (`{s.layers[0].cls if s.layers else '-'}`)",
+           f"- Decoder layers: {s.stack_description} (`{s.layers[0].cls if s.layers else '-'}`)",
            f"- Attention: {s.attention_kind}, modules `{s.layers[0].attention if s.layers else '-'}` ...",
            f"- Dense MLP layers: {len(s.mlp_paths)}; MoE layers: {len(s.moe_paths)}",
            f"- Prefill / decode: {a.prefill_decode}",

@@ -53,6 +53,13 @@ class ModelStructure:
         return len(self.layers)
 
     @property
+    def stack_description(self) -> str:
+        """Where the decoder layers are, for the analysis: ``4 at model.layers`` or the parallel lists."""
+        if not self.layers and self.parallel_layers:
+            return f"{len(self.parallel_layers)} as parallel lists {', '.join(self.parallel_lists)}"
+        return f"{self.num_layers} at {self.layers_path}"
+
+    @property
     def attention_paths(self) -> list[str]:
         return [p.attention for p in self.layers if p.attention]
 
