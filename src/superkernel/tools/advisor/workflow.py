@@ -355,7 +355,8 @@ def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSes
                 "warmup": opts.warmup, "prompt_len": opts.prompt_len, "batch_size": session.batch,
                 "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
                 "dtype_source": loaded.dtype_source, "dynamic_sources": session.dynamic_sources,
-                "position_ids_passed": session.pass_position_ids}
+                "position_ids_passed": session.pass_position_ids,
+                "full_length_attention_mask_passed": session.attention_mask is not None}
     report = render(analysis=analysis, model_name=loaded.name, model_source=loaded.source, notes=loaded.notes,
                     results=results, recommended=marked, settings=settings, hardware=hardware(session.device),
                     versions=versions(), tolerance=opts.tolerance, plan_yaml=plan_yaml,
