@@ -68,17 +68,94 @@ def causal_lm_types() -> list[str]:
     return sorted(t for t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES if t in CONFIG_MAPPING_NAMES)
 
 
-def _shrink_dict(values: dict[str, Any]) -> dict[str, Any]:
-    """The tiny version of one config's attributes (sub-config dicts recursively)."""
+_DEPTHS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
+
+
+def _fields(config) -> set[str] | None:
+    """The attributes a config class takes as arguments (its dataclass fields), or None if unknown.
+
+    Everything else in ``to_dict()`` is derived by the class itself (``__post_init__``: e.g. a
+    ``qk_head_dim`` = nope + rope, or a ``head_dim`` = ``qk_rope_head_dim``): passing the large
+    default's derived value back would contradict the shrunk fields it is derived from.
+    """
+    import dataclasses
+
+    return {f.name for f in dataclasses.fields(type(config))} if dataclasses.is_dataclass(config) else None
+
+
+def _layer_lists(values: dict[str, Any], depth: int) -> tuple[dict[str, list], dict[str, list]]:
+    """The per-layer lists of a config (one entry per layer) and its layer-index lists (sorted ids < depth)."""
+    per_layer, indices = {}, {}
+    for key, value in values.items():
+        if not isinstance(value, (list, tuple)) or not value or key in TOKEN_IDS:
+            continue
+        if len(value) == depth:
+            per_layer[key] = list(value)
+        elif "layer" in key and all(isinstance(v, int) and not isinstance(v, bool) for v in value) and \
+                list(value) == sorted(set(value)) and value[-1] < depth:
+            indices[key] = list(value)
+    return per_layer, indices
+
+
+def _kept_layers(per_layer: dict[str, list], indices: dict[str, list], depth: int) -> list[int]:
+    """Which layers of the default stack the tiny one keeps: the first layer of every kind, in order.
+
+    A layer's kind is what the per-layer lists (except sizes, which are shrunk anyway) and the
+    layer-index lists say about it; at least two layers, so that a layer follows a layer.
+    """
+    kinds = [k for k in per_layer if k not in SHRINK]
+    kept: dict[tuple, int] = {}
+    for i in range(depth):
+        kind = tuple(str(per_layer[k][i]) for k in kinds) + tuple(i in ids for ids in indices.values())
+        kept.setdefault(kind, i)
+    out = sorted(kept.values())
+    for i in range(depth):
+        if len(out) >= 2:
+            break
+        if i not in out:
+            out = sorted(out + [i])
+    return out
+
+
+def _shrink_layers(values: dict[str, Any], out: dict[str, Any]) -> None:
+    """Per-layer lists, layer-index lists and the depth shrunk together: the same layers kept in all."""
+    depth = next((values[k] for k in _DEPTHS if isinstance(values.get(k), int)), None)
+    if not depth:
+        return
+    per_layer, indices = _layer_lists(values, depth)
+    if not per_layer and not indices:
+        return
+    kept = _kept_layers(per_layer, indices, depth)
+    for key, value in per_layer.items():
+        if key in SHRINK and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            out[key] = [SHRINK[key]] * len(kept)  # a size per layer
+        else:
+            out[key] = [value[i] for i in kept]
+    for key, ids in indices.items():
+        out[key] = [kept.index(i) for i in ids if i in kept]
+    for key in _DEPTHS:
+        if key in values:
+            out[key] = len(kept)
+
+
+def _shrink_config(config) -> dict[str, Any]:
+    """The arguments that make ``config``'s class tiny: only what changes, only what the class takes
+    (sub-configs recursively, as ``{"model_type": ..., **changes}``: they keep their own defaults)."""
+    values = config.to_dict()
+    fields = _fields(config)
     out: dict[str, Any] = {}
     for key, value in values.items():
-        if isinstance(value, dict) and "model_type" in value:
-            out[key] = {**value, **_shrink_dict(value)}  # the sub-config's own defaults, shrunk
+        sub = getattr(config, key, None)
+        if isinstance(value, dict) and "model_type" in value and hasattr(sub, "to_dict"):
+            out[key] = {"model_type": value["model_type"], **_shrink_config(sub)}
         elif key == "tie_word_embeddings":
             out[key] = False
         elif key in SHRINK:
             if key == "head_dim" and value is None and "hidden_size" in values:
                 out[key] = SHRINK[key]  # some attentions read head_dim even when the config leaves it None
+                continue
+            if key in _KV_HEADS and value is None and isinstance(values.get("num_attention_heads"), int):
+                out[key] = SHRINK["num_attention_heads"]  # None: as many KV heads as heads (multi-head)
                 continue
             if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
                 continue  # e.g. sliding_window=None (no window)
@@ -90,19 +167,14 @@ def _shrink_dict(values: dict[str, Any]) -> dict[str, Any]:
             out[key] = CAP[key]
         elif key.endswith("_token_id") and isinstance(value, int) and value >= SHRINK["vocab_size"]:
             out[key] = SHRINK["vocab_size"] - 1 - TOKEN_IDS.index(key) if key in TOKEN_IDS else SHRINK["vocab_size"] - 4
-    layer_types = values.get("layer_types")
-    if isinstance(layer_types, list) and layer_types:
-        kinds = list(dict.fromkeys(layer_types))  # one layer of every kind, in order (hybrid stacks stay hybrid)
-        n = max(2, len(kinds))
-        out["layer_types"] = (kinds + [kinds[-1]] * n)[:n]
-        for key in ("num_hidden_layers", "n_layer", "num_layers"):
-            if key in values:
-                out[key] = n
-    layers = next((out[k] for k in ("num_hidden_layers", "n_layer", "num_layers") if k in out), None)
+    _shrink_layers(values, out)
+    layers = next((out[k] for k in _DEPTHS if k in out), None)
     per_layer = values.get("per_layer_config")
     if isinstance(per_layer, dict) and layers is not None:  # settings of layers beyond the tiny depth go
         out["per_layer_config"] = {k: v for k, v in per_layer.items() if str(k).isdigit() and int(k) < layers}
-    return out
+    if fields is not None:
+        out = {k: v for k, v in out.items() if k in fields or k == "model_type"}
+    return {k: v for k, v in out.items() if k == "model_type" or v != values.get(k)}
 
 
 def tiny_config(model_type: str):
@@ -115,7 +187,8 @@ def tiny_config(model_type: str):
     if hand is not None:
         return hand.config()
     default = AutoConfig.for_model(model_type)
-    kwargs = _shrink_dict(default.to_dict())
+    kwargs = _shrink_config(default)
+    kwargs.pop("model_type", None)
     kwargs.update(OVERRIDES.get(model_type, ({}, ""))[0])
     return AutoConfig.for_model(model_type, **kwargs)
 
