@@ -70,6 +70,11 @@ def causal_lm_types() -> list[str]:
 
 _DEPTHS = ("num_hidden_layers", "n_layer", "n_layers", "num_layers")
 
+#: Layer counts that say which layers are of a kind: the first n (dense MLP before the MoE ones) or
+#: the last n (layers that reuse an earlier layer's KV cache). They are recomputed for the kept layers.
+COUNTED_LAYERS: dict[str, str] = {"first_k_dense_replace": "first", "num_dense_layers": "first",
+                                  "num_kv_shared_layers": "last"}
+
 
 def _fields(config) -> set[str] | None:
     """The attributes a config class takes as arguments (its dataclass fields), or None if unknown.
@@ -95,6 +100,32 @@ def _layer_lists(values: dict[str, Any], depth: int) -> tuple[dict[str, list], d
                 list(value) == sorted(set(value)) and value[-1] < depth:
             indices[key] = list(value)
     return per_layer, indices
+
+
+def _counted(values: dict[str, Any], depth: int) -> dict[str, list[bool]]:
+    """:data:`COUNTED_LAYERS` of a config as per-layer flags (is layer i among the counted ones)."""
+    out = {}
+    for key, end in COUNTED_LAYERS.items():
+        n = values.get(key)
+        if isinstance(n, int) and not isinstance(n, bool) and 0 < n <= depth:
+            out[key] = [i < n if end == "first" else i >= depth - n for i in range(depth)]
+    return out
+
+
+def _layer_overrides(values: dict[str, Any], depth: int) -> list[dict] | None:
+    """``per_layer_config`` (layer index -> settings that differ from the global ones) per layer, or None."""
+    table = values.get("per_layer_config")
+    if not isinstance(table, dict) or not table or not all(str(k).isdigit() for k in table):
+        return None
+    return [dict(table.get(next((k for k in table if int(k) == i), None), {}) or {}) for i in range(depth)]
+
+
+def _shrink_override(values: dict[str, Any], out: dict[str, Any], override: dict) -> dict:
+    """One layer's settings shrunk as the whole layer would be (its settings over the global ones, so
+    that couplings across both hold), kept where they differ from the tiny global ones."""
+    tiny = _shrink_scalars({**values, **override})
+    return {k: tiny.get(k, v) for k, v in {**override, **tiny}.items()
+            if k in override or tiny.get(k) != out.get(k, values.get(k))}
 
 
 def _kept_layers(per_layer: dict[str, list], indices: dict[str, list], depth: int) -> list[int]:
@@ -123,9 +154,18 @@ def _shrink_layers(values: dict[str, Any], out: dict[str, Any]) -> None:
     if not depth:
         return
     per_layer, indices = _layer_lists(values, depth)
-    if not per_layer and not indices:
+    counted = _counted(values, depth)
+    overrides = _layer_overrides(values, depth)
+    if not per_layer and not indices and not counted and overrides is None:
         return
-    kept = _kept_layers(per_layer, indices, depth)
+    kinds = {**per_layer, **counted, **({"per_layer_config": [sorted(o.items()) for o in overrides]} if overrides else {})}
+    kept = _kept_layers(kinds, indices, depth)
+    if overrides is not None:  # a kept layer keeps its own settings, shrunk by the same rules
+        width = len(next(iter(values["per_layer_config"]), "0"))
+        out["per_layer_config"] = {str(new).zfill(width): _shrink_override(values, out, overrides[old])
+                                   for new, old in enumerate(kept) if overrides[old]}
+    for key, flags in counted.items():
+        out[key] = sum(flags[i] for i in kept)
     for key, value in per_layer.items():
         if key in SHRINK and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
             out[key] = [SHRINK[key]] * len(kept)  # a size per layer
@@ -138,17 +178,60 @@ def _shrink_layers(values: dict[str, Any], out: dict[str, Any]) -> None:
             out[key] = len(kept)
 
 
-def _shrink_config(config) -> dict[str, Any]:
-    """The arguments that make ``config``'s class tiny: only what changes, only what the class takes
-    (sub-configs recursively, as ``{"model_type": ..., **changes}``: they keep their own defaults)."""
-    values = config.to_dict()
-    fields = _fields(config)
+#: The widths of :data:`SHRINK` (not counts of layers, heads or experts, not lengths).
+_SIZES = ("hidden_size", "n_embd", "d_model", "embed_dim", "hidden_dim", "word_embed_proj_dim", "intermediate_size",
+          "ffn_dim", "n_inner", "decoder_ffn_dim", "encoder_ffn_dim", "ffn_hidden_size", "intermediate_size_mlp",
+          "moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size", "head_dim")
+
+
+#: Sizes that are lengths or counts, not widths, even when they equal a width in the default.
+_NOT_WIDTHS = ("vocab", "window", "chunk", "image", "patch", "position", "batch", "cache", "kernel", "block")
+
+
+def _keep_equal_sizes(values: dict[str, Any], out: dict[str, Any], widths: dict[int, int]) -> None:
+    """A size the shrink does not know that equals a shrunk size in the default follows it.
+
+    Couplings a config validates or a model relies on (``adapter_in_dim == hidden_size``, an
+    adapter's output equal to the text tower's width) are usually of this form; a size that
+    merely differs keeps its default. A model width (``widths``, of any tower) wins over the
+    config's own other sizes.
+    """
+    shrunk = {values[k]: out[k] for k in reversed(_SIZES) if isinstance(values.get(k), int)
+              and not isinstance(values[k], bool) and isinstance(out.get(k), int)}
+    shrunk.update(widths)
+    for key, value in values.items():
+        if key in out or key in SHRINK or key in CAP or isinstance(value, bool) or not isinstance(value, int):
+            continue
+        if (key.endswith("_dim") or key.endswith("_size")) and value in shrunk and \
+                not any(word in key for word in _NOT_WIDTHS):
+            out[key] = shrunk[value]
+
+
+_WIDTHS = ("hidden_size", "n_embd", "d_model", "embed_dim", "hidden_dim")
+
+
+def _widths(values: dict[str, Any]) -> dict[int, int]:
+    """Default model width -> tiny width, over a config and its sub-configs (a text tower, a vision tower)."""
+    found = {values[k]: SHRINK[k] for k in _WIDTHS if isinstance(values.get(k), int) and not isinstance(values[k], bool)}
+    for value in values.values():
+        if isinstance(value, dict):
+            found = {**_widths(value), **found}
+    return found
+
+
+def _keep_ssm_heads(values: dict[str, Any], out: dict[str, Any]) -> None:
+    """Mamba-2 style SSM heads: ``num_heads * head_dim == expand * hidden_size`` (the inner width)."""
+    if all(isinstance(values.get(k), int) for k in ("expand", "num_heads", "head_dim", "hidden_size")) and \
+            values["num_heads"] * values["head_dim"] == values["expand"] * values["hidden_size"]:
+        hidden, head_dim = out.get("hidden_size", values["hidden_size"]), out.get("head_dim", values["head_dim"])
+        out["num_heads"] = max(1, values["expand"] * hidden // head_dim)
+
+
+def _shrink_scalars(values: dict[str, Any]) -> dict[str, Any]:
+    """The tiny values of one config's (or one layer's) scalar attributes, by name (:data:`SHRINK`, :data:`CAP`)."""
     out: dict[str, Any] = {}
     for key, value in values.items():
-        sub = getattr(config, key, None)
-        if isinstance(value, dict) and "model_type" in value and hasattr(sub, "to_dict"):
-            out[key] = {"model_type": value["model_type"], **_shrink_config(sub)}
-        elif key == "tie_word_embeddings":
+        if key == "tie_word_embeddings":
             out[key] = False
         elif key in SHRINK:
             if key == "head_dim" and value is None and "hidden_size" in values:
@@ -167,13 +250,29 @@ def _shrink_config(config) -> dict[str, Any]:
             out[key] = CAP[key]
         elif key.endswith("_token_id") and isinstance(value, int) and value >= SHRINK["vocab_size"]:
             out[key] = SHRINK["vocab_size"] - 1 - TOKEN_IDS.index(key) if key in TOKEN_IDS else SHRINK["vocab_size"] - 4
+    mla = ("head_dim", "qk_nope_head_dim", "qk_rope_head_dim")
+    if all(isinstance(values.get(k), int) for k in mla) and values[mla[0]] == values[mla[1]] + values[mla[2]]:
+        # multi-head latent attention whose head is its no-position part + its rotary part: stays so
+        out["head_dim"] = out.get(mla[1], values[mla[1]]) + out.get(mla[2], values[mla[2]])
+    return out
+
+
+def _shrink_config(config, widths: dict[int, int] | None = None) -> dict[str, Any]:
+    """The arguments that make ``config``'s class tiny: only what changes, only what the class takes
+    (sub-configs recursively, as ``{"model_type": ..., **changes}``: they keep their own defaults)."""
+    values = config.to_dict()
+    widths = _widths(values) if widths is None else widths
+    fields = _fields(config)
+    out = _shrink_scalars(values)
+    for key, value in values.items():
+        sub = getattr(config, key, None) if isinstance(value, dict) and "model_type" in value else None
+        if hasattr(sub, "to_dict"):
+            out[key] = {"model_type": value["model_type"], **_shrink_config(sub, widths)}
     _shrink_layers(values, out)
-    layers = next((out[k] for k in _DEPTHS if k in out), None)
-    per_layer = values.get("per_layer_config")
-    if isinstance(per_layer, dict) and layers is not None:  # settings of layers beyond the tiny depth go
-        out["per_layer_config"] = {k: v for k, v in per_layer.items() if str(k).isdigit() and int(k) < layers}
-    if fields is not None:
-        out = {k: v for k, v in out.items() if k in fields or k == "model_type"}
+    _keep_equal_sizes(values, out, widths)
+    _keep_ssm_heads(values, out)
+    if fields is not None:  # per_layer_config is taken as a keyword, not a field
+        out = {k: v for k, v in out.items() if k in fields or k in ("model_type", "per_layer_config")}
     return {k: v for k, v in out.items() if k == "model_type" or v != values.get(k)}
 
 
