@@ -14,6 +14,7 @@ Which of them can run the decode harness at all is measured, not assumed: see
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -50,6 +51,11 @@ TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id")
 _HEADS = ("num_attention_heads", "n_head", "n_heads", "decoder_attention_heads")
 _KV_HEADS = ("num_key_value_heads", "num_kv_heads", "n_kv_heads", "multi_query_group_num")
 
+_QSA = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": 16, "indexer_budget": 8,
+        "indexer_compress_ratio": 4}
+_QSA_WHY = ("the default's indexed-attention layers have no QSA indexer settings (all None; the model divides by "
+            "them); tiny ones that pass the config's own checks")
+
 #: Per-architecture fixes the generic shrink cannot guess: model_type -> (overrides, why).
 OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
     "falcon": ({"new_decoder_architecture": True, "parallel_attn": True},
@@ -57,6 +63,23 @@ OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
     "gpt_neox": ({"rotary_pct": 0.5}, "partial rotary, as the released models"),
     "phi": ({"partial_rotary_factor": 0.5}, "partial rotary, as the released models"),
     "deepseek_v3": ({"rope_scaling": None}, "YaRN scaling of the 671B default needs its original length"),
+    # Defaults that are no working model (the released checkpoints set these): the shrink cannot
+    # invent a value the default does not have.
+    "deepseek_v2": ({"num_experts_per_tok": 2}, "the default leaves the router's top-k None (DeepSeek-V2 uses 6)"),
+    "dots1": ({"n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2},
+              "the default leaves the experts, shared experts and top-k None (dots.llm1: 128, 2, 6)"),
+    "lfm2_moe": ({"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
+                 "the default leaves layer_types None, which the model indexes; one dense conv layer, one MoE "
+                 "attention layer"),
+    "bamba": ({"attn_layer_indices": [1]}, "the default has no attention layer (attn_layer_indices None), and a "
+              "cache of only linear-attention layers has no sequence length; Bamba-9B has attention layers"),
+    "granitemoehybrid": ({"layer_types": ["linear_attention", "full_attention"]},
+                         "the default is all Mamba layers (no sequence length in the cache, as bamba); the "
+                         "released hybrids have attention layers"),
+    "gpt_neo": ({"attention_types": [[["global", "local"], 1]]},
+                "its layer pattern is attention_types ([kinds, repeats]), from which the per-layer list is derived"),
+    "qwen4_exp_text": (_QSA, _QSA_WHY),
+    "qwen4_exp": ({"text_config": _QSA}, _QSA_WHY),
 }
 
 
@@ -112,6 +135,16 @@ def _counted(values: dict[str, Any], depth: int) -> dict[str, list[bool]]:
     return out
 
 
+def _pattern(values: dict[str, Any], depth: int) -> int | None:
+    """The length of a cycled pattern of layer kinds (``block_types = ("recurrent", "recurrent",
+    "attention")`` repeated over the depth), or None."""
+    for key, value in values.items():
+        if key.endswith("_types") and isinstance(value, (list, tuple)) and 1 < len(value) < depth and \
+                all(isinstance(v, str) for v in value) and len(set(value)) > 1:
+            return len(value)
+    return None
+
+
 def _layer_overrides(values: dict[str, Any], depth: int) -> list[dict] | None:
     """``per_layer_config`` (layer index -> settings that differ from the global ones) per layer, or None."""
     table = values.get("per_layer_config")
@@ -153,6 +186,11 @@ def _shrink_layers(values: dict[str, Any], out: dict[str, Any]) -> None:
     depth = next((values[k] for k in _DEPTHS if isinstance(values.get(k), int)), None)
     if not depth:
         return
+    pattern = _pattern(values, depth)
+    if pattern:  # a cycled pattern of layer kinds: one period of it is the tiny stack
+        for key in _DEPTHS:
+            if key in values:
+                out[key] = max(2, pattern)
     per_layer, indices = _layer_lists(values, depth)
     counted = _counted(values, depth)
     overrides = _layer_overrides(values, depth)
@@ -250,11 +288,35 @@ def _shrink_scalars(values: dict[str, Any]) -> dict[str, Any]:
             out[key] = CAP[key]
         elif key.endswith("_token_id") and isinstance(value, int) and value >= SHRINK["vocab_size"]:
             out[key] = SHRINK["vocab_size"] - 1 - TOKEN_IDS.index(key) if key in TOKEN_IDS else SHRINK["vocab_size"] - 4
-    mla = ("head_dim", "qk_nope_head_dim", "qk_rope_head_dim")
-    if all(isinstance(values.get(k), int) for k in mla) and values[mla[0]] == values[mla[1]] + values[mla[2]]:
-        # multi-head latent attention whose head is its no-position part + its rotary part: stays so
-        out["head_dim"] = out.get(mla[1], values[mla[1]]) + out.get(mla[2], values[mla[2]])
+    _keep_mla_head(values, out)
+    _keep_layer_periods(values, out)
     return out
+
+
+def _keep_mla_head(values: dict[str, Any], out: dict[str, Any]) -> None:
+    """Multi-head latent attention: a ``head_dim`` that is the no-position + rotary part, or the rotary
+    part alone, in the default stays so (the rotary embedding is built with ``head_dim``)."""
+    mla = ("head_dim", "qk_nope_head_dim", "qk_rope_head_dim")
+    if not all(isinstance(values.get(k), int) for k in mla):
+        return
+    nope, rope = (out.get(k, values[k]) for k in mla[1:])
+    if values["head_dim"] == values[mla[1]] + values[mla[2]]:
+        out["head_dim"] = nope + rope
+    elif values["head_dim"] == values[mla[2]]:
+        out["head_dim"] = rope
+
+
+def _keep_layer_periods(values: dict[str, Any], out: dict[str, Any]) -> None:
+    """``<kind>_layer_period`` / ``<kind>_layer_offset`` (layer i is of the kind when i % period ==
+    offset): period 2, offset 1 in the tiny stack, so that a 2-layer stack has a layer of each kind
+    (Jamba's attention every 8th layer from the 4th is no layer at all in 2 layers)."""
+    depth = next((out[k] for k in _DEPTHS if isinstance(out.get(k), int)), None)
+    for key, value in values.items():
+        if key.endswith("_layer_period") and isinstance(value, int) and depth is not None and value > depth:
+            offset = key[: -len("period")] + "offset"
+            out[key] = 2
+            if isinstance(values.get(offset), int):
+                out[offset] = 1
 
 
 def _shrink_config(config, widths: dict[int, int] | None = None) -> dict[str, Any]:
@@ -276,6 +338,15 @@ def _shrink_config(config, widths: dict[int, int] | None = None) -> dict[str, An
     return {k: v for k, v in out.items() if k == "model_type" or v != values.get(k)}
 
 
+def _merge(into: dict[str, Any], override: dict[str, Any]) -> None:
+    """``override`` into ``into``, sub-config dicts merged key by key."""
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = copy.deepcopy(value)  # the table stays as written
+
+
 def tiny_config(model_type: str):
     """A tiny config of ``model_type``: hand-checked (.archs) if there is one, else generated."""
     from transformers import AutoConfig
@@ -288,7 +359,7 @@ def tiny_config(model_type: str):
     default = AutoConfig.for_model(model_type)
     kwargs = _shrink_config(default)
     kwargs.pop("model_type", None)
-    kwargs.update(OVERRIDES.get(model_type, ({}, ""))[0])
+    _merge(kwargs, OVERRIDES.get(model_type, ({}, ""))[0])
     return AutoConfig.for_model(model_type, **kwargs)
 
 def build_tiny(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
