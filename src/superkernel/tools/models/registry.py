@@ -76,6 +76,13 @@ OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
     "granitemoehybrid": ({"layer_types": ["linear_attention", "full_attention"]},
                          "the default is all Mamba layers (no sequence length in the cache, as bamba); the "
                          "released hybrids have attention layers"),
+    "dbrx": ({"attn_config": {"rope_theta": 500000.0, "clip_qkv": 8}},
+             "the attention reads attn_config.rope_theta, which DbrxAttentionConfig does not declare, and clamps "
+             "with clip_qkv, None by default; the released config.json carries both (500000, 8)"),
+    **dict.fromkeys(("musicgen", "musicgen_melody"), (
+        {"decoder": {"num_codebooks": 1}},
+        "the decode harness feeds one row of token ids per sequence; MusicGen's decoder reads num_codebooks rows "
+        "(4 by default) per sequence, so one codebook")),
     "gpt_neo": ({"attention_types": [[["global", "local"], 1]]},
                 "its layer pattern is attention_types ([kinds, repeats]), from which the per-layer list is derived"),
     "qwen4_exp_text": (_QSA, _QSA_WHY),
@@ -369,8 +376,31 @@ def build_tiny(model_type: str, *, seed: int = 0, dtype: torch.dtype = torch.flo
     config = tiny_config(model_type)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        try:
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        except AttributeError:
+            cls, decoder = _decoder_sub_config(config)
+            if decoder is None:
+                raise
+            torch.manual_seed(seed)
+            model = cls._from_config(decoder, dtype=dtype)
     return model.eval().requires_grad_(False)
+
+
+def _decoder_sub_config(config):
+    """The sub-config the registered causal-LM class is written for, when the composite config is not
+    (MusicGen's ``MusicgenForCausalLM`` takes the decoder's ``MusicgenDecoderConfig``, not the
+    text-encoder + audio-encoder + decoder ``MusicgenConfig`` the auto mapping gives it): (class, sub-config
+    or None)."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    cls = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type, ""), None)
+    wanted = getattr(cls, "config_class", None)
+    if wanted is None or isinstance(config, wanted):
+        return cls, None
+    subs = [getattr(config, k) for k in getattr(config, "sub_configs", {}) if isinstance(getattr(config, k, None), wanted)]
+    return cls, (subs[0] if len(subs) == 1 else None)
 
 
 def save_tiny_checkpoint(model_type: str, directory, *, seed: int = 0, dtype: torch.dtype = torch.float32):
