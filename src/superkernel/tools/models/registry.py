@@ -31,7 +31,7 @@ SHRINK: dict[str, Any] = {
                      "ffn_hidden_size", "intermediate_size_mlp"), 128),
     **dict.fromkeys(("moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size"), 32),
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts"), 4),
-    "head_dim": 16,
+    **dict.fromkeys(("head_dim", "d_head", "dim_head"), 16),  # = hidden 64 / 4 heads
     "vocab_size": 256,
     **dict.fromkeys(("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length"), 256),
     **dict.fromkeys(("sliding_window", "attention_chunk_size"), 16),  # < the sweep's prompt of 20: they roll
@@ -83,6 +83,8 @@ OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
         {"decoder": {"num_codebooks": 1}},
         "the decode harness feeds one row of token ids per sequence; MusicGen's decoder reads num_codebooks rows "
         "(4 by default) per sequence, so one codebook")),
+    "modernbert-decoder": ({"local_attention": 32}, "its sliding window is derived (local_attention // 2): "
+                           "a window of 16, shorter than the prompt, as the other sliding-window models"),
     "gpt_neo": ({"attention_types": [[["global", "local"], 1]]},
                 "its layer pattern is attention_types ([kinds, repeats]), from which the per-layer list is derived"),
     "qwen4_exp_text": (_QSA, _QSA_WHY),
@@ -110,8 +112,8 @@ def _fields(config) -> set[str] | None:
     """The attributes a config class takes as arguments (its dataclass fields), or None if unknown.
 
     Everything else in ``to_dict()`` is derived by the class itself (``__post_init__``: e.g. a
-    ``qk_head_dim`` = nope + rope, or a ``head_dim`` = ``qk_rope_head_dim``): passing the large
-    default's derived value back would contradict the shrunk fields it is derived from.
+    ``qk_head_dim`` = nope + rope): a value the shrink derives from a default that way (an equal
+    size) is not passed back, nor one of the shrink's names the class derives (a ``head_dim``).
     """
     import dataclasses
 
@@ -124,11 +126,12 @@ def _layer_lists(values: dict[str, Any], depth: int) -> tuple[dict[str, list], d
     for key, value in values.items():
         if not isinstance(value, (list, tuple)) or not value or key in TOKEN_IDS:
             continue
-        if len(value) == depth:
+        ids = all(isinstance(v, int) and not isinstance(v, bool) for v in value) and \
+            list(value) == sorted(set(value)) and value[-1] < depth
+        if ids and any(word in key for word in ("layer", "idx", "ids", "indices")):
+            indices[key] = list(value)  # full_attn_idxs = [0, 1, ..., 31] names layers, it is no per-layer list
+        elif len(value) == depth:
             per_layer[key] = list(value)
-        elif "layer" in key and all(isinstance(v, int) and not isinstance(v, bool) for v in value) and \
-                list(value) == sorted(set(value)) and value[-1] < depth:
-            indices[key] = list(value)
     return per_layer, indices
 
 
@@ -212,8 +215,9 @@ def _shrink_layers(values: dict[str, Any], out: dict[str, Any]) -> None:
     for key, flags in counted.items():
         out[key] = sum(flags[i] for i in kept)
     for key, value in per_layer.items():
-        if key in SHRINK and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-            out[key] = [SHRINK[key]] * len(kept)  # a size per layer
+        size = key.removesuffix("_per_layer")  # num_attention_heads_per_layer: a head count per layer
+        if size in SHRINK and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            out[key] = [SHRINK[size]] * len(kept)  # a size per layer
         else:
             out[key] = [value[i] for i in kept]
     for key, ids in indices.items():
@@ -223,25 +227,19 @@ def _shrink_layers(values: dict[str, Any], out: dict[str, Any]) -> None:
             out[key] = len(kept)
 
 
-#: The widths of :data:`SHRINK` (not counts of layers, heads or experts, not lengths).
-_SIZES = ("hidden_size", "n_embd", "d_model", "embed_dim", "hidden_dim", "word_embed_proj_dim", "intermediate_size",
-          "ffn_dim", "n_inner", "decoder_ffn_dim", "encoder_ffn_dim", "ffn_hidden_size", "intermediate_size_mlp",
-          "moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size", "head_dim")
-
-
 #: Sizes that are lengths or counts, not widths, even when they equal a width in the default.
 _NOT_WIDTHS = ("vocab", "window", "chunk", "image", "patch", "position", "batch", "cache", "kernel", "block")
 
 
 def _keep_equal_sizes(values: dict[str, Any], out: dict[str, Any], widths: dict[int, int]) -> None:
-    """A size the shrink does not know that equals a shrunk size in the default follows it.
+    """A size the shrink does not know that equals a model width in the default follows it.
 
     Couplings a config validates or a model relies on (``adapter_in_dim == hidden_size``, an
     adapter's output equal to the text tower's width) are usually of this form; a size that
-    merely differs keeps its default. A model width (``widths``, of any tower) wins over the
-    config's own other sizes.
+    merely differs keeps its default, and so does one equal to another size (a head size, an MLP
+    width): those equalities are often chance (Inkling's sliding-window head is not its head_dim).
     """
-    shrunk = {values[k]: out[k] for k in reversed(_SIZES) if isinstance(values.get(k), int)
+    shrunk = {values[k]: out[k] for k in _WIDTHS if isinstance(values.get(k), int)
               and not isinstance(values[k], bool) and isinstance(out.get(k), int)}
     shrunk.update(widths)
     for key, value in values.items():
@@ -332,7 +330,10 @@ def _shrink_config(config, widths: dict[int, int] | None = None) -> dict[str, An
     values = config.to_dict()
     widths = _widths(values) if widths is None else widths
     fields = _fields(config)
-    out = _shrink_scalars(values)
+    aliases = getattr(config, "attribute_map", {}) or {}
+    named = {real: alias for alias, real in aliases.items()  # not windows: Inkling's under an alias stays as it was
+             if (alias in SHRINK or alias in CAP) and real not in SHRINK and real not in CAP and "window" not in real}
+    out = _shrink_scalars({named.get(k, k): v for k, v in values.items()})  # num_experts_per_token: a top-k
     for key, value in values.items():
         sub = getattr(config, key, None) if isinstance(value, dict) and "model_type" in value else None
         if hasattr(sub, "to_dict"):
@@ -340,8 +341,9 @@ def _shrink_config(config, widths: dict[int, int] | None = None) -> dict[str, An
     _shrink_layers(values, out)
     _keep_equal_sizes(values, out, widths)
     _keep_ssm_heads(values, out)
-    if fields is not None:  # per_layer_config is taken as a keyword, not a field
-        out = {k: v for k, v in out.items() if k in fields or k in ("model_type", "per_layer_config")}
+    if fields is not None:  # what the class takes, under its name or an alias; the shrink's own names
+        taken = fields | set(aliases) | set(aliases.values())
+        out = {k: v for k, v in out.items() if k in taken or k in ("model_type", "per_layer_config")}
     return {k: v for k, v in out.items() if k == "model_type" or v != values.get(k)}
 
 
