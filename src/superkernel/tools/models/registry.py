@@ -85,6 +85,18 @@ OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
         "(4 by default) per sequence, so one codebook")),
     "modernbert-decoder": ({"local_attention": 32}, "its sliding window is derived (local_attention // 2): "
                            "a window of 16, shorter than the prompt, as the other sliding-window models"),
+    "cohere_compass_text": ({"rope_parameters": {t: {"rope_type": "default", "rope_theta": 10000.0}
+                                                  for t in ("full_attention", "sliding_attention")}},
+                            "the default's rope_parameters is empty, and the rotary embedding reads one entry "
+                            "per layer type"),
+    "reformer": ({"is_decoder": True, "axial_pos_embds_dim": [32, 32], "axial_pos_shape": [16, 16]},
+                 "ReformerModelWithLMHead is a causal LM only with is_decoder=True, which the default leaves False; "
+                 "the axial position factors must sum to the width (64) and multiply to the positions (256)"),
+    "xmod": ({"default_language": "en_XX"}, "X-MOD routes every layer through a language adapter and has no "
+             "default language; en_XX is the default's only one"),
+    "xlstm": ({"qk_dim_factor": 1.0}, "with the default 0.5 at width 64 transformers allocates the mLSTM state as "
+              "(heads, v_dim, v_dim) and its own step rejects it (matC_old has wrong shape); at width 512 it does "
+              "not. Query/key as wide as the value here"),
     "gpt_neo": ({"attention_types": [[["global", "local"], 1]]},
                 "its layer pattern is attention_types ([kinds, repeats]), from which the per-layer list is derived"),
     "qwen4_exp_text": (_QSA, _QSA_WHY),
