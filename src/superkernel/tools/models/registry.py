@@ -4,9 +4,15 @@ The list comes from transformers itself (``MODEL_FOR_CAUSAL_LM_MAPPING_NAMES``, 
 ``model_type`` also in ``CONFIG_MAPPING_NAMES``). A tiny config is the architecture's
 default config with its size attributes shrunk generically by name (:data:`SHRINK`:
 hidden size 64, 2 layers, 4 heads, vocabulary 256, ...), recursively in sub-configs
-(a vision tower, a text config). Where a hand-checked entry of :mod:`.archs` exists it is
-used instead (its overrides are explained there), and :data:`OVERRIDES` holds the few
-per-architecture fixes the generic shrink cannot guess, each with its reason.
+(a vision tower, a text config). Only what changes is passed, and only what the class takes
+(derived attributes recompute from the shrunk ones). The depth shrinks together with
+everything per layer: per-layer lists, layer-index lists, counted layers (first-k dense,
+KV-shared), ``per_layer_config`` and ``<kind>_layer_period`` keep the first layer of every
+kind. Couplings stay: a size equal to a model width follows it, an MLA head stays nope +
+rope (or rope), Mamba-2 heads x head size stay the inner width. Where a hand-checked entry of
+:mod:`.archs` exists it is used instead (its overrides are explained there), and
+:data:`OVERRIDES` holds the per-architecture fixes no general rule can make, mostly defaults
+that are no working model, each with its reason.
 
 Which of them can run the decode harness at all is measured, not assumed: see
 :mod:`.eligibility`.
