@@ -100,7 +100,7 @@ def write_results(args, rows: list[dict], load_start: tuple) -> None:
 
     load = os.getloadavg()
     meta = {"hardware": f"{platform.processor() or platform.machine()}, {os.cpu_count()} logical cores",
-            "shared_machine": "shared with 3 other engineers running tests and benchmarks",
+            "shared_machine": "other processes may share the machine: the load averages say how busy it was",
             "load_average_start": load_start, "load_average_end": load, "steps": args.steps,
             "warmup": args.warmup, "rounds": args.rounds}
     args.output.mkdir(parents=True, exist_ok=True)

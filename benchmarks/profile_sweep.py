@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         items = [(known.get(n, "registry"), n) for n in wanted]
     meta = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "hardware": f"{platform.processor() or platform.machine()}, {os.cpu_count()} logical cores",
-            "shared": "a machine shared with 3 other engineers running tests and benchmarks",
+            "shared": "other processes may share the machine: the load averages say how busy it was",
             "load_start": " ".join(f"{x:.1f}" for x in os.getloadavg()), "torch": torch.__version__,
             "transformers": transformers.__version__}
     rows: list[dict] = []
