@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "onnx_autofusion.py"
+from tests._benchmarks import load_benchmark
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("onnx_autofusion_under_test", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("onnx_autofusion")
 
 
 def test_p3_of_a_model_with_external_data_loads_from_another_folder(tmp_path):

@@ -9,23 +9,17 @@ round and keep it out of the ratios, while eager, plain torch.compile and freezi
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 import torch
 
 from superkernel.tools.decode import prepare, run_decode
 from superkernel.tools.peer_check import PeerCheck, peer_tolerance
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "decode_latency.py"
+from tests._benchmarks import load_benchmark
 
 
 def _bench_module():
-    spec = importlib.util.spec_from_file_location("decode_latency_under_test", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("decode_latency")
 
 
 def test_decode_benchmark_flags_a_peer_wrong_on_a_fresh_cache(llama):

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "real_width.py"
+from tests._benchmarks import load_benchmark
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("real_width_under_test", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("real_width")
 
 
 def test_best_bandwidth_keeps_the_fastest_read_per_kernel():
