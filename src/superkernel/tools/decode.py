@@ -17,6 +17,7 @@ warm-up.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -340,14 +341,54 @@ class DynamoCounts:
         return asdict(self)
 
 
-def _dynamo_marks() -> tuple[int, int, int, list[str], list[str], dict[Any, int]]:
+def _dynamo_marks() -> tuple[int, int, int, list[str], list[str]]:
     from torch._dynamo.utils import counters, guard_failures
 
     fails = [reason for reasons in guard_failures.values() for reason in reasons]
     breaks = list(counters["graph_break"].keys())
-    per_code = {code: len(reasons) for code, reasons in guard_failures.items()}
     return (len(fails), int(sum(counters["graph_break"].values())), int(counters["stats"]["unique_graphs"]),
-            fails, breaks, per_code)
+            fails, breaks)
+
+
+class DynamoWatch(logging.Handler):
+    """Marks Dynamo's counters per phase and hears Dynamo say it gave up on a frame.
+
+    Whether Dynamo hit its recompile limit is taken from Dynamo's own warning
+    ("torch._dynamo hit config.recompile_limit"), logged where it decides: counting guard
+    failures cannot tell, as Dynamo records one failure per cache entry it checked, and
+    applies its limit per frame (per module instance for module frames).
+    """
+
+    LOGGER = "torch._dynamo.convert_frame"
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.WARNING)
+        self.marks = [_dynamo_marks()]
+        self.limit_messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("torch._dynamo hit config."):
+            self.limit_messages.append(" ".join(message.split())[:300])
+
+    def __enter__(self) -> DynamoWatch:
+        logging.getLogger(self.LOGGER).addHandler(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        logging.getLogger(self.LOGGER).removeHandler(self)
+
+    def mark(self) -> None:
+        self.marks.append(_dynamo_marks())
+
+    def counts(self) -> DynamoCounts:
+        """Counts with the marks taken: start, after the first call, after warm-up, end."""
+        marks = list(self.marks)
+        while len(marks) < 3:
+            marks.append(marks[-1])
+        if len(marks) < 4:
+            marks.append(_dynamo_marks())
+        return _counts(marks, self.limit_messages)
 
 
 def _first_line(text: str) -> str:
@@ -365,8 +406,7 @@ def run_decode(session: DecodeSession, step: StepFn, *, label: str = "",
     device = session.device
     logits, times = [], []
     total = session.total_steps
-    marks = [_dynamo_marks()]
-    with torch.no_grad(), session.dynamo_config():
+    with torch.no_grad(), session.dynamo_config(), DynamoWatch() as watch:
         for i in range(total):
             ids, pos = session.inputs(i)
             synchronize(device)
@@ -377,30 +417,15 @@ def run_decode(session: DecodeSession, step: StepFn, *, label: str = "",
             # Copy out at once: a CUDA-graph replay may reuse the output buffer on the next step.
             logits.append(out.detach().reshape(-1, out.shape[-1]).float().cpu().clone())
             if i == 0 or i == session.warmup - 1:
-                marks.append(_dynamo_marks())
+                watch.mark()
             if on_step is not None:
                 on_step(i + 1, total)
-    while len(marks) < 3:
-        marks.append(marks[-1])
-    marks.append(_dynamo_marks())
     session.restore_cache()
     return DecodeRun(label=label, logits=torch.cat(logits), step_seconds=times, warmup=session.warmup,
-                     compile_seconds=times[0], batch=session.batch, dynamo=_counts(marks))
+                     compile_seconds=times[0], batch=session.batch, dynamo=watch.counts())
 
 
-def _limit_hit(start: dict[Any, int], end: dict[Any, int], new_breaks: list[str]) -> bool:
-    """Whether Dynamo gave up on a frame: its recompile limit counts per code object, not in all.
-
-    Guard failures summed over every frame overstate it: a model with graph breaks has many
-    frames, each failing the guards of another backend's entries once.
-    """
-    limit = int(getattr(torch._dynamo.config, "recompile_limit", 8) or 8)
-    if any(n - start.get(code, 0) >= limit for code, n in end.items()):
-        return True
-    return any("recompile limit" in b.lower() for b in new_breaks)
-
-
-def _counts(marks: list[tuple[int, int, int, list[str], list[str], dict[Any, int]]]) -> DynamoCounts:
+def _counts(marks: list[tuple[int, int, int, list[str], list[str]]], limit_messages: list[str]) -> DynamoCounts:
     start, first, warm, end = marks
     later_fails = end[3][first[0]:]
     new_breaks = [b for b in end[4] if b not in start[4]]
@@ -410,4 +435,4 @@ def _counts(marks: list[tuple[int, int, int, list[str], list[str], dict[Any, int
         graphs_first=first[2] - start[2], graphs_later=end[2] - first[2],
         reasons=list(dict.fromkeys(_first_line(r) for r in later_fails))[:5],
         break_reasons=[_first_line(b) for b in new_breaks][:5],
-        limit_hit=_limit_hit(start[5], end[5], new_breaks))
+        limit_hit=bool(limit_messages) or any("recompile limit" in b.lower() for b in new_breaks))

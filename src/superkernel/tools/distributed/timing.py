@@ -22,13 +22,13 @@ COLLECTIVE_MARKERS = ("all_reduce", "allreduce", "all_gather", "allgather", "wai
 
 def run_synced(session: DecodeSession, step: StepFn, *, label: str = "", group=None) -> DecodeRun:
     """Like :func:`superkernel.tools.decode.run_decode`, with a barrier before every step."""
-    from superkernel.tools.decode import _counts, _dynamo_marks
+    from superkernel.tools.decode import DynamoWatch
 
     session.restore_cache()
     device = session.device
     logits, times = [], []
-    marks = [_dynamo_marks()]  # Dynamo's recompiles per phase, as run_decode counts them
-    with torch.no_grad(), session.dynamo_config():
+    # Dynamo's recompiles per phase, as run_decode counts them
+    with torch.no_grad(), session.dynamo_config(), DynamoWatch() as watch:
         for i in range(session.total_steps):
             ids, pos = session.inputs(i)
             synchronize(device)
@@ -39,13 +39,10 @@ def run_synced(session: DecodeSession, step: StepFn, *, label: str = "", group=N
             times.append(time.perf_counter() - start)
             logits.append(out.detach().reshape(-1, out.shape[-1]).float().cpu().clone())
             if i == 0 or i == session.warmup - 1:
-                marks.append(_dynamo_marks())
-    while len(marks) < 3:
-        marks.append(marks[-1])
-    marks.append(_dynamo_marks())
+                watch.mark()
     session.restore_cache()
     return DecodeRun(label=label, logits=torch.cat(logits), step_seconds=times, warmup=session.warmup,
-                     compile_seconds=times[0], batch=session.batch, dynamo=_counts(marks))
+                     compile_seconds=times[0], batch=session.batch, dynamo=watch.counts())
 
 
 def job_step_ms(per_rank_seconds: list[list[float]], warmup: int) -> float:
