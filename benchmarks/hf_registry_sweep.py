@@ -206,6 +206,9 @@ def markdown(rows: list[dict], meta: dict) -> str:
             note += " full-length attention mask passed (the default one grows with the position)"
         if r.get("dynamic_sources"):
             note += f" dynamic: `{r['dynamic_sources']}`"
+        if r.get("dynamic_shapes"):
+            note += (" dynamic shapes (cache tensors grow: "
+                     f"{', '.join(f'`{t}`' for t in r.get('growing_tensors') or [])})")
         if r.get("recompile_reasons") and r.get("recompiles_timed"):
             note += f" recompiles: {r['recompile_reasons'][0][:160]}"
         if r.get("cli"):

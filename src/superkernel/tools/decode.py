@@ -56,6 +56,11 @@ class DecodeSession:
     #: ``cumulative_length_int``): measured during the reference decode, made dynamic for
     #: Dynamo while the decode runs so the step compiles once instead of once per position.
     growing_ints: list[str] = field(default_factory=list)
+    #: Tensors of the cache whose *size* changes from step to step (``name:dim``, e.g. a position
+    #: history concatenated every step): measured like :attr:`growing_ints`. Their sizes reach
+    #: frames after graph breaks under local names no source pattern can name, so such a decode
+    #: compiles with every input size symbolic (:attr:`compile_dynamic`) instead of once per step.
+    growing_tensors: list[str] = field(default_factory=list)
     #: The model's forward takes ``position_ids``: the step passes them (from cache_position)
     #: so models that derive them from a mask growing with the position (OPT) keep static shapes.
     pass_position_ids: bool = False
@@ -88,6 +93,12 @@ class DecodeSession:
     def dynamic_sources(self) -> str:
         """``torch.compiler.config.dynamic_sources`` for the decode (see :attr:`growing_ints`)."""
         return ",".join(rf".*\.{name}$" for name in self.growing_ints)
+
+    @property
+    def compile_dynamic(self) -> bool:
+        """``torch.compile(dynamic=...)`` for this decode: True when a cache tensor grows (see
+        :attr:`growing_tensors`), else False (static shapes; growing ints are dynamic sources)."""
+        return bool(self.growing_tensors)
 
     def dynamo_config(self):
         """Context manager: the Dynamo settings every decode run (baselines and plans alike) uses.
@@ -207,6 +218,29 @@ def _python_ints(cache: Any) -> dict[tuple[int, str], int]:
     return out
 
 
+def _tensor_sizes(cache: Any) -> dict[tuple[int, str], tuple[int, ...]]:
+    """(layer index, attribute) -> size of every tensor attribute of the cache layers."""
+    out = {}
+    for i, layer in enumerate(getattr(cache, "layers", [])):
+        for name, value in vars(layer).items():
+            if isinstance(value, torch.Tensor):
+                out[(i, name)] = tuple(value.shape)
+    return out
+
+
+def _grown(before: dict[tuple[int, str], tuple[int, ...]], after: dict[tuple[int, str], tuple[int, ...]]) -> list[str]:
+    """``name:dim`` of every tensor attribute whose size differs between two :func:`_tensor_sizes`."""
+    grown = set()
+    for key, size in after.items():
+        old = before.get(key)
+        if old is not None and old != size:
+            if len(old) != len(size):
+                grown.add(key[1])
+            else:
+                grown.update(f"{key[1]}:{d}" for d, (a, b) in enumerate(zip(old, size)) if a != b)
+    return sorted(grown)
+
+
 def prepare(model: torch.nn.Module, *, prompt_len: int = 32, steps: int = 32, warmup: int = 4, seed: int = 0,
             device: str | torch.device | None = None, batch: int = 1, reference_tokens: bool = True,
             spare_slots: int = 1) -> DecodeSession:
@@ -286,12 +320,13 @@ def _pass_static_mask(session: DecodeSession) -> bool:
 def _greedy_tokens(session: DecodeSession, first: torch.Tensor) -> torch.Tensor:
     """Greedy decode with the uncompiled model; the result is the sequence every plan is fed.
 
-    Also records which Python ints of the cache changed over the decode (growing_ints).
+    Also records which Python ints of the cache changed over the decode (growing_ints) and which
+    tensors of the cache changed size (growing_tensors).
     """
     tokens = [first.reshape(session.batch)]
     step = session.step_fn()
     session.restore_cache()
-    before = _python_ints(session.cache)
+    before, sizes_before = _python_ints(session.cache), _tensor_sizes(session.cache)
     with torch.no_grad():
         for i in range(session.total_steps - 1):
             ids = tokens[-1].reshape(session.batch, 1)
@@ -301,6 +336,7 @@ def _greedy_tokens(session: DecodeSession, first: torch.Tensor) -> torch.Tensor:
             step(tokens[0].reshape(session.batch, 1), torch.tensor([session.prompt_len], device=session.device))
     after = _python_ints(session.cache)
     session.growing_ints = sorted({name for key, name in after if before.get((key, name)) != after[(key, name)]})
+    session.growing_tensors = _grown(sizes_before, _tensor_sizes(session.cache))
     session.restore_cache()
     return torch.stack(tokens).to(session.device)
 

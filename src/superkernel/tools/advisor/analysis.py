@@ -194,7 +194,8 @@ def recompile_guards(session: DecodeSession, steps: int = 3) -> tuple[list[str],
 
         torch._dynamo.reset()
         guard_failures.clear()
-        step = torch.compile(session.step_fn(), backend="eager", dynamic=False)
+        step = torch.compile(session.step_fn(), backend="eager",
+                             dynamic=session.compile_dynamic if with_harness else False)
         session.restore_cache()
         ctx = session.dynamo_config() if with_harness else contextlib.nullcontext()
         try:

@@ -40,7 +40,8 @@ def compile_superkernel(session: DecodeSession, mode: str, *, run_eagerly: bool 
 
     torch._dynamo.reset()
     if precompiled is None:
-        precompiled = mode == REDUCE_OVERHEAD and not run_eagerly and not session.growing_ints
+        precompiled = (mode == REDUCE_OVERHEAD and not run_eagerly and not session.growing_ints
+                       and not session.compile_dynamic)
     if precompiled:
         import superkernel
         from superkernel.precompiled import FrameUnsupported
@@ -56,7 +57,7 @@ def compile_superkernel(session: DecodeSession, mode: str, *, run_eagerly: bool 
             step.build_seconds = time.perf_counter() - start
             return step, superkernel.pipeline.backend.find_backend(step)
     backend = superkernel_backend(mode, run_eagerly=run_eagerly)
-    return torch.compile(session.step_fn(), backend=backend, dynamic=False), backend
+    return torch.compile(session.step_fn(), backend=backend, dynamic=session.compile_dynamic), backend
 
 
 def guard_path_of(step: Any, session: DecodeSession) -> tuple[str, dict[str, float]]:
@@ -74,4 +75,4 @@ def compile_inductor(session: DecodeSession, mode: str | None = None) -> StepFn:
     """Plain torch.compile (default TorchInductor backend), optionally with a torch.compile mode."""
     torch._dynamo.reset()
     kwargs = {"mode": mode} if mode else {}
-    return torch.compile(session.step_fn(), dynamic=False, **kwargs)
+    return torch.compile(session.step_fn(), dynamic=session.compile_dynamic, **kwargs)

@@ -52,6 +52,7 @@ def probe(model_type: str, *, prompt_len: int = 20, steps: int = 3, seed: int = 
         session = prepare(model, prompt_len=prompt_len, steps=steps, warmup=1, seed=seed)
         row["cache_layers"] = sorted({type(layer).__name__ for layer in getattr(session.cache, "layers", [])})
         row["growing_ints"] = session.growing_ints
+        row["growing_tensors"] = session.growing_tensors
         stage = "decode"
         first = run_decode(session, session.step_fn())
         if not torch.isfinite(first.logits).all():

@@ -80,7 +80,7 @@ def sweep_one(model_type: str, *, strategy: str = "decoder_layer", mode: str = "
             limit_hit=planned.dynamo.limit_hit or reference.dynamo.limit_hit,
             graphs=len(ex.graphs), segments=sum(len(g.segments) for g in ex.graphs),
             graph_breaks=planned.dynamo.graph_breaks_first, capture_fallbacks=fallbacks,
-            dynamic_sources=session.dynamic_sources,
+            dynamic_sources=session.dynamic_sources, dynamic_shapes=session.compile_dynamic,
             compile_seconds=round(planned.compile_seconds, 2), reference_compile_seconds=round(
                 reference.compile_seconds, 2))
     except Exception as exc:  # noqa: BLE001 - a failure of superkernel on this model is the row's result
