@@ -7,6 +7,9 @@ payloads) *and* in Python attributes (a sliding window's ``cumulative_length_int
 length). Restoring only some of it makes two runs from "the same" state differ. So the
 snapshot is generic: every attribute of the cache and of every layer, recursively
 through dicts, lists and tuples; tensors are cloned, everything else is copied.
+
+Some models also keep decode state on their modules, outside the cache (RecurrentGemma's
+convolution and recurrent states): :func:`snapshot_module_state` saves that part.
 """
 
 from __future__ import annotations
@@ -93,3 +96,41 @@ def snapshot_state(cache: Any) -> dict[str, Any]:
 def restore_state(cache: Any, snapshot: dict[str, Any]) -> None:
     """Put ``cache`` back to ``snapshot`` (see :func:`snapshot_state`); tensors in place."""
     _restore_vars(cache, snapshot)
+
+
+def _module_state_items(module: torch.nn.Module) -> dict[str, Any]:
+    """The decode state a module keeps outside the cache: plain tensor / None / number attributes.
+
+    Some models keep their recurrent state on the modules themselves (RecurrentGemma's
+    ``conv1d_state`` and ``rg_lru.recurrent_states``, reassigned every step), and some update
+    buffers in place; a cache snapshot alone does not bring those back.
+    """
+    items = {k: v for k, v in vars(module).items()
+             if not k.startswith("_") and (v is None or isinstance(v, (torch.Tensor, int, float)))}
+    items.update({f"_buffers.{k}": v for k, v in module._buffers.items() if v is not None})
+    return items
+
+
+def snapshot_module_state(model: torch.nn.Module) -> dict[str, tuple[str, Any]]:
+    """Every submodule's state outside the cache (see :func:`_module_state_items`), by qualified name."""
+    return {f"{prefix}|{key}": _snap(value)
+            for prefix, module in model.named_modules() for key, value in _module_state_items(module).items()}
+
+
+def restore_module_state(model: torch.nn.Module, snapshot: dict[str, tuple[str, Any]]) -> None:
+    """Put back what :func:`snapshot_module_state` saved; tensors in place where they still fit."""
+    modules = dict(model.named_modules())
+    for name, saved in snapshot.items():
+        prefix, key = name.split("|", 1)
+        module = modules[prefix]
+        if key.startswith("_buffers."):
+            buffer_name = key[len("_buffers."):]
+            buffer = module._buffers.get(buffer_name)
+            restored = _restore(buffer, saved)  # in place where it fits: the same object stays registered
+            if restored is not buffer:
+                module._buffers[buffer_name] = restored
+            continue
+        current = vars(module).get(key)
+        restored = _restore(current, saved)
+        if restored is not current:
+            setattr(module, key, restored)

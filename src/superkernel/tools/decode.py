@@ -25,7 +25,8 @@ from typing import Any, Callable
 
 import torch
 
-from superkernel.tools.cache_state import restore_state, snapshot_state
+from superkernel.tools.cache_state import (restore_module_state, restore_state, snapshot_module_state,
+                                           snapshot_state)
 
 __all__ = ["DecodeRun", "DecodeSession", "DynamoCounts", "StepFn", "prepare", "restore_state", "run_decode",
            "snapshot_state", "synchronize"]
@@ -71,6 +72,9 @@ class DecodeSession:
     #: changes every step, so a compiled step would see a data-dependent shape. A full-length mask
     #: is what transformers pads a shorter one to for a static cache, so the model computes the same.
     attention_mask: torch.Tensor | None = None
+    #: The model's own decode state outside the cache, right after prefill
+    #: (:func:`~superkernel.tools.cache_state.snapshot_module_state`): restored with the cache.
+    module_snapshot: dict[str, Any] = field(default_factory=dict)
 
     def step_kwargs(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> dict[str, torch.Tensor]:
         """The decode step's inputs besides ids, cache and position (see the two fields above)."""
@@ -130,9 +134,11 @@ class DecodeSession:
 
         Tensors are copied in place (their addresses stay the same: compiled steps and CUDA
         graphs keep pointing at them); Python attributes (ints such as a sliding window's
-        ``cumulative_length_int``, flags, dicts of per-state tensors) are set back.
+        ``cumulative_length_int``, flags, dicts of per-state tensors) are set back, and so is the
+        state the model keeps on its modules (a recurrent state held outside the cache).
         """
         restore_state(self.cache, self.snapshot)
+        restore_module_state(self.model, self.module_snapshot)
 
     def step_fn(self) -> StepFn:
         """A fresh eager decode step bound to this session's model and cache.
@@ -285,7 +291,8 @@ def prepare(model: torch.nn.Module, *, prompt_len: int = 32, steps: int = 32, wa
         prefill_seconds = time.perf_counter() - start
     snapshot = snapshot_state(cache)
     session = DecodeSession(model=model, device=device, prompt_ids=prompt, tokens=torch.empty(0), cache=cache,
-                            snapshot=snapshot, warmup=warmup, steps=steps, prefill_seconds=prefill_seconds,
+                            snapshot=snapshot, module_snapshot=snapshot_module_state(model), warmup=warmup,
+                            steps=steps, prefill_seconds=prefill_seconds,
                             max_cache_len=max_cache_len, pass_position_ids=_takes_position_ids(model))
     first = out.logits[:, -1].argmax(-1)
     session.tokens = _greedy_tokens(session, first) if reference_tokens else first.reshape(1, batch)
