@@ -65,6 +65,10 @@ class DecodeSession:
     #: The model's forward takes ``position_ids``: the step passes them (from cache_position)
     #: so models that derive them from a mask growing with the position (OPT) keep static shapes.
     pass_position_ids: bool = False
+    #: The keyword the model's forward takes its cache under (:func:`cache_keyword`): Mamba-style
+    #: models name it ``cache_params`` and would take ``past_key_values`` into ``**kwargs``, ignore
+    #: it and decode every step from an empty state.
+    cache_kwarg: str = "past_key_values"
 
     #: A 2-D all-ones attention mask as long as the cache (``[batch, max_cache_len]``), passed with
     #: every decode step when the model would otherwise build its default mask from the cache's
@@ -145,12 +149,12 @@ class DecodeSession:
 
         Returns the last-position logits ``[batch, vocab]``. Compile it with any backend.
         """
-        model, cache = self.model, self.cache
+        model, cache, cache_kwarg = self.model, self.cache, self.cache_kwarg
         extra = self.step_kwargs
 
         def decode_step(input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
-            out = model(input_ids=input_ids, past_key_values=cache, cache_position=cache_position, use_cache=True,
-                        **extra(input_ids, cache_position))
+            out = model(input_ids=input_ids, cache_position=cache_position, use_cache=True,
+                        **{cache_kwarg: cache}, **extra(input_ids, cache_position))
             return out.logits[:, -1, :]
 
         return decode_step
@@ -203,6 +207,21 @@ def make_prompt(vocab_size: int, prompt_len: int, seed: int, device: torch.devic
     """Seeded random token ids ``[batch, prompt_len]`` (row 0 is the same for every batch size)."""
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab_size, (batch, prompt_len), generator=gen).to(device)
+
+
+#: Names transformers' forwards take a cache under, in the order they are looked for.
+CACHE_KEYWORDS = ("past_key_values", "cache_params")
+
+
+def cache_keyword(model: torch.nn.Module) -> str:
+    """The keyword of :data:`CACHE_KEYWORDS` the model's forward takes (``past_key_values`` if none)."""
+    import inspect
+
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return CACHE_KEYWORDS[0]
+    return next((name for name in CACHE_KEYWORDS if name in params), CACHE_KEYWORDS[0])
 
 
 def _takes_position_ids(model: torch.nn.Module) -> bool:
@@ -272,6 +291,8 @@ def prepare(model: torch.nn.Module, *, prompt_len: int = 32, steps: int = 32, wa
         raise ValueError(f"warmup must be >= 1: the first step of a compiled plan includes compiling (got {warmup})")
     device = torch.device(device) if device is not None else next(model.parameters()).device
     max_pos = getattr(model.config, "max_position_embeddings", None)
+    if max_pos is not None and max_pos <= 0:  # XLNet's -1: relative positions, no length limit
+        max_pos = None
     max_cache_len = prompt_len + warmup + steps
     if max_pos is not None and max_cache_len > max_pos:
         raise ValueError(f"prompt_len + warmup + steps = {max_cache_len} exceeds the model's "
@@ -285,15 +306,18 @@ def prepare(model: torch.nn.Module, *, prompt_len: int = 32, steps: int = 32, wa
     with torch.no_grad():
         synchronize(device)
         start = time.perf_counter()
-        out = model(input_ids=prompt, past_key_values=cache, cache_position=torch.arange(prompt_len, device=device),
-                    use_cache=True)
+        out = model(input_ids=prompt, cache_position=torch.arange(prompt_len, device=device), use_cache=True,
+                    **{cache_keyword(model): cache})
         synchronize(device)
         prefill_seconds = time.perf_counter() - start
+    if not _cache_written(cache):
+        raise ValueError(f"the model did not write the StaticCache it was given during prefill: {_cache_param(model)}")
     snapshot = snapshot_state(cache)
     session = DecodeSession(model=model, device=device, prompt_ids=prompt, tokens=torch.empty(0), cache=cache,
                             snapshot=snapshot, module_snapshot=snapshot_module_state(model), warmup=warmup,
                             steps=steps, prefill_seconds=prefill_seconds,
-                            max_cache_len=max_cache_len, pass_position_ids=_takes_position_ids(model))
+                            max_cache_len=max_cache_len, pass_position_ids=_takes_position_ids(model),
+                            cache_kwarg=cache_keyword(model))
     first = out.logits[:, -1].argmax(-1)
     session.tokens = _greedy_tokens(session, first) if reference_tokens else first.reshape(1, batch)
     if _pass_static_mask(session) and reference_tokens:
@@ -302,6 +326,33 @@ def prepare(model: torch.nn.Module, *, prompt_len: int = 32, steps: int = 32, wa
         if not torch.equal(without, session.tokens):  # the full mask is not what the model's default means
             session.attention_mask, session.tokens = None, _greedy_tokens(session, first)
     return session
+
+
+def _cache_written(cache: Any) -> bool:
+    """Did a forward write the cache: a layer initialized (``is_initialized`` and the like) or a nonzero tensor."""
+    for layer in getattr(cache, "layers", []):
+        for name, attr in vars(layer).items():
+            for value in attr.values() if isinstance(attr, dict) else [attr]:  # per-state dicts (linear attention)
+                if name.startswith("is_") and name.endswith("initialized") and value is True:
+                    return True
+                if isinstance(value, torch.Tensor) and value.numel() and bool(value.ne(0).any()):
+                    return True
+    return False
+
+
+def _cache_param(model: torch.nn.Module) -> str:
+    """Where the model's forward is and which cache keyword it takes (for the error above)."""
+    import inspect
+
+    forward = type(model).forward
+    try:
+        where = f"{inspect.getsourcefile(forward).split('site-packages/')[-1]}:{inspect.getsourcelines(forward)[1]}"
+        params = inspect.signature(forward).parameters
+    except (OSError, TypeError, ValueError):
+        return f"{type(model).__name__}.forward"
+    takes = [name for name in CACHE_KEYWORDS if name in params]
+    return (f"{type(model).__name__}.forward ({where}) takes " + (" / ".join(takes) if takes else
+            f"none of {', '.join(CACHE_KEYWORDS)}"))
 
 
 def _pass_static_mask(session: DecodeSession) -> bool:

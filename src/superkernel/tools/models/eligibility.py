@@ -20,13 +20,27 @@ import torch
 STAGES = ("config", "build", "prefill", "decode", "repeat")
 
 
+#: Why an architecture's measured failure is transformers' design, not ours: read in transformers
+#: 5.23's source and added to the row's reason (the probe still runs: a fixed model becomes eligible).
+EXPLAINED = {
+    "cpmant": "CPM-Ant prepends config.prompt_length prompt tokens to every input (models/cpmant/modeling_cpmant.py:"
+              "606-617) and its generate feeds the whole sequence every step, forward slicing the cached prefix "
+              "off (:699-701, :640-642): no one-token decode step on a static cache exists",
+    "prophetnet": "ProphetNet's decoder mask is [input, input] in prefill (models/prophetnet/modeling_prophetnet.py:"
+                  "1293-1315) and None once a cache is filled (:1165-1175): a static cache's unwritten slots "
+                  "cannot be masked",
+    "xlnet": "XLNet keeps its decode state in `mems` (models/xlnet/modeling_xlnet.py:1295), not a transformers "
+             "Cache; config.max_position_embeddings=-1 means no limit (relative positions)",
+}
+
+
 def _where(exc: BaseException) -> str:
     """The innermost transformers frame of an exception (file:line), for the reason column."""
     frames = traceback.extract_tb(exc.__traceback__)
     for frame in reversed(frames):
         if "transformers" in frame.filename:
             return f"{frame.filename.split('site-packages/')[-1]}:{frame.lineno}"
-    return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+    return f"{frames[-1].filename.split('/src/')[-1]}:{frames[-1].lineno}" if frames else "?"
 
 
 def _reason(exc: BaseException) -> str:
@@ -65,5 +79,7 @@ def probe(model_type: str, *, prompt_len: int = 20, steps: int = 3, seed: int = 
         row["eligible"] = True
     except Exception as exc:  # noqa: BLE001 - every failure of eager is a row of the table, with its reason
         row.update(stage=stage, reason=_reason(exc))
+        if model_type in EXPLAINED:
+            row["reason"] += f" — {EXPLAINED[model_type]}"
     row["seconds"] = round(time.perf_counter() - start, 2)
     return row

@@ -1,4 +1,4 @@
-"""Decode state a model keeps on its modules, outside the cache, is restored with the cache.
+"""The decode state the harness must carry: state kept on modules, a cache under another keyword.
 
 RecurrentGemma keeps its convolution and recurrent states as plain module attributes
 (``conv1d_state``, ``rg_lru.recurrent_states``), reassigned every step: restoring only the
@@ -46,3 +46,25 @@ def test_module_attributes_and_buffers_are_restored():
 def test_recurrent_state_held_on_modules_decodes_the_same_twice():
     row = probe("recurrent_gemma")
     assert row["eligible"] is True, row.get("reason")
+
+
+def test_a_cache_under_another_keyword_is_passed_under_it():
+    """Mamba's forward takes ``cache_params``: passed as ``past_key_values`` it went into ``**kwargs``
+    and every step decoded from an empty state (no error, and two runs agreed)."""
+    from superkernel.tools.decode import prepare, run_decode
+    from superkernel.tools.models.registry import build_tiny
+
+    model = build_tiny("mamba")
+    session = prepare(model, prompt_len=8, steps=2, warmup=1)
+    assert session.cache_kwarg == "cache_params"
+    ids, pos = session.inputs(0)
+    with torch.no_grad():
+        stateless = model(input_ids=ids, use_cache=False).logits[:, -1]
+    decoded = run_decode(session, session.step_fn()).logits[:1]
+    assert not torch.allclose(decoded, stateless)  # the prompt's state reaches the step
+
+
+def test_a_model_that_ignores_the_cache_is_listed_with_where():
+    row = probe("xlnet")  # decode state in `mems`; max_position_embeddings=-1 is "no limit", not an error
+    assert row["eligible"] is False and row["stage"] == "prefill"
+    assert "did not write the StaticCache" in row["reason"] and "modeling_xlnet.py:" in row["reason"]
