@@ -7,7 +7,9 @@ from a tensor (MPT: capturing it made Dynamo fail), learned absolute positions w
 and a growing mask (BioGPT: it recompiled in the timed steps); and two the full sweep found
 after those were fixed: a default mask built from the cache's length (RemBERT, as BigBird,
 Megatron-BERT and RoFormer: the reference compile failed) and decoder layers kept as parallel
-ModuleLists (XLM: decoder_layer found no stack).
+ModuleLists (XLM: decoder_layer found no stack; its structure is tested here, its decode is not
+possible on a static cache once the harness passes XLM's `cache` keyword), then decode state
+kept on the modules outside the cache (RecurrentGemma).
 """
 
 from __future__ import annotations

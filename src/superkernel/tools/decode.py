@@ -210,7 +210,7 @@ def make_prompt(vocab_size: int, prompt_len: int, seed: int, device: torch.devic
 
 
 #: Names transformers' forwards take a cache under, in the order they are looked for.
-CACHE_KEYWORDS = ("past_key_values", "cache_params")
+CACHE_KEYWORDS = ("past_key_values", "cache_params", "cache")  # cache: XLM
 
 
 def cache_keyword(model: torch.nn.Module) -> str:

@@ -29,6 +29,10 @@ EXPLAINED = {
     "prophetnet": "ProphetNet's decoder mask is [input, input] in prefill (models/prophetnet/modeling_prophetnet.py:"
                   "1293-1315) and None once a cache is filled (:1165-1175): a static cache's unwritten slots "
                   "cannot be masked",
+    "xlm": "XLM takes its cache as `cache`, builds its masks from the input length (models/xlm/modeling_xlm.py:"
+           "57-79, :795) and expects the whole sequence every step, slicing the cached prefix off (:808-815): no "
+           "one-token decode step on a static cache exists (sweeps before the harness passed `cache` decoded it "
+           "from an empty state)",
     "xlnet": "XLNet keeps its decode state in `mems` (models/xlnet/modeling_xlnet.py:1295), not a transformers "
              "Cache; config.max_position_embeddings=-1 means no limit (relative positions)",
 }
