@@ -54,3 +54,22 @@ def test_peer_check_tolerance_and_rounds():
     assert check.rounds == 2 and check.wrong_rounds == [1]
     assert check.to_dict()["wrong_rounds"] == [2]
     assert peer_tolerance(torch.bfloat16) > peer_tolerance(torch.float16) > peer_tolerance(torch.float32)
+
+
+@pytest.mark.parametrize("model_type", ["mamba", "recurrent_gemma"])
+def test_a_fresh_cache_of_a_recurrent_model_decodes_what_the_session_decodes(model_type):
+    """The fresh cache goes under the model's cache keyword (Mamba: ``cache_params``) and its
+    prefill sets the state the model keeps on its modules (RecurrentGemma): with the session's
+    own prompt, the holder's decode equals the session's; with another prompt it differs."""
+    from superkernel.tools.fresh_cache import CacheHolder, fresh_cache, holder_step
+    from superkernel.tools.models.registry import build_tiny
+
+    model = build_tiny(model_type)
+    session = prepare(model, prompt_len=6, steps=2, warmup=1, seed=0)
+    reference = run_decode(session, session.step_fn())
+    holder = CacheHolder(fresh_cache(session))
+    same = run_decode(session, holder_step(session, holder))
+    holder.cache = fresh_cache(session, seed=7)
+    other = run_decode(session, holder_step(session, holder))
+    assert torch.equal(same.logits, reference.logits)
+    assert not torch.equal(other.logits, reference.logits)

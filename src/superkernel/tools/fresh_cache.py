@@ -9,7 +9,9 @@ on a fresh cache shows it, and only when that cache holds *other* contents (anot
 prompt): a stale cache of the same prompt gives the same logits. :func:`holder_step` reads
 ``holder.cache`` at every call and :func:`fresh_cache` builds that new cache, prefilled by
 the uncompiled model with the session's prompt or, given ``seed``, another seeded prompt of
-the same shape.
+the same shape. The cache goes under the keyword the model takes (``session.cache_kwarg``); a
+model that keeps decode state on its modules gets it from this prefill, and the session's own
+state back with :meth:`DecodeSession.restore_cache`.
 """
 
 from __future__ import annotations
@@ -42,8 +44,8 @@ def fresh_cache(session: DecodeSession, model: torch.nn.Module | None = None, se
         prompt = make_prompt(int(vocab), session.prompt_len, seed, session.device, session.batch)
     cache = StaticCache(config=model.config, max_cache_len=session.max_cache_len)
     with torch.no_grad():
-        model(input_ids=prompt, past_key_values=cache, use_cache=True,
-              cache_position=torch.arange(session.prompt_len, device=session.device))
+        model(input_ids=prompt, use_cache=True, cache_position=torch.arange(session.prompt_len, device=session.device),
+              **{session.cache_kwarg: cache})
     synchronize(session.device)
     return cache
 
@@ -54,8 +56,8 @@ def holder_step(session: DecodeSession, holder: CacheHolder, model: torch.nn.Mod
     extra = session.step_kwargs
 
     def decode_step(input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
-        out = model(input_ids=input_ids, past_key_values=holder.cache, cache_position=cache_position,
-                    use_cache=True, **extra(input_ids, cache_position))
+        out = model(input_ids=input_ids, cache_position=cache_position, use_cache=True,
+                    **{session.cache_kwarg: holder.cache}, **extra(input_ids, cache_position))
         return out.logits[:, -1, :]
 
     return decode_step
