@@ -91,6 +91,7 @@ def profile_one(source: str, name: str) -> dict:
                    kinds_sum_ms=sum(totals.values()), ops=profile.ops, launches=profile.launches,
                    shares={k: v / profile.step_ms for k, v in totals.items() if v} if profile.step_ms else {},
                    marked_modules=len(profile.module_ms), layers=structure.num_layers,
+                   wrapper_us=profile.wrapper_us, marked_calls=profile.marked_calls,
                    covered={p.strategy: covered_share(profile, model, p.scopes) for p in auto_plans(structure)})
         row["in_band"] = COVERAGE_BAND[0] <= profile.coverage <= COVERAGE_BAND[1]
     except Exception as exc:
@@ -180,10 +181,14 @@ def markdown(rows: list[dict], meta: dict) -> str:
              f"{meta['load_end']} at the end; torch {meta['torch']}, transformers {meta['transformers']}.", "",
              f"Zoo, hand-checked architectures and every registry type eligible in eager "
              f"(`hf_registry_eligibility.json`), tiny configs, prompt {PROMPT_LEN}, one CPU thread: rounds of "
-             f"{2 * PROFILE_STEPS} steps with the timing wrappers around the marked modules' forward alternate with rounds without (4-16 rounds, the fastest "
-             "quarter of each, timed with the thread's CPU time, the wrappers' cost per call measured on an empty module "
-             f"taken out), then {PROFILE_STEPS} steps under torch.profiler. Profiled = the per-kind times summed (they add up to the hooked step by "
-             "construction: 'other' is the step minus the marked modules); measured = the bare step; coverage = "
+             f"{2 * PROFILE_STEPS} steps with the timing wrappers around the marked modules' forward alternate with rounds without "
+             "(48-96 rounds, until 1.5 s was timed; timed with the thread's CPU time; a round's level = its fastest quarter of steps). "
+             "Pairs of rounds (one wrapped, one bare, adjacent in time) alternate between calibration and profile: the wrappers' cost "
+             "per marked call is measured in the model (median over the calibration pairs of (wrapped - bare) / calls; "
+             "'wrapper us' below) and taken out of the callers' times; the profile is the middle half of the other pairs by "
+             f"ratio. Then {PROFILE_STEPS} steps under torch.profiler. Profiled = the per-kind times summed (they add up to the "
+             "wrapped step less the calibrated cost by construction: 'other' is the step minus the marked modules); "
+             "measured = the bare rounds of the same pairs; coverage = "
              f"profiled / measured (criterion {lo}-{hi}).", "",
              f"**{len(rows)} architectures: {len(ok)} profiled, {len(rows) - len(ok)} errors; "
              f"{len(band)} of {len(ok)} within {lo}-{hi}"
@@ -191,12 +196,12 @@ def markdown(rows: list[dict], meta: dict) -> str:
                 f"range {min(r['coverage'] for r in ok):.3f}-{max(r['coverage'] for r in ok):.3f})" if ok else "")
              + ".**", "",
              "| architecture | source | ok | profiled ms | measured ms | coverage | attention | moe | mlp | norm | "
-             "embedding | lm_head | other | ops | launches | note |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "embedding | lm_head | other | ops | launches | wrapper us/call (calls) | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if not r.get("ok"):
             lines.append(f"| {r['name']} | {r['source']} | **error** ({r.get('stage')}) | - | - | - | - | - | - | - | "
-                         f"- | - | - | - | - | {(r.get('error') or '').replace('|', '/')[:240]} |")
+                         f"- | - | - | - | - | - | {(r.get('error') or '').replace('|', '/')[:240]} |")
             continue
         s = r["shares"]
         cells = " | ".join(f"{s[k]:.0%}" if k in s else "-" for k in
@@ -206,7 +211,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
         note = "" if not cli else "CLI: " + ", ".join(f"{k}={v if not isinstance(v, float) else round(v, 3)}"
                                                        for k, v in cli.items())
         lines.append(f"| {r['name']} | {r['source']} | ok | {r['kinds_sum_ms']:.3f} | {r['measured_ms']:.3f} | "
-                     f"{r['coverage']:.3f}{mark} | {cells} | {r['ops']:.0f} | {r['launches']:.0f} | {note} |")
+                     f"{r['coverage']:.3f}{mark} | {cells} | {r['ops']:.0f} | {r['launches']:.0f} | "
+                     f"{r.get('wrapper_us', float('nan')):.1f} ({r.get('marked_calls', 0):.0f}) | {note} |")
     return "\n".join(lines) + "\n"
 
 
@@ -216,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=300, help="seconds one architecture may take")
     parser.add_argument("--cli", default="", help="also run `superkernel analyze --profile` on these registry types")
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--note", default="", help="what else ran on the machine (written beside the load)")
     args = parser.parse_args(argv)
     src = HERE.parent / "src"
     sys.path.insert(0, str(src))
@@ -232,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         items = [(known.get(n, "registry"), n) for n in wanted]
     meta = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "hardware": f"{platform.processor() or platform.machine()}, {os.cpu_count()} logical cores",
-            "shared": "other processes may share the machine: the load averages say how busy it was",
+            "shared": args.note or "other processes may share the machine: the load averages say how busy it was",
             "load_start": " ".join(f"{x:.1f}" for x in os.getloadavg()), "torch": torch.__version__,
             "transformers": transformers.__version__}
     rows: list[dict] = []

@@ -105,6 +105,49 @@ def test_marks_keep_the_fast_call_path_and_restore_every_forward():
     assert marks.calls == 2
 
 
+def test_a_module_shared_under_two_paths_is_wrapped_once():
+    from superkernel.tools.advisor.profile import ModuleRole, _Marks
+
+    shared = torch.nn.Linear(2, 2)
+    model = torch.nn.Sequential(shared, torch.nn.ReLU(), shared)    # paths "0" and "2": one module
+    marks = _Marks(model, [ModuleRole("0", "mlp", 0), ModuleRole("2", "mlp", 1)], profiler=False)
+    model(torch.ones(1, 2))
+    assert marks.calls == 2 and set(marks.inclusive) == {"0"}       # two calls, no call timed twice
+    marks.remove()
+    assert "forward" not in shared.__dict__
+
+
+def test_wrappers_cost_is_calibrated_on_pairs_of_rounds_the_profile_does_not_use():
+    from types import SimpleNamespace
+
+    from superkernel.tools.advisor.profile_rounds import Round, in_model_cost, profile_pairs
+
+    def rnd(hooked, calibration, level, calls=10):
+        return Round(hooked, calibration, times=[level] * 4,
+                     marks=[SimpleNamespace(calls=calls)] * 4 if hooked else [])
+
+    # (wrapped, bare) pairs alternate: calibration, profile, calibration, ...
+    levels = [(1.3, 1.0), (1.2, 1.0), (1.5, 1.0), (2.0, 1.0), (1.4, 1.0), (1.1, 1.0), (1.2, 1.0), (1.1, 1.0)]
+    rounds = [r for i, (h, b) in enumerate(levels) for r in (rnd(True, i % 2 == 0, h), rnd(False, i % 2 == 0, b))]
+    assert rounds[0].level == 1.3 and rounds[0].calls == 10
+    # the median over the calibration pairs (0.3, 0.5, 0.4, 0.2) per call; the profile pairs play no part
+    assert in_model_cost(rounds) == pytest.approx(0.035)
+    chosen = profile_pairs(rounds, 0.035)
+    # the middle half of the four profile pairs (1.2, 2.0, 1.1, 1.1) by (wrapped - cost) / bare: 2.0 and one 1.1 go
+    assert sorted(h.level for h, _ in chosen) == [1.1, 1.2] and all(not h.calibration for h, _ in chosen)
+    assert all(h.hooked and not b.hooked for h, b in chosen)
+    # a bare round slower than its wrapped one does not make the cost negative
+    assert in_model_cost([rnd(True, True, 1.0), rnd(False, True, 1.1)]) == 0.0
+
+
+def test_the_profile_reports_the_calibrated_cost_and_the_marked_calls(llama, llama_profile):
+    roles = module_roles(analyze_structure(llama.model))
+    assert llama_profile.marked_calls == len(roles)      # every marked module once per decode step
+    data = llama_profile.to_dict()
+    assert data["marked_calls_per_step"] == len(roles) and data["wrapper_us_per_call"] >= 0.0
+    assert not any("forward" in llama.model.get_submodule(r.path).__dict__ for r in roles)   # wrappers gone
+
+
 def test_covered_share_grows_with_the_scopes(llama, llama_profile):
     structure = analyze_structure(llama.model)
     share = {s: covered_share(llama_profile, llama.model, plan_for(s, structure).scopes)

@@ -10,7 +10,9 @@ clock instead (the profiler's per-operator cost would inflate a launch-bound CPU
 the step itself; on one CPU thread the thread's CPU time, see :func:`step_clock`), averaged over the fastest quarter of the profiled steps, taken over several
 rounds of the same positions (a preempted step says nothing about the model): exclusive module times plus "other" (everything outside the marked modules)
 add up to that pass's step time, which :attr:`StepProfile.coverage` compares with the step
-timed without hooks (rounds with and without hooks alternate, the fastest quarter of each). On CUDA the profiler's own CPU-side times are used (not run on hardware yet).
+timed without hooks (rounds with and without hooks alternate, the fastest quarter of each). The
+wrappers' own cost per marked call is measured inside the model (:func:`in_model_cost`, on
+calibration rounds that alternate with the profiled ones) and taken out of the callers' times. On CUDA the profiler's own CPU-side times are used (not run on hardware yet).
 
 A compiled step (a plan) is profiled without wrappers (Dynamo would trace them into the graph):
 its time, operators and launches are measured as a whole.
@@ -26,6 +28,7 @@ from typing import Any
 
 import torch
 
+from superkernel.tools.advisor.profile_rounds import Round, in_model_cost, profile_pairs
 from superkernel.tools.advisor.run_log import native_stderr_to
 from superkernel.tools.advisor.structure import ModelStructure
 
@@ -36,8 +39,12 @@ COVERING = {"attention": "attention", "mlp": "mlp", "moe": "moe", "norm": "decod
 _MARK = "sk.module::"
 #: Rounds of the wall-clock pass over the same positions: at least MIN_ROUNDS, more (up to
 #: MAX_ROUNDS) until MIN_TIMED_S seconds were timed, so a short step has enough samples to
-#: keep only unpreempted ones.
-MIN_ROUNDS, MAX_ROUNDS, MIN_TIMED_S = 4, 16, 0.5
+#: keep only unpreempted ones. Eager (wrapped and bare rounds; a quarter of them calibrate the
+#: wrappers' cost, see :mod:`~superkernel.tools.advisor.profile_rounds`; fewer than 48 rounds
+#: left tiny models' coverage up to 15 % off under a load of 2-3 on 2 cores) ...
+MIN_ROUNDS, MAX_ROUNDS, MIN_TIMED_S = 48, 96, 1.5
+#: ... and a compiled step (no wrappers, nothing to compare).
+MIN_ROUNDS_COMPILED, MAX_ROUNDS_COMPILED, MIN_TIMED_S_COMPILED = 4, 16, 0.5
 _STEP = "sk.decode_step"
 
 
@@ -80,6 +87,8 @@ class StepProfile:
     module_launches: dict[str, float] = field(default_factory=dict)
     weight_bytes: int = 0
     device: str = "cpu"
+    wrapper_us: float = 0.0                           # wrappers' cost per marked call, taken out (in-model)
+    marked_calls: float = 0.0                         # marked module calls per step
 
     @property
     def coverage(self) -> float:
@@ -99,6 +108,7 @@ class StepProfile:
         return {"label": self.label, "step_ms": self.step_ms, "measured_ms": self.measured_ms,
                 "coverage": self.coverage, "ops_per_step": self.ops, "launches_per_step": self.launches,
                 "steps": self.steps, "weight_bytes": self.weight_bytes, "device": self.device,
+                "wrapper_us_per_call": self.wrapper_us, "marked_calls_per_step": self.marked_calls,
                 "kinds": {k: {"ms": v, "share": v / self.step_ms if self.step_ms else 0.0}
                           for k, v in self.kind_totals().items()} if self.rows else {},
                 "rows": [{**asdict(r), "share": r.ms / self.step_ms if self.step_ms else 0.0,
@@ -172,8 +182,12 @@ class _Marks:
         self.direct: dict[str, int] = defaultdict(int)          # marked calls directly inside a module
         self.nested: dict[str, int] = defaultdict(int)          # marked calls anywhere inside a module
         self.profiler = profiler
-        for role in roles:
-            self._wrap(model.get_submodule(role.path), role.path)
+        wrapped: set[int] = set()
+        for role in roles:  # a module shared under two paths is wrapped once (its first path)
+            module = model.get_submodule(role.path)
+            if id(module) not in wrapped:
+                wrapped.add(id(module))
+                self._wrap(module, role.path)
 
     def _wrap(self, module: torch.nn.Module, path: str) -> None:
         """Time ``module`` by wrapping its ``forward`` (an instance attribute, restored by :meth:`remove`).
@@ -283,8 +297,11 @@ def profile_step(session, step, *, structure: ModelStructure | None = None, labe
     each after one untimed step; rounds timed per module (hooks and a wall clock) alternate, when
     ``measured_ms`` is None, with rounds without hooks (what the profile is compared with, under
     the same load). Hooks stay for a whole round: adding or removing them slows the next step.
-    Both timings average the fastest quarter of their steps, less the hooks' own cost per call
-    (:func:`hook_cost`). Pass 2: ``steps`` steps under ``torch.profiler`` (operators, launches).
+    Pairs of rounds alternate between calibration (the wrappers' cost per marked call in this
+    model, :func:`~superkernel.tools.advisor.profile_rounds.in_model_cost`) and the profile
+    (the middle half of its pairs; each round's fastest quarter of steps), less that cost per
+    call (:func:`hook_cost`, on an empty module, when there are no rounds without hooks).
+    Pass 2: ``steps`` steps under ``torch.profiler`` (operators, launches).
     """
     from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -297,21 +314,24 @@ def profile_step(session, step, *, structure: ModelStructure | None = None, labe
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if session.device.type == "cuda" else [])
     positions = min(2 * steps, session.total_steps - 1)
     clock = step_clock(session.device, eager=interleave)
-    times = []
+    rounds: list[Round] = []
     with torch.no_grad(), session.dynamo_config():
         session.restore_cache()
         step(*session.inputs(0))  # compile / warm caches, not profiled
-        per_step: list[_Marks] = []
-        bare: list[float] = []
         spent = 0.0
         gc_was_enabled = gc.isenabled()
         gc.disable()  # as timeit does: a collection inside a timed step is charged to whichever module ran
         try:  # pass 1: wall clock per step and per module; rounds with hooks alternate with rounds without
             marks = None
-            for round_ in range(MAX_ROUNDS):
-                if round_ >= MIN_ROUNDS and spent >= MIN_TIMED_S and (not interleave or round_ % 2 == 0):
+            least, most, enough = (MIN_ROUNDS, MAX_ROUNDS, MIN_TIMED_S) if interleave else \
+                (MIN_ROUNDS_COMPILED, MAX_ROUNDS_COMPILED, MIN_TIMED_S_COMPILED)
+            for round_ in range(most):
+                if round_ >= least and spent >= enough and (not interleave or round_ % 4 == 0):
                     break
                 hooked = not interleave or round_ % 2 == 0
+                # pairs of rounds (wrapped, bare) alternate between calibration and profile
+                rnd = Round(hooked=hooked, calibration=interleave and (round_ // 2) % 2 == 0)
+                rounds.append(rnd)
                 marks = _Marks(model, roles, profiler=False, clock=clock) if hooked else None
                 session.restore_cache()  # the same positions every round
                 step(*session.inputs(0))  # untimed: the first step after hooks come or go is slower
@@ -324,9 +344,9 @@ def profile_step(session, step, *, structure: ModelStructure | None = None, labe
                     synchronize(session.device)
                     took = clock() - start
                     spent += took
-                    (times if hooked else bare).append(took)
+                    rnd.times.append(took)
                     if marks is not None:
-                        per_step.append(marks.take())
+                        rnd.marks.append(marks.take())
                 if marks is not None:
                     marks.remove()
                     marks = None
@@ -335,13 +355,23 @@ def profile_step(session, step, *, structure: ModelStructure | None = None, labe
                 marks.remove()
             if gc_was_enabled:
                 gc.enable()
-        # The fastest steps only: a step the OS preempted (a time slice is ~4 ms, longer than a
-        # tiny model's step) says nothing about the model.
-        kept = _fastest(times)
+        if interleave:  # the wrappers' cost measured in this model; the middle half of the profile pairs
+            per_call = in_model_cost(rounds) if roles else 0.0
+            chosen = profile_pairs(rounds, per_call)
+            wrapped = [h for h, _ in chosen]
+            measured_ms = sum(b.level for _, b in chosen) / len(chosen) * 1e3
+        else:           # no rounds without wrappers to compare with: the cost on an empty module
+            per_call = hook_cost(clock=clock) if roles else 0.0
+            wrapped = rounds
         timing = _Marks(model, [], profiler=False)
-        for k in kept:
-            timing.add(per_step[k])
-        hooks_s = timing.discount(hook_cost(clock=clock)) if roles else 0.0
+        kept_s, kept_n = 0.0, 0
+        for rnd in wrapped:
+            for k in rnd.kept:
+                timing.add(rnd.marks[k])
+                kept_s += rnd.times[k]
+                kept_n += 1
+        calls = timing.calls / kept_n
+        hooks_s = timing.discount(per_call) if roles else 0.0
         session.restore_cache()  # the cache counts its own position: every pass starts after the prefill
         step(*session.inputs(0))
         marks = _Marks(model, roles, profiler=True)
@@ -355,14 +385,13 @@ def profile_step(session, step, *, structure: ModelStructure | None = None, labe
         finally:
             marks.remove()
     session.restore_cache()
-    step_ms = (sum(times[k] for k in kept) - hooks_s) / len(kept) * 1e3
-    if measured_ms is None:  # the step without any hook, interleaved with the hooked ones (same load)
-        measured_ms = sum(bare[k] for k in _fastest(bare)) / len(_fastest(bare)) * 1e3
+    step_ms = (kept_s - hooks_s) / kept_n * 1e3
     prof_view = _attribute(prof.events(), roles, weight_bytes(model, roles) if roles else {}, label, steps,
                            measured_ms, sum(p.numel() * p.element_size() for p in model.parameters()),
                            session.device.type)
+    prof_view.wrapper_us, prof_view.marked_calls = per_call * 1e6, calls
     if session.device.type != "cuda":  # wall-clock times from pass 1 (on CUDA: the profiler's, see docs)
-        _use_wall_times(prof_view, timing, roles, step_ms, len(kept))
+        _use_wall_times(prof_view, timing, roles, step_ms, kept_n)
     return prof_view
 
 
@@ -402,12 +431,6 @@ def hook_cost(calls: int = 200, repeats: int = 7, clock=time.perf_counter) -> fl
         finally:
             marks.remove()
     return max(0.0, (min(hooked) - min(bare)) / calls)
-
-
-def _fastest(times: list[float]) -> list[int]:
-    """Indices of the fastest quarter of ``times`` (the faster half of fewer than 8)."""
-    keep = (len(times) + 3) // 4 if len(times) >= 8 else (len(times) + 1) // 2
-    return sorted(range(len(times)), key=times.__getitem__)[:max(1, keep)]
 
 
 def _use_wall_times(view: "StepProfile", timing: _Marks, roles: list[ModuleRole], step_ms: float, steps: int) -> None:
