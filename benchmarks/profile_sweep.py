@@ -182,7 +182,7 @@ def markdown(rows: list[dict], meta: dict) -> str:
              f"Zoo, hand-checked architectures and every registry type eligible in eager "
              f"(`hf_registry_eligibility.json`), tiny configs, prompt {PROMPT_LEN}, one CPU thread: rounds of "
              f"{2 * PROFILE_STEPS} steps with the timing wrappers around the marked modules' forward alternate with rounds without "
-             "(48-96 rounds, until 1.5 s was timed; timed with the thread's CPU time; a round's level = its fastest quarter of steps). "
+             "(48-96 rounds: 1.5 s timed, then on until calibration and profile are each known to 2.5 % of the step; timed with the thread's CPU time; a round's level = its fastest quarter of steps). "
              "Pairs of rounds (one wrapped, one bare, adjacent in time) alternate between calibration and profile: the wrappers' cost "
              "per marked call is measured in the model (median over the calibration pairs of (wrapped - bare) / calls; "
              "'wrapper us' below) and taken out of the callers' times; the profile is the middle half of the other pairs by "

@@ -298,3 +298,19 @@ def test_analyze_profile_on_the_sweep_subset(arch, tmp_path):
 def test_exhaustive_needs_auto():
     result = run_cli("optimize", "--strategy", "attention", "--exhaustive")
     assert result.code == 2 and "--exhaustive applies to --strategy auto" in result.err
+
+
+def test_the_timed_pass_goes_on_while_the_pairs_scatter():
+    from types import SimpleNamespace
+
+    from superkernel.tools.advisor.profile_rounds import Round, settled
+
+    def rounds(levels):   # (wrapped, bare) pairs, alternating calibration and profile
+        return [r for i, (h, b) in enumerate(levels)
+                for r in (Round(True, i % 2 == 0, [h] * 4, [SimpleNamespace(calls=10)] * 4),
+                          Round(False, i % 2 == 0, [b] * 4))]
+
+    steady = [(1.1 + 0.001 * (i % 3), 1.0) for i in range(16)]
+    scattered = [(1.1 + 0.3 * (i % 3), 1.0 + 0.2 * (i % 2)) for i in range(16)]
+    assert settled(rounds(steady)) and not settled(rounds(scattered))
+    assert not settled(rounds(steady[:2]))          # too few pairs to tell

@@ -78,3 +78,29 @@ def profile_pairs(rounds: list[Round], per_call: float) -> list[tuple[Round, Rou
     ranked = sorted(found, key=lambda p: (p[0].level - per_call * p[0].calls) / p[1].level)
     cut = len(ranked) // 4
     return ranked[cut:len(ranked) - cut] if cut else ranked
+
+
+def _spread(values: list[float]) -> float:
+    """Standard error of the median of ``values`` (from their interquartile range)."""
+    if len(values) < 4:
+        return float("inf")
+    q = statistics.quantiles(values, n=4)
+    return 1.25 * (q[2] - q[0]) / 1.349 / len(values) ** 0.5
+
+
+def settled(rounds: list[Round], tolerance: float = 0.025) -> bool:
+    """Whether the calibration and the profile pairs are each known to ``tolerance`` of the step.
+
+    The error of the calibrated cost (times the marked calls) and of the profile pairs' ratio,
+    each the standard error of its median. Under load the pairs scatter more and the pass runs
+    more rounds (up to its maximum) instead of reporting a coverage that is noise.
+    """
+    cal = pairs(rounds, calibration=True)
+    prof = pairs(rounds, calibration=False)
+    if not cal or not prof:
+        return False
+    step = statistics.median(b.level for _, b in prof)
+    calls = statistics.median(h.calls for h, _ in cal)
+    cost_err = _spread([h.level - b.level for h, b in cal]) / step if calls else 0.0
+    ratio_err = _spread([h.level / b.level for h, b in prof])
+    return cost_err <= tolerance and ratio_err <= tolerance
