@@ -10,7 +10,7 @@ import torch
 
 from superkernel.static_kernel.package import find_packages, read_manifest, sha256
 
-from .conftest import parse_child, run_child
+from .conftest import run_child
 
 RECORD_NAME = re.compile(r"^[A-Za-z0-9._-]+_[a-z0-9]+_(ND|NHWC|STRIDED|[A-Z_]+)_[0-9x_a-z]+_\d+\.json$")
 
@@ -94,21 +94,4 @@ def test_shape_not_in_package_falls_back_with_notice(built):
     torch.testing.assert_close(out["y"], out["eager"], rtol=1e-4, atol=1e-5)
 
 
-def test_two_processes_one_build_dir(tmp_path):
-    build_dir = tmp_path / "shared"
-    build_dir.mkdir()
-    procs = [run_child(tmp_path, build_dir, 2, tmp_path / f"p{i}.pt", "--function", background=True,
-                       LOCAL_WORLD_SIZE="2", LOCAL_RANK=str(i)) for i in range(2)]
-    results = [parse_child(p.wait(timeout=600), p.stdout.read(), p.stderr.read()) for p in procs]
-    packages = find_packages(build_dir)
-    assert len(packages) == 1
-    builders = [r for r in results if r["static"].get("compiled", 0) > 0]
-    loaders = [r for r in results if r["static"].get("loaded", 0) > 0 and r["static"].get("compiled", 0) == 0]
-    assert len(builders) == 1 and len(loaders) == 1
-    assert loaders[0]["cpp_builds"] == 0
-    assert builders[0]["static"]["frames_built"] == 1  # the waiting process gets the frame too
-    assert loaders[0]["static"]["frames_loaded"] == 1 and loaders[0]["dynamo_traces"] == 0
-    assert builders[0]["packages"] == [str(packages[0])]
-    assert not list(build_dir.rglob("*.tmp"))  # no half-written files left behind
-    y0, y1 = torch.load(tmp_path / "p0.pt")["y"], torch.load(tmp_path / "p1.pt")["y"]
-    assert torch.equal(y0, y1)
+# (test_two_processes_one_build_dir is in test_frames.py: its build is the package the frame tests load)

@@ -10,17 +10,46 @@ import torch
 from superkernel.static_kernel import frame_keys, frames
 from superkernel.static_kernel.package import find_packages, read_manifest
 
-from .conftest import HERE, run_child
+from .conftest import HERE, parse_child, run_child
+
+
+# Every child here that uses the fixture's package runs as local rank 0 of the two-process job that built it:
+# a package records its rank layout, and one built for LOCAL_WORLD_SIZE 2 is not loaded in a layout of 1.
+LAYOUT = {"LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "0"}
 
 
 @pytest.fixture(scope="module")
 def built_fn(tmp_path_factory):
-    """A package built by a child that compiled a function closing over the model (batch 2)."""
+    """Two processes (local ranks 0 and 1) compile a function closing over the model (batch 2) into one
+    build dir: one builds the package, the other waits and loads it. The builder's package and output are
+    what the other tests here load (one build serves both the two-process test and the frame tests)."""
     tmp = tmp_path_factory.mktemp("frames")
     build_dir = tmp / "build"
     build_dir.mkdir()
-    result = run_child(tmp, build_dir, 2, tmp / "build_out.pt", "--function")
-    return {"tmp": tmp, "build_dir": build_dir, "result": result, "out": tmp / "build_out.pt"}
+    procs = [run_child(tmp, build_dir, 2, tmp / f"p{i}.pt", "--function", background=True,
+                       LOCAL_WORLD_SIZE="2", LOCAL_RANK=str(i)) for i in range(2)]
+    results = [parse_child(p.wait(timeout=600), p.stdout.read(), p.stderr.read()) for p in procs]
+    builders = [i for i, r in enumerate(results) if r["static"].get("compiled", 0) > 0]
+    builder = builders[0] if builders else 0
+    return {"tmp": tmp, "build_dir": build_dir, "results": results, "result": results[builder],
+            "out": tmp / f"p{builder}.pt"}
+
+
+def test_two_processes_one_build_dir(built_fn):
+    """Moved here from test_build_and_load.py: its build is the package the frame tests load."""
+    build_dir, tmp, results = built_fn["build_dir"], built_fn["tmp"], built_fn["results"]
+    packages = find_packages(build_dir)
+    assert len(packages) == 1
+    builders = [r for r in results if r["static"].get("compiled", 0) > 0]
+    loaders = [r for r in results if r["static"].get("loaded", 0) > 0 and r["static"].get("compiled", 0) == 0]
+    assert len(builders) == 1 and len(loaders) == 1
+    assert loaders[0]["cpp_builds"] == 0
+    assert builders[0]["static"]["frames_built"] == 1  # the waiting process gets the frame too
+    assert loaders[0]["static"]["frames_loaded"] == 1 and loaders[0]["dynamo_traces"] == 0
+    assert builders[0]["packages"] == [str(packages[0])]
+    assert not list(build_dir.rglob("*.tmp"))  # no half-written files left behind
+    y0, y1 = torch.load(tmp / "p0.pt")["y"], torch.load(tmp / "p1.pt")["y"]
+    assert torch.equal(y0, y1)
 
 
 def test_build_stores_one_frame_with_its_sources(built_fn):
@@ -42,7 +71,7 @@ def test_build_stores_one_frame_with_its_sources(built_fn):
 
 def test_fresh_process_loads_the_frame_and_never_traces(built_fn):
     tmp = built_fn["tmp"]
-    result = run_child(tmp, built_fn["build_dir"], 2, tmp / "load_out.pt", "--function")
+    result = run_child(tmp, built_fn["build_dir"], 2, tmp / "load_out.pt", "--function", **LAYOUT)
     assert result["static"].get("frames_loaded") == 1 and result["static"]["loaded"] >= 2, result
     assert result["dynamo_traces"] == 0, "a loaded frame must not run Dynamo's tracer"
     assert result["aot_captures"] == 0, "an ATen-level frame must not run AOTAutograd"
@@ -55,7 +84,8 @@ def test_fresh_process_loads_the_frame_and_never_traces(built_fn):
 
 def test_inputs_the_guards_reject_run_the_normal_path(built_fn):
     tmp = built_fn["tmp"]
-    result = run_child(tmp, built_fn["build_dir"], 2, tmp / "guard_out.pt", "--function", "--then-batch", "3")
+    result = run_child(tmp, built_fn["build_dir"], 2, tmp / "guard_out.pt", "--function", "--then-batch", "3",
+                       **LAYOUT)
     assert result["static"]["frames_loaded"] == 1
     assert result["dynamo_traces"] >= 1  # batch 3 is not in the package: traced here
     assert result["static"]["fallback"] >= 1 and len(find_packages(built_fn["build_dir"])) == 1
@@ -71,7 +101,7 @@ def test_changed_source_makes_the_frame_stale(built_fn):
     shutil.copy(HERE / "_child.py", edited)
     with edited.open("a") as f:
         f.write("\n# edited after the package was built\n")
-    result = run_child(tmp, built_fn["build_dir"], 2, tmp / "stale_out.pt", "--function", script=edited)
+    result = run_child(tmp, built_fn["build_dir"], 2, tmp / "stale_out.pt", "--function", script=edited, **LAYOUT)
     assert result["static"].get("frames_loaded", 0) == 0
     assert len(result["warnings"]) == 1 and "out of date" in result["warnings"][0]
     assert "__main__" in result["warnings"][0]
