@@ -15,13 +15,24 @@ from tests._env import environ
 HERE = Path(__file__).resolve().parent
 
 
+# Temp dir of every child of this test process (set by _children_temp_dir): see fresh_env.
+CHILD_TMPDIR: Path | None = None
+
+
 def fresh_env(tmp: Path, **extra: str) -> dict[str, str]:
-    """Environment of a child with its own, empty TorchInductor cache and temp dir."""
+    """Environment of a child with its own, empty TorchInductor cache and this test process's children's temp dir.
+
+    The temp dir is shared by the children of one test process (not the user's): TorchInductor keeps its
+    precompiled headers there on purpose (``<tmp>/torchinductor_<user>/precompiled_headers``, "global,
+    rather than ignored by fresh_cache"), so each compiling child built them again (~10 s of g++) when every
+    child had its own. They are not part of any package and a loading child compiles nothing either way
+    (its C++ builds are counted); the Inductor cache dir, which is, stays empty per child.
+    """
     env = dict(os.environ)
     cache = tmp / f"inductor_{len(list(tmp.glob('inductor_*')))}"
-    tdir = tmp / f"tmp_{len(list(tmp.glob('tmp_*')))}"
+    tdir = CHILD_TMPDIR or tmp / f"tmp_{len(list(tmp.glob('tmp_*')))}"
     cache.mkdir(parents=True)
-    tdir.mkdir(parents=True)
+    tdir.mkdir(parents=True, exist_ok=True)
     env["TORCHINDUCTOR_CACHE_DIR"] = str(cache)
     env["TMPDIR"] = str(tdir)
     env.update(extra)
@@ -57,6 +68,15 @@ def _private_trust_key(tmp_path_factory):
     """
     with environ(XDG_CACHE_HOME=str(tmp_path_factory.mktemp("xdg_cache"))):
         yield
+
+
+@pytest.fixture(scope="package", autouse=True)
+def _children_temp_dir(tmp_path_factory):
+    """One temp dir for the children of this test process (fresh_env), not the user's /tmp."""
+    global CHILD_TMPDIR
+    CHILD_TMPDIR = tmp_path_factory.mktemp("children_tmp")
+    yield
+    CHILD_TMPDIR = None
 
 
 @pytest.fixture(scope="module", autouse=True)
