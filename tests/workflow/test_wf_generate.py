@@ -106,3 +106,15 @@ def test_bench_report_needs_generate(tmp_path):
     plan.write_text("version: 1\nmodel: llama-tiny\nmode: reduce-overhead\nscopes:\n  a: [model.layers.*]\n")
     result = run_cli("bench", "--config", str(plan), "--report", str(tmp_path / "r.md"))
     assert result.code == 2 and "--report goes with --generate" in result.err
+
+
+def test_generate_turns_the_cache_on_where_the_config_turns_it_off():
+    """MPT's config says ``use_cache=False``: generate() would ignore the static cache, skip
+    compilation and the plan would do nothing; with the plan it compiles, and removing the
+    plan puts the config's choice back."""
+    from superkernel.tools.models.registry import build_tiny
+
+    model = build_tiny("mpt")
+    assert model.generation_config.use_cache is False
+    _check_same_tokens(model, model.config.vocab_size)   # asserts the decode step was compiled by superkernel
+    assert model.generation_config.use_cache is False

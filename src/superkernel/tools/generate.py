@@ -68,6 +68,10 @@ def compile_config(backend: Any) -> Any:
     return config
 
 
+#: Where :func:`apply_for_generate` keeps the generation config's ``use_cache`` it turned on.
+_USE_CACHE_BEFORE = "_superkernel_use_cache_before"
+
+
 def apply_for_generate(model: Any, plan: str | Path | Mapping[str, Any], *, mode: str | None = None) -> Any:
     """Make ``model.generate()`` decode with a superkernel plan; returns ``model`` (changed in place).
 
@@ -75,7 +79,9 @@ def apply_for_generate(model: Any, plan: str | Path | Mapping[str, Any], *, mode
     ``mlp``, ``moe``, ``decoder_layer``, ``all_layers``) together with ``mode``. ``mode``
     overrides a plan's mode. A ``backend: torch.compile`` plan compiles the decode steps
     with plain ``torch.compile`` (default Inductor). ``generate()`` then uses a static
-    cache (``cache_implementation="static"``) unless a call passes another.
+    cache (``cache_implementation="static"``) unless a call passes another, with ``use_cache``
+    turned on where the model's generation config turns it off (:func:`remove_for_generate`
+    puts it back).
     """
     import superkernel
 
@@ -92,6 +98,12 @@ def apply_for_generate(model: Any, plan: str | Path | Mapping[str, Any], *, mode
     model.generation_config.compile_config = compile_config(backend)
     model.generation_config.cache_implementation = "static"
     model.generation_config.disable_compile = False
+    if model.generation_config.use_cache is not True:
+        # Some configs default to no cache (MPT): generate() would then ignore the static cache and
+        # skip compilation, and the plan would silently do nothing.
+        if not hasattr(model, _USE_CACHE_BEFORE):
+            setattr(model, _USE_CACHE_BEFORE, model.generation_config.use_cache)
+        model.generation_config.use_cache = True
     return model
 
 
@@ -102,6 +114,9 @@ def remove_for_generate(model: Any) -> Any:
     superkernel.remove_scopes(model)
     model.generation_config.compile_config = None
     model.generation_config.cache_implementation = None
+    if hasattr(model, _USE_CACHE_BEFORE):
+        model.generation_config.use_cache = getattr(model, _USE_CACHE_BEFORE)
+        delattr(model, _USE_CACHE_BEFORE)
     for attr in ("_compiled_call", "_last_compile_config"):
         if hasattr(model, attr):
             delattr(model, attr)
