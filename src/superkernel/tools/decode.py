@@ -233,24 +233,25 @@ def _takes_position_ids(model: torch.nn.Module) -> bool:
         return False
 
 
-def _python_ints(cache: Any) -> dict[tuple[int, str], int]:
-    """(layer index, attribute) -> value of every plain int attribute of the cache layers."""
+def _layer_attrs(cache: Any, pick: Callable[[Any], Any]) -> dict[tuple[int, str], Any]:
+    """(layer index, attribute) -> ``pick(value)`` for every attribute of the cache layers it does not map to None."""
     out = {}
     for i, layer in enumerate(getattr(cache, "layers", [])):
         for name, value in vars(layer).items():
-            if isinstance(value, int) and not isinstance(value, bool):
-                out[(i, name)] = value
+            picked = pick(value)
+            if picked is not None:
+                out[(i, name)] = picked
     return out
+
+
+def _python_ints(cache: Any) -> dict[tuple[int, str], int]:
+    """(layer index, attribute) -> value of every plain int attribute of the cache layers."""
+    return _layer_attrs(cache, lambda v: v if isinstance(v, int) and not isinstance(v, bool) else None)
 
 
 def _tensor_sizes(cache: Any) -> dict[tuple[int, str], tuple[int, ...]]:
     """(layer index, attribute) -> size of every tensor attribute of the cache layers."""
-    out = {}
-    for i, layer in enumerate(getattr(cache, "layers", [])):
-        for name, value in vars(layer).items():
-            if isinstance(value, torch.Tensor):
-                out[(i, name)] = tuple(value.shape)
-    return out
+    return _layer_attrs(cache, lambda v: tuple(v.shape) if isinstance(v, torch.Tensor) else None)
 
 
 def _grown(before: dict[tuple[int, str], tuple[int, ...]], after: dict[tuple[int, str], tuple[int, ...]]) -> list[str]:
@@ -303,11 +304,12 @@ def prepare(model: torch.nn.Module, *, prompt_len: int = 32, steps: int = 32, wa
     vocab = getattr(model.config, "vocab_size", None) or getattr(model.config.get_text_config(), "vocab_size")
     prompt = make_prompt(int(vocab), prompt_len, seed, device, batch)
     cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
+    cache_kwarg = cache_keyword(model)
     with torch.no_grad():
         synchronize(device)
         start = time.perf_counter()
         out = model(input_ids=prompt, cache_position=torch.arange(prompt_len, device=device), use_cache=True,
-                    **{cache_keyword(model): cache})
+                    **{cache_kwarg: cache})
         synchronize(device)
         prefill_seconds = time.perf_counter() - start
     if not _cache_written(cache):
@@ -317,7 +319,7 @@ def prepare(model: torch.nn.Module, *, prompt_len: int = 32, steps: int = 32, wa
                             snapshot=snapshot, module_snapshot=snapshot_module_state(model), warmup=warmup,
                             steps=steps, prefill_seconds=prefill_seconds,
                             max_cache_len=max_cache_len, pass_position_ids=_takes_position_ids(model),
-                            cache_kwarg=cache_keyword(model))
+                            cache_kwarg=cache_kwarg)
     first = out.logits[:, -1].argmax(-1)
     session.tokens = _greedy_tokens(session, first) if reference_tokens else first.reshape(1, batch)
     if _pass_static_mask(session) and reference_tokens:
@@ -478,11 +480,9 @@ class DynamoWatch(logging.Handler):
     def counts(self) -> DynamoCounts:
         """Counts with the marks taken: start, after the first call, after warm-up, end."""
         marks = list(self.marks)
-        while len(marks) < 3:
+        while len(marks) < 3:  # fewer steps than phases: a phase that did not run adds nothing
             marks.append(marks[-1])
-        if len(marks) < 4:
-            marks.append(_dynamo_marks())
-        return _counts(marks, self.limit_messages)
+        return _counts(marks[:3] + [_dynamo_marks()], self.limit_messages)
 
 
 def _first_line(text: str) -> str:
@@ -490,11 +490,13 @@ def _first_line(text: str) -> str:
 
 
 def run_decode(session: DecodeSession, step: StepFn, *, label: str = "",
-               on_step: Callable[[int, int], None] | None = None) -> DecodeRun:
+               on_step: Callable[[int, int], None] | None = None,
+               before_step: Callable[[], None] | None = None) -> DecodeRun:
     """Run every decode step of the session through ``step`` and time each one.
 
-    ``on_step(done, total)`` is called after each step (progress bars). The run also
-    counts Dynamo's recompiles and graph breaks per phase (:class:`DynamoCounts`).
+    ``on_step(done, total)`` is called after each step (progress bars), ``before_step()``
+    right before each step's clock starts (a distributed barrier). The run also counts
+    Dynamo's recompiles and graph breaks per phase (:class:`DynamoCounts`).
     """
     session.restore_cache()
     device = session.device
@@ -504,6 +506,8 @@ def run_decode(session: DecodeSession, step: StepFn, *, label: str = "",
         for i in range(total):
             ids, pos = session.inputs(i)
             synchronize(device)
+            if before_step is not None:
+                before_step()
             start = time.perf_counter()
             out = step(ids, pos)
             synchronize(device)

@@ -13,7 +13,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from superkernel.tools.decode import DecodeRun, DecodeSession, StepFn, synchronize
+from superkernel.tools.decode import DecodeRun, DecodeSession, StepFn, run_decode, synchronize
 
 #: Profiler event names of the collectives (functional ops, the c10d ops and their backends).
 COLLECTIVE_MARKERS = ("all_reduce", "allreduce", "all_gather", "allgather", "wait_tensor", "c10d", "gloo", "nccl",
@@ -21,28 +21,8 @@ COLLECTIVE_MARKERS = ("all_reduce", "allreduce", "all_gather", "allgather", "wai
 
 
 def run_synced(session: DecodeSession, step: StepFn, *, label: str = "", group=None) -> DecodeRun:
-    """Like :func:`superkernel.tools.decode.run_decode`, with a barrier before every step."""
-    from superkernel.tools.decode import DynamoWatch
-
-    session.restore_cache()
-    device = session.device
-    logits, times = [], []
-    # Dynamo's recompiles per phase, as run_decode counts them
-    with torch.no_grad(), session.dynamo_config(), DynamoWatch() as watch:
-        for i in range(session.total_steps):
-            ids, pos = session.inputs(i)
-            synchronize(device)
-            dist.barrier(group=group)
-            start = time.perf_counter()
-            out = step(ids, pos)
-            synchronize(device)
-            times.append(time.perf_counter() - start)
-            logits.append(out.detach().reshape(-1, out.shape[-1]).float().cpu().clone())
-            if i == 0 or i == session.warmup - 1:
-                watch.mark()
-    session.restore_cache()
-    return DecodeRun(label=label, logits=torch.cat(logits), step_seconds=times, warmup=session.warmup,
-                     compile_seconds=times[0], batch=session.batch, dynamo=watch.counts())
+    """:func:`superkernel.tools.decode.run_decode` with a barrier before every step."""
+    return run_decode(session, step, label=label, before_step=lambda: dist.barrier(group=group))
 
 
 def job_step_ms(per_rank_seconds: list[list[float]], warmup: int) -> float:
