@@ -8,11 +8,11 @@ STAMP := $(VENV)/.superkernel-installed
 
 .PHONY: demo test bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[tools,onnx,dev]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[tools,onnx,dev]"
 	touch $(STAMP)
 
 demo: $(STAMP)

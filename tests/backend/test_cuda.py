@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import superkernel as sk
+from superkernel.hf_cache_names import cache_keyword
 
 pytestmark = pytest.mark.cuda
 
@@ -89,14 +90,14 @@ def test_hf_llama_decode_on_cuda_bit_exact():
     sk.apply_scopes(model, {"decode_layers": "model.layers.*"})
 
     def step(ids, pos, cache):
-        return model(input_ids=ids, cache_position=pos, past_key_values=cache, use_cache=True).logits
+        return model(input_ids=ids, cache_position=pos, use_cache=True, **{cache_keyword(model): cache}).logits
 
     def run(fn):
         cache = transformers.StaticCache(config=config, max_cache_len=16, device="cuda")
         out = []
         with torch.no_grad():
             model(input_ids=torch.arange(4, device="cuda")[None], cache_position=torch.arange(4, device="cuda"),
-                  past_key_values=cache, use_cache=True)
+                  use_cache=True, **{cache_keyword(model): cache})
             for i in range(4):
                 out.append(fn(torch.tensor([[5 + i]], device="cuda"), torch.tensor([4 + i], device="cuda"), cache))
         return out

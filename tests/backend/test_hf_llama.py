@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import superkernel as sk
+from superkernel.hf_cache_names import cache_keyword
 
 transformers = pytest.importorskip("transformers")
 
@@ -26,7 +27,7 @@ def decode_logits(model, step_fn):
     prompt = torch.arange(PROMPT_LEN).unsqueeze(0) + 3
     logits = []
     with torch.no_grad():
-        model(input_ids=prompt, cache_position=torch.arange(PROMPT_LEN), past_key_values=cache, use_cache=True)
+        model(input_ids=prompt, cache_position=torch.arange(PROMPT_LEN), use_cache=True, **{cache_keyword(model): cache})
         for i in range(STEPS):
             ids = torch.tensor([[10 + i]])
             pos = torch.tensor([PROMPT_LEN + i])
@@ -36,7 +37,7 @@ def decode_logits(model, step_fn):
 
 def step_of(model):
     def step(ids, pos, cache):
-        return model(input_ids=ids, cache_position=pos, past_key_values=cache, use_cache=True).logits
+        return model(input_ids=ids, cache_position=pos, use_cache=True, **{cache_keyword(model): cache}).logits
     return step
 
 

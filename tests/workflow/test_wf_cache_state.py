@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from superkernel.hf_cache_names import cache_keyword
 from superkernel.tools.decode import prepare, restore_state, run_decode, snapshot_state
 from superkernel.tools.models.archs import build
 
@@ -87,7 +88,7 @@ def test_quantized_cache_state_round_trips():
     prompt = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         try:
-            model(input_ids=prompt, past_key_values=cache, use_cache=True)
+            model(input_ids=prompt, use_cache=True, **{cache_keyword(model): cache})
         except Exception as exc:
             pytest.skip(f"fp8 QuantizedCache does not run here: {exc}")
         snap = snapshot_state(cache)
@@ -96,7 +97,7 @@ def test_quantized_cache_state_round_trips():
             out = []
             for i in range(3):
                 ids = torch.tensor([[i + 1]])
-                out.append(model(input_ids=ids, past_key_values=cache, use_cache=True).logits)
+                out.append(model(input_ids=ids, use_cache=True, **{cache_keyword(model): cache}).logits)
             return torch.cat(out)
 
         first = steps()

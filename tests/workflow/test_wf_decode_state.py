@@ -49,14 +49,18 @@ def test_recurrent_state_held_on_modules_decodes_the_same_twice():
 
 
 def test_a_cache_under_another_keyword_is_passed_under_it():
-    """Mamba's forward takes ``cache_params``: passed as ``past_key_values`` it went into ``**kwargs``
-    and every step decoded from an empty state (no error, and two runs agreed)."""
+    """Mamba's forward takes its cache as ``cache_params`` (transformers < 5.24) or ``cache`` (5.24 on):
+    passed as ``past_key_values`` it went into ``**kwargs`` and every step decoded from an empty
+    state (no error, and two runs agreed)."""
+    import inspect
+
     from superkernel.tools.decode import prepare, run_decode
     from superkernel.tools.models.registry import build_tiny
 
     model = build_tiny("mamba")
     session = prepare(model, prompt_len=8, steps=2, warmup=1)
-    assert session.cache_kwarg == "cache_params"
+    takes = inspect.signature(model.forward).parameters
+    assert session.cache_kwarg in ("cache_params", "cache") and session.cache_kwarg in takes
     ids, pos = session.inputs(0)
     with torch.no_grad():
         stateless = model(input_ids=ids, use_cache=False).logits[:, -1]

@@ -58,7 +58,7 @@ def test_peer_check_tolerance_and_rounds():
 
 @pytest.mark.parametrize("model_type", ["mamba", "recurrent_gemma"])
 def test_a_fresh_cache_of_a_recurrent_model_decodes_what_the_session_decodes(model_type):
-    """The fresh cache goes under the model's cache keyword (Mamba: ``cache_params``) and its
+    """The fresh cache goes under the model's cache keyword (Mamba: ``cache_params``, ``cache`` from transformers 5.24) and its
     prefill sets the state the model keeps on its modules (RecurrentGemma): with the session's
     own prompt, the holder's decode equals the session's; with another prompt it differs."""
     from superkernel.tools.fresh_cache import CacheHolder, fresh_cache, holder_step

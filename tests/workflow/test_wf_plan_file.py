@@ -56,7 +56,7 @@ def test_apply_returns_a_compiled_model_with_the_scopes(llama_session):
         cache = llama_session.cache
 
         def step(ids, pos):
-            return compiled(input_ids=ids, past_key_values=cache, cache_position=pos, use_cache=True).logits[:, -1, :]
+            return compiled(input_ids=ids, cache_position=pos, use_cache=True, **{llama_session.cache_kwarg: cache}).logits[:, -1, :]
 
         got = run_decode(llama_session, step)
         ex = superkernel.explain(compiled)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from superkernel.hf_cache_names import cache_keyword, output_cache
+
 HIDDEN, HEADS, LAYERS, INTER = 128, 4, 2, 512
 CASES = ("bert", "distilbert", "bart_encoder", "vit", "gpt2", "t5_encoder", "llama", "llama_decode")
 EXPORTERS = ("legacy", "dynamo")
@@ -71,10 +73,10 @@ class _LlamaDecode(nn.Module):
         for i in range(self.layers):
             cache.update(past[2 * i], past[2 * i + 1], i)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=cache, use_cache=True)
+                         use_cache=True, **{cache_keyword(self.model): cache})
         present = []
         for i in range(self.layers):
-            layer = out.past_key_values.layers[i]
+            layer = output_cache(out).layers[i]
             present += [layer.keys, layer.values]
         return (out.logits, *present)
 

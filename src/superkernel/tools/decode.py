@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import torch
 
+from superkernel.hf_cache_names import CACHE_KEYWORDS, cache_keyword
 from superkernel.tools.cache_state import (restore_module_state, restore_state, snapshot_module_state,
                                            snapshot_state)
 
@@ -66,8 +67,8 @@ class DecodeSession:
     #: so models that derive them from a mask growing with the position (OPT) keep static shapes.
     pass_position_ids: bool = False
     #: The keyword the model's forward takes its cache under (:func:`cache_keyword`): Mamba-style
-    #: models name it ``cache_params`` and would take ``past_key_values`` into ``**kwargs``, ignore
-    #: it and decode every step from an empty state.
+    #: models name it ``cache_params`` (``cache`` from transformers 5.24) and would take
+    #: ``past_key_values`` into ``**kwargs``, ignore it and decode every step from an empty state.
     cache_kwarg: str = "past_key_values"
 
     #: A 2-D all-ones attention mask as long as the cache (``[batch, max_cache_len]``), passed with
@@ -207,21 +208,6 @@ def make_prompt(vocab_size: int, prompt_len: int, seed: int, device: torch.devic
     """Seeded random token ids ``[batch, prompt_len]`` (row 0 is the same for every batch size)."""
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab_size, (batch, prompt_len), generator=gen).to(device)
-
-
-#: Names transformers' forwards take a cache under, in the order they are looked for.
-CACHE_KEYWORDS = ("past_key_values", "cache_params", "cache")  # cache: XLM
-
-
-def cache_keyword(model: torch.nn.Module) -> str:
-    """The keyword of :data:`CACHE_KEYWORDS` the model's forward takes (``past_key_values`` if none)."""
-    import inspect
-
-    try:
-        params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):
-        return CACHE_KEYWORDS[0]
-    return next((name for name in CACHE_KEYWORDS if name in params), CACHE_KEYWORDS[0])
 
 
 def _takes_position_ids(model: torch.nn.Module) -> bool:

@@ -85,7 +85,7 @@ def apply_section(best: RunResult, options: str, model_name: str) -> list[str]:
         "```python",
         "import superkernel",
         "compiled = superkernel.apply(model, \"superkernel.yaml\")  # scopes applied in place, returns the compiled model",
-        "# decode steps: compiled(input_ids=tok, past_key_values=static_cache, cache_position=pos)",
+        "# decode steps: compiled(input_ids=tok, cache=static_cache, cache_position=pos)  # past_key_values= before transformers 5.24",
         "# prefill: call the original model (scopes only act under torch.compile)",
         "```", "",
         "Or explicitly:", "",
