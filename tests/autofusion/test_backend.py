@@ -8,6 +8,7 @@ import torch
 
 import superkernel as sk
 from superkernel.autofusion import calibrate, machine
+from superkernel.autofusion.planner import calibration_env, compiled_how
 from superkernel.autofusion.store import Store, default_path
 from tests.autofusion.graphs import Layer
 
@@ -29,7 +30,8 @@ def calibration(tmp_path, monkeypatch):
     env = machine.environment()
     store.put(f"machine|{env}", {"bandwidth": 1e10, "call_us": 2.0})
     for ns, ratio in (([H, H // 2, H // 2], 0.5), ([2 * H, 2 * H], 1.2)):
-        store.put(calibrate.key("horizontal_gemm", 1, H, ns, torch.float32, False, env),
+        store.put(calibrate.key("horizontal_gemm", 1, H, ns, torch.float32, False,
+                                calibration_env(compiled_how(gemm_templates=False, cpp_wrapper=True))),
                   {"unfused_us": 10.0, "fused_us": 10.0 * ratio, "ratio": ratio, "ratio_q3": ratio})
     store.save()
     return store

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from superkernel.autofusion import calibrate, machine
-from superkernel.autofusion.planner import Planner
+from superkernel.autofusion.planner import Planner, calibration_env
 from superkernel.autofusion.store import Store
 from tests.autofusion.graphs import aten_graph, qkv, weights
 
@@ -38,7 +38,7 @@ def _weights_constant(gm):
 
 def _record(store: Store, ratio: float) -> None:
     m, k, ns = SHAPE
-    key = calibrate.key("horizontal_gemm", m, k, ns, torch.float32, False, machine.environment())
+    key = calibrate.key("horizontal_gemm", m, k, ns, torch.float32, False, calibration_env("injected"))
     store.put(key, {"unfused_us": 10.0, "fused_us": 10.0 * ratio, "ratio": ratio, "ratio_q3": ratio})
 
 

@@ -25,8 +25,9 @@ CALLS = 20
 RATIO_TO_APPLY = 0.97
 
 
-#: bumped when how a candidate is timed changes (5: real tensors inside a compile; MKL packed GEMMs; thread CPU time)
-VERSION = 5
+#: bumped when how a candidate is timed changes (5: real tensors inside a compile; MKL packed GEMMs; thread CPU time;
+#: 6: by default both sides compiled by Inductor, :mod:`superkernel.autofusion.compiled_timing`)
+VERSION = 6
 
 
 def key(rule: str, m: int, k: int, ns: list[int], dtype: torch.dtype, bias: bool, env: str) -> str:
@@ -90,20 +91,27 @@ def _time_horizontal(m: int, k: int, ns: list[int], dtype: torch.dtype, bias: bo
         return one(x).split(ns, dim=1)
 
     now, clock_name = clock()
-    u_s, f_s, ratios = [], [], []
     with torch.no_grad():
-        for _ in range(3):
-            unfused()
-            fused()
-        for r in range(rounds):
-            pair = [("u", unfused), ("f", fused)] if r % 2 == 0 else [("f", fused), ("u", unfused)]
-            got = {name: _time(fn, calls, now) for name, fn in pair}
-            u_s.append(got["u"])
-            f_s.append(got["f"])
-            ratios.append(got["f"] / got["u"])
+        out = paired(unfused, fused, now, rounds, calls)
+    return {**out, "clock": clock_name}
+
+
+def paired(unfused: Callable[[], Any], fused: Callable[[], Any], now: Callable[[], float], rounds: int,
+           calls: int) -> dict[str, Any]:
+    """The two sides timed in alternating rounds: medians (µs), the median and upper quartile of the paired ratio."""
+    u_s, f_s, ratios = [], [], []
+    for _ in range(3):
+        unfused()
+        fused()
+    for r in range(rounds):
+        pair = [("u", unfused), ("f", fused)] if r % 2 == 0 else [("f", fused), ("u", unfused)]
+        got = {name: _time(fn, calls, now) for name, fn in pair}
+        u_s.append(got["u"])
+        f_s.append(got["f"])
+        ratios.append(got["f"] / got["u"])
     q = statistics.quantiles(ratios, n=4)
     return {"unfused_us": statistics.median(u_s), "fused_us": statistics.median(f_s),
-            "ratio": statistics.median(ratios), "ratio_q3": q[2], "rounds": rounds, "clock": clock_name}
+            "ratio": statistics.median(ratios), "ratio_q3": q[2], "rounds": rounds}
 
 
 def faster(measured: dict[str, Any]) -> bool:

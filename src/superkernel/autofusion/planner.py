@@ -10,18 +10,29 @@ weight prepacking, its own fusions).
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Callable
 
 import torch.fx as fx
 
-from superkernel.autofusion import calibrate, machine
+from superkernel.autofusion import calibrate, compiled_timing, machine
 from superkernel.autofusion.benefit import Machine, predict_horizontal
 from superkernel.autofusion.decision import APPLIED, NOT_BUILT, NOT_MATCHED, REJECTED, Decision
 from superkernel.autofusion.rules import gemm_epilogue, horizontal_gemm
 from superkernel.autofusion.store import Store
 
 Measure = Callable[..., dict[str, Any]]
+
+
+def calibration_env(how: str) -> str:
+    """The environment part of a calibration key: the machine's (:func:`machine.environment`) and how a
+    candidate is timed (``how``: ``compiled templates=.. cpp_wrapper=..`` by default, ``injected`` otherwise)."""
+    return f"{machine.environment()}|{how}"
+
+
+def compiled_how(gemm_templates: bool, cpp_wrapper: bool) -> str:
+    return f"compiled templates={gemm_templates} cpp_wrapper={cpp_wrapper}"
 
 
 def is_get_attr(node: fx.Node) -> bool:
@@ -32,9 +43,13 @@ def is_get_attr(node: fx.Node) -> bool:
 class Planner:
     """One per compiled graph: shares the machine constants and the calibration cache across segments."""
 
-    def __init__(self, store: Store | None = None, measure: Measure | None = None) -> None:
+    def __init__(self, store: Store | None = None, measure: Measure | None = None, *, gemm_templates: bool = True,
+                 cpp_wrapper: bool = False) -> None:
         self.store = store if store is not None else Store()
-        self._measure = measure or calibrate.time_horizontal
+        # by default a candidate is timed as Inductor compiles it, with the segment's GEMM options
+        self._measure = measure or functools.partial(compiled_timing.time_compiled, gemm_templates=gemm_templates,
+                                                     cpp_wrapper=cpp_wrapper)
+        self._how = compiled_how(gemm_templates, cpp_wrapper) if measure is None else "injected"
         self._machine: Machine | None = None
         self.measured = 0
         self.reused = 0
@@ -87,7 +102,7 @@ class Planner:
             d.reason = "predicted to lose: penalties exceed the bytes and calls saved"
             return d
         bias = cand.gemms[0].bias is not None
-        k = calibrate.key(rule, cand.m, cand.k, cand.ns, cand.dtype, bias, machine.environment())
+        k = calibrate.key(rule, cand.m, cand.k, cand.ns, cand.dtype, bias, calibration_env(self._how))
         hit = self.store.get(k)
         if hit and {"unfused_us", "fused_us", "ratio"} <= set(hit):
             measured = {**hit, "cached": True}
@@ -97,7 +112,8 @@ class Planner:
             self.measured += 1
             self.store.put(k, {**measured, "time": int(time.time())})
             measured["cached"] = False
-        d.measured = {n: measured[n] for n in ("unfused_us", "fused_us", "ratio", "ratio_q3", "clock", "cached")
+        d.measured = {n: measured[n] for n in ("unfused_us", "fused_us", "ratio", "ratio_q3", "clock", "compiled",
+                                               "cached")
                       if n in measured}
         if not calibrate.faster(measured):
             d.reason = (f"measured not faster beyond noise (ratio fused/unfused {measured['ratio']:.3f}, "

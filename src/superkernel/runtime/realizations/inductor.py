@@ -166,7 +166,8 @@ class InductorCpu(Inductor):
         if "_planner" not in self.__dict__:
             from superkernel.autofusion import Planner
 
-            self._planner = Planner()
+            inductor = self.config.inductor
+            self._planner = Planner(gemm_templates=inductor.gemm_templates, cpp_wrapper=inductor.cpp_wrapper)
         planner = self._planner
 
         def rewrite(gm: Any) -> None:
