@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from superkernel.autofusion.rules import gemm_epilogue, horizontal_gemm
+from superkernel.autofusion.rules import gemm_epilogue, horizontal_gemm, moe_experts, rotary_attention
 from tests.autofusion.graphs import aten_graph, qkv, qkv_bias, weights
 
 
@@ -70,3 +70,25 @@ def test_epilogue_and_prologue_chains_are_found():
     gm = aten_graph(block, x, w, g, wo)
     epilogues, prologues = gemm_epilogue.chains(gm)
     assert len(epilogues) == 1 and len(prologues) == 1
+
+
+def test_rotary_into_sdpa_is_found_and_reported_not_built():
+    def attention(q, k, v, cos, sin):
+        def rotate(t):
+            return t * cos + torch.cat([-t[..., 8:], t[..., :8]], -1) * sin
+        return torch.nn.functional.scaled_dot_product_attention(rotate(q), rotate(k), v)
+
+    q, k, v = torch.randn(1, 4, 1, 16), torch.randn(1, 4, 5, 16), torch.randn(1, 4, 5, 16)
+    gm = aten_graph(attention, q, k, v, torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16))
+    rotary, plain = rotary_attention.chains(gm)
+    assert len(rotary) == 1 and rotary[0].startswith("rotary->") and plain == []
+    gm = aten_graph(lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v), q, k, v)
+    assert rotary_attention.chains(gm)[0] == [] and len(rotary_attention.chains(gm)[1]) == 1
+
+
+def test_gemms_on_a_3d_experts_weight_are_found():
+    def experts(x, w, dense):
+        return x @ w[1].t(), x @ dense.t()
+
+    gm = aten_graph(experts, torch.randn(2, 16), torch.randn(4, 8, 16), torch.randn(8, 16))
+    assert len(moe_experts.expert_gemms(gm)) == 1

@@ -19,7 +19,7 @@ import torch.fx as fx
 from superkernel.autofusion import calibrate, compiled_timing, machine
 from superkernel.autofusion.benefit import Machine, predict_horizontal
 from superkernel.autofusion.decision import APPLIED, NOT_BUILT, NOT_MATCHED, REJECTED, Decision
-from superkernel.autofusion.rules import gemm_epilogue, horizontal_gemm
+from superkernel.autofusion.rules import gemm_epilogue, horizontal_gemm, moe_experts, rotary_attention
 from superkernel.autofusion.store import Store
 
 Measure = Callable[..., dict[str, Any]]
@@ -74,6 +74,7 @@ class Planner:
         """Rewrite ``gm`` in place where a candidate wins; the decisions, in graph order."""
         decisions = self._horizontal(gm, is_constant)
         decisions += self._epilogues(gm)
+        decisions += self._attention_and_experts(gm)
         self.store.save()
         return decisions
 
@@ -134,4 +135,22 @@ class Planner:
             out.append(Decision(gemm_epilogue.NAME, NOT_BUILT, ", ".join(prologues), gemm_epilogue.PROLOGUE_WHY))
         if not epilogues and not prologues:
             out.append(Decision(gemm_epilogue.NAME, NOT_MATCHED, "-", "no GEMM -> add or norm -> GEMM chain"))
+        return out
+
+    # -- rules (c), (d): reported only (see each rule's docstring) --------------------------------
+    @staticmethod
+    def _attention_and_experts(gm: fx.GraphModule) -> list[Decision]:
+        out = []
+        rotary, plain = rotary_attention.chains(gm)
+        if rotary:
+            out.append(Decision(rotary_attention.NAME, NOT_BUILT, ", ".join(rotary), rotary_attention.WHY))
+        else:
+            where = ", ".join(plain) or "-"
+            why = "SDPA calls without a rotary before them" if plain else "no SDPA call in this segment"
+            out.append(Decision(rotary_attention.NAME, NOT_MATCHED, where, why))
+        experts = moe_experts.expert_gemms(gm)
+        if experts:
+            out.append(Decision(moe_experts.NAME, NOT_BUILT, ", ".join(experts), moe_experts.WHY))
+        else:
+            out.append(Decision(moe_experts.NAME, NOT_MATCHED, "-", "no GEMM on a 3-D (experts) weight"))
         return out
