@@ -2,7 +2,7 @@
 
     python benchmarks/autofusion_torch.py [--models llama-tiny,llama,mistral,qwen3_moe,mixtral,gpt_neox,falcon]
                                           [--steps 16] [--warmup 3] [--rounds 5] [--threads 1]
-                                          [--real-width-layers 0]
+                                          [--real-width-layers 0] [--control]
 
 Per model (a zoo name such as ``llama-tiny``, or a sweep architecture of
 ``superkernel.tools.models.archs``: 2 layers, hidden 64): one scope per decoder layer, superkernel
@@ -44,6 +44,7 @@ from superkernel.util import atomic_write  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_MODELS = "llama-tiny,llama,mistral,qwen3_moe,mixtral,gpt_neox,falcon"
+CONTROL = "max-autotune off again"
 
 
 def load(name: str, real_width_layers: int) -> torch.nn.Module:
@@ -85,6 +86,13 @@ def decisions(plan: Plan) -> dict[str, int]:
     return counts
 
 
+def explain_lines(plan: Plan) -> list[str]:
+    """explain()'s planner lines of the planned variant, per segment (the decisions with predicted and measured benefit)."""
+    from superkernel.autofusion.decision import describe
+
+    return [f"{seg.name}: {describe(d)}" for seg in sk.explain(plan.backend).segments for d in seg.autofusion]
+
+
 def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     model = load(name, args.real_width_layers)
     session = prepare(model, prompt_len=args.prompt_len, steps=args.steps, warmup=args.warmup)
@@ -94,6 +102,8 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     freezing = {"auto": "auto", "true": True}[args.freezing]
     plans = [Plan("eager", lambda fn: fn), planner_plan("max-autotune off", False, freezing),
              planner_plan("max-autotune on", True, freezing)]
+    if args.control:  # A/A: the unplanned segment compiled a second time, timed like the others
+        plans.append(planner_plan(CONTROL, False, freezing))
     for i, plan in enumerate(plans):
         base = step_for(session, model if plan.label == "eager" else scoped, plan)
         plan.step = plan.make(own_code(base, f"{name.replace('-', '_').replace('.', '_')}{i}"))
@@ -107,7 +117,11 @@ def run_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     cpu_ratios = [b / a for a, b in zip(off.cpu_ms, on.cpu_ms)]
     row = {"model": name, "ratio_on_off": statistics.median(ratios), "ratios": ratios,
            "cpu_ratio_on_off": statistics.median(cpu_ratios), "cpu_ratios": cpu_ratios,
-           "decisions": decisions(on), "load_after": os.getloadavg()}
+           "decisions": decisions(on), "explain": explain_lines(on), "load_after": os.getloadavg()}
+    if args.control:
+        again = plans[3]
+        row["control_ratio"] = statistics.median(b.median_ms / a.median_ms for a, b in zip(off.runs, again.runs))
+        row["control_cpu_ratio"] = statistics.median(b / a for a, b in zip(off.cpu_ms, again.cpu_ms))
     for p in plans:
         row[p.label] = {"median_ms": statistics.median(r.median_ms for r in p.runs),
                         "cpu_ms": statistics.median(p.cpu_ms),
@@ -122,26 +136,31 @@ def geomean(values: list[float]) -> float | None:
 
 def markdown(rows: list[dict[str, Any]], header: dict[str, Any]) -> str:
     lines = [f"# Autofusion planner (torch): CPU max-autotune with vs without, {header['hardware']}", "",
-             f"torch {torch.__version__}; batch 1, prompt {header['prompt_len']}, {header['steps']} timed steps after "
-             f"{header['warmup']} warm-up, {header['rounds']} rotating rounds (eager, off, on), each run on a fresh "
+             f"torch {torch.__version__}, transformers {header.get('transformers')}; batch 1, prompt {header['prompt_len']}, {header['steps']} timed steps after "
+             f"{header['warmup']} warm-up, {header['rounds']} rotating rounds (eager, off, on{', off again' if header.get('control_geomean') else ''}), each run on a fresh "
              "StaticCache checked against eager's logits of that round. ratio = on/off per round, median over rounds; "
              "cpu ratio: the same with this thread's CPU time per step (time.thread_time, 1 torch thread), which "
              "other processes on a shared box stretch far less than wall time.",
              f"inductor.freezing: {header['freezing']} (both variants).",
              f"Load when it started: {header['load_start']}; when it ended: {header['load_end']}.", "",
              "| model | off ms | on ms | ratio on/off | cpu ratio on/off | off compile s | on compile s | correct (off/on) "
-             "| planner decisions |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| A/A off again/off (wall, cpu) | planner decisions |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | - | - | - | - | - | - | - | failed: {r['error']} |")
+            lines.append(f"| {r['model']} | - | - | - | - | - | - | - | - | failed: {r['error']} |")
             continue
         off, on = r["max-autotune off"], r["max-autotune on"]
         dec = ", ".join(f"{k} {v}" for k, v in sorted(r["decisions"].items()))
+        aa = f"{r['control_ratio']:.3f}, {r['control_cpu_ratio']:.3f}" if "control_ratio" in r else "-"
         lines.append(f"| {r['model']} | {off['median_ms']:.3f} | {on['median_ms']:.3f} | {r['ratio_on_off']:.3f} | "
                      f"{r['cpu_ratio_on_off']:.3f} | "
-                     f"{off['compile_s']:.1f} | {on['compile_s']:.1f} | {off['correct']}/{on['correct']} | {dec} |")
+                     f"{off['compile_s']:.1f} | {on['compile_s']:.1f} | {off['correct']}/{on['correct']} | {aa} | {dec} |")
     lines += ["", f"Geometric mean of ratio on/off: {header['geomean']} (wall), {header['cpu_geomean']} (CPU time)."]
+    if header.get("control_geomean") is not None:
+        lines.append(f"A/A control (the unplanned variant compiled again, timed in the same rounds): geometric mean of "
+                     f"off again/off {header['control_geomean']} (wall), {header['control_cpu_geomean']} (CPU time): "
+                     "the noise floor of the ratios above.")
     return "\n".join(lines) + "\n"
 
 
@@ -157,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="inductor.freezing of both variants (true: no plain-vs-frozen timing, so the only "
                              "difference between them is the planner)")
     parser.add_argument("--output-name", default="autofusion_torch")
+    parser.add_argument("--control", action="store_true",
+                        help="also compile the unplanned variant a second time and time it in the same rounds (A/A: "
+                             "the noise floor of the on/off ratio)")
     parser.add_argument("--real-width-layers", type=int, default=0,
                         help="add a Qwen2-0.5B-shaped model with this many layers (0: none)")
     parser.add_argument("--output", type=Path, default=RESULTS)
@@ -165,7 +187,10 @@ def main(argv: list[str] | None = None) -> int:
     models = [m for m in args.models.split(",") if m]
     if args.real_width_layers:
         models.append("qwen2-0.5b-shaped")
-    header = {"hardware": hardware(torch.device("cpu")), "load_start": os.getloadavg(), "steps": args.steps,
+    import transformers
+
+    header = {"hardware": hardware(torch.device("cpu")), "transformers": transformers.__version__,
+              "load_start": os.getloadavg(), "steps": args.steps,
               "warmup": args.warmup, "rounds": args.rounds, "prompt_len": args.prompt_len, "freezing": args.freezing}
     print(f"{header['hardware']}; load {header['load_start']}", flush=True)
     rows = []
@@ -177,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(rows[-1], default=str)[:400], flush=True)
         header["geomean"] = geomean([r["ratio_on_off"] for r in rows if "ratio_on_off" in r])
         header["cpu_geomean"] = geomean([r["cpu_ratio_on_off"] for r in rows if "cpu_ratio_on_off" in r])
+        header["control_geomean"] = geomean([r["control_ratio"] for r in rows if "control_ratio" in r])
+        header["control_cpu_geomean"] = geomean([r["control_cpu_ratio"] for r in rows if "control_cpu_ratio" in r])
         header["load_end"] = os.getloadavg()
         args.output.mkdir(parents=True, exist_ok=True)
         atomic_write(args.output / f"{args.output_name}.json", json.dumps({**header, "rows": rows}, indent=1, default=str))

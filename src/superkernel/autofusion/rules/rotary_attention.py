@@ -14,6 +14,8 @@ not generate and this project does not hand-write. The rule records where the ch
 
 from __future__ import annotations
 
+from collections import deque
+
 import torch
 import torch.fx as fx
 
@@ -22,28 +24,26 @@ NAME = "rotary_attention"
 WHY = ("attention is already one SDPA call; Inductor runs it as an ATen call on CPU and fuses the rotary's pointwise "
        "ops only with each other: applying the rotary inside the SDPA needs an attention kernel Inductor does not "
        "generate (and this project does not hand-write)")
-_PASS = {aten.view.default, aten.reshape.default, aten._unsafe_view.default, aten.permute.default,
-         aten.transpose.int, aten.expand.default, aten.clone.default, aten.unsqueeze.default, aten.slice.Tensor,
-         aten.index_put.default, aten.index_copy.default, aten.add.Tensor, aten.mul.Tensor, aten.cat.default}
+#: the search for the rotary stops at GEMMs (the projections that make q and k)
+_STOP = {aten.mm.default, aten.addmm.default, aten.bmm.default}
 
 
 def is_sdpa(node: fx.Node) -> bool:
     return node.op == "call_function" and "scaled_dot_product" in str(node.target)
 
 
-def _has_rotary(start: object, limit: int = 24) -> bool:
-    """Whether a ``neg`` (rotate_half) is among the few ops that feed ``start``."""
-    todo, seen = [start], 0
-    while todo and seen < limit:
-        n = todo.pop()
-        seen += 1
-        if not isinstance(n, fx.Node) or n.op != "call_function":
+def _has_rotary(start: object, limit: int = 48) -> bool:
+    """Whether a ``neg`` (rotate_half) is among the nearest ops that feed ``start`` (breadth first, up to
+    the GEMMs that make q and k)."""
+    todo, seen = deque([start]), set()
+    while todo and len(seen) < limit:
+        n = todo.popleft()
+        if not isinstance(n, fx.Node) or n in seen or n.op != "call_function" or n.target in _STOP:
             continue
+        seen.add(n)
         if n.target is aten.neg.default:
             return True
-        if n.target in _PASS:
-            for a in n.args:
-                todo.extend(a if isinstance(a, (list, tuple)) else [a])
+        todo.extend(n.all_input_nodes)
     return False
 
 
