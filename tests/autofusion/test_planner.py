@@ -124,3 +124,14 @@ def test_the_store_is_signed_and_a_changed_file_is_ignored(store):
 def test_the_per_core_cache_is_read_from_the_machine():
     size, source = machine.per_core_cache_bytes()
     assert size > 0 and source
+
+
+def test_a_candidate_that_cannot_be_measured_is_rejected_and_the_graph_kept(store):
+    def failing(*args):
+        raise RuntimeError("compiled calibration failed (exit 1): no compiler")
+
+    gm, _ = _graph()
+    before = _mms(gm)
+    (d,) = [d for d in Planner(store, measure=failing).plan(gm, _weights_constant(gm)) if d.rule == "horizontal_gemm"]
+    assert d.status == "rejected" and "not measured" in d.reason and "no compiler" in d.reason
+    assert _mms(gm) == before

@@ -109,7 +109,13 @@ class Planner:
             measured = {**hit, "cached": True}
             self.reused += 1
         else:
-            measured = dict(self._measure(cand.m, cand.k, cand.ns, cand.dtype, bias))
+            try:
+                measured = dict(self._measure(cand.m, cand.k, cand.ns, cand.dtype, bias))
+            except Exception as exc:  # noqa: BLE001 - a candidate that cannot be measured is not applied
+                from superkernel.util import exception_summary
+
+                d.reason = f"not measured, so not applied: {exception_summary(exc)}"
+                return d
             self.measured += 1
             self.store.put(k, {**measured, "time": int(time.time())})
             measured["cached"] = False
