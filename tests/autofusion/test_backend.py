@@ -48,21 +48,13 @@ def test_planned_segment_matches_unplanned_and_explains_each_decision(calibratio
 
     (seg,) = sk.explain(planned).segments
     assert seg.realization.endswith("+frozen")
-    by_rule = {d["rule"]: d for d in seg.autofusion}
-    qkv = next(d for d in seg.autofusion if d["rule"] == "horizontal_gemm" and d["where"].count("+") == 2)
-    assert qkv["predicted_us"] > 0 and qkv["measured"]["cached"] is True
-    # the segment check times the planned segment against it unplanned on this machine: either outcome is
-    # recorded, and the q/k/v decision follows it
-    check = by_rule["segment_check"]
-    assert check["measured"]["ratio"] > 0
-    if check["status"] == "applied":
-        assert qkv["status"] == "applied"
-    else:
-        assert qkv["status"] == "rejected" and "segment with the rewrites was not faster" in qkv["reason"]
+    by_status = {(d["rule"], d["status"]) for d in seg.autofusion}
+    assert ("horizontal_gemm", "applied") in by_status and ("horizontal_gemm", "rejected") in by_status
+    applied = next(d for d in seg.autofusion if d["status"] == "applied")
+    assert applied["predicted_us"] > 0 and applied["measured"]["cached"] is True
     assert seg.autofusion[-1]["status"] == "kept" and seg.autofusion[-1]["where"].startswith("frozen")
     text = str(sk.explain(planned))
-    assert "autofusion horizontal_gemm: " in text and "measured not faster" in text
-    assert "autofusion rotary_attention: not matched" in text and "autofusion moe_experts: not matched" in text
+    assert "autofusion horizontal_gemm: applied" in text and "measured not faster" in text
     assert "gemm_epilogue_prologue: not built" in text
     assert sk.explain(plain).segments[0].autofusion == []
 

@@ -43,29 +43,10 @@ def describe(d: dict[str, Any]) -> str:
     return " | ".join(parts) + f" -- {d['reason']}"
 
 
-SEGMENT_CHECK = "segment_check"
-
-
-def record(decisions: list[Decision], *, frozen_kept: bool, timings_ms: dict[str, float],
-           rewrite_check: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The segment's explain record: the decisions (made on its frozen compile), the check of the planned
-    segment against it unplanned (``rewrite_check``; the applied decisions become rejected when it lost),
-    and which compile was kept — a rewrite applied to the frozen variant runs only when that variant won
-    its measurement."""
-    check = rewrite_check or {}
-    lost = check.get("kept") == "without the rewrites"
-    for d in decisions:
-        if lost and d.status == APPLIED:
-            d.status = REJECTED
-            d.reason = (f"measured faster alone, but the compiled segment with the rewrites was not faster "
-                        f"(segment ratio {check['ratio']:.3f}): dropped")
+def record(decisions: list[Decision], *, frozen_kept: bool, timings_ms: dict[str, float]) -> list[dict[str, Any]]:
+    """The segment's explain record: the decisions (made on its frozen compile), and which compile was kept —
+    a rewrite applied to the frozen variant runs only when that variant won its measurement."""
     out = [d.to_dict() for d in decisions]
-    if check:
-        m = {k: check[k] for k in ("unfused_us", "fused_us", "ratio", "ratio_q3", "clock") if k in check}
-        why = check.get("error") or (f"the compiled segment with / without the rewrites, ratio {check['ratio']:.3f} "
-                                     f"(kept only if <= 0.97 with upper quartile < 1)")
-        out.append(Decision(SEGMENT_CHECK, APPLIED if not lost else REJECTED, "segment", why,
-                            measured=m).to_dict())
     timing = ", ".join(f"{k} {v:.3f} ms" for k, v in timings_ms.items())
     if not decisions:
         kept, why = "plain", "the planner did not run: the segment has no frozen compile (no freezable weight reaches a GEMM)"

@@ -32,7 +32,7 @@ import copy
 import statistics
 import unittest.mock
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -44,7 +44,6 @@ class Choice:
     fn: Callable[..., Any]
     label: str                       # "+frozen" or ""
     timings_ms: dict[str, float]     # variant -> median time per call (empty when not measured)
-    rewrite_check: dict[str, Any] = field(default_factory=dict)  # the planned segment against it unplanned
 
 
 def graph_real_inputs(parent: fx.GraphModule, found: Sequence[Any] | None) -> list[Any] | None:
@@ -185,7 +184,8 @@ def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[i
         view_to_reshape(gm)
         gm.graph = fx_graph_cse(gm.graph)
         gm.recompile()
-        rewritten = bool(rewrite(gm)) if rewrite is not None else False
+        if rewrite is not None:
+            rewrite(gm)
         kept_inputs = [example_inputs[i] for i in kept]
         freezing_passes(gm, kept_inputs)
         constant_fold(gm)
@@ -202,7 +202,6 @@ def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[i
     def run(*args: Any) -> Any:
         return compiled(*[args[i] for i in kept])
 
-    run.rewritten = rewritten  # type: ignore[attr-defined]  # the rewrite changed the graph
     return run
 
 
@@ -269,40 +268,19 @@ def choose(module: Any, parent: fx.GraphModule, parent_reals: list[Any] | None, 
                                    gemm_templates=gemm_templates, rewrite=rewrite)
     except Exception:  # noqa: BLE001 - freezing is an optimization: the plain compile stays
         return Choice(plain, "", {})
+    if freezing is True:
+        return Choice(frozen_fn, "+frozen", {})
     index = {n: i for i, n in enumerate(n for n in parent.graph.nodes if n.op == "placeholder")}
     reals = [parent_reals[index[n]] if parent_reals is not None and n in index else None for n in module.inputs]
-    checked: dict[str, Any] = {}
-    if getattr(frozen_fn, "rewritten", False):  # the autofusion planner changed it: keep that only if faster
-        frozen_fn, checked = _check_rewrite(module, frozen, reals, frozen_fn, cpp_wrapper, autotune, gemm_templates)
-    if freezing is True:
-        return Choice(frozen_fn, "+frozen", {}, checked)
     try:
         args = measurement_inputs(module.example_inputs, reals, frozen)
         timings = time_variants({"plain": plain, "frozen": frozen_fn}, args)
     except Exception:  # noqa: BLE001 - cannot time it: keep the plain compile
-        return Choice(plain, "", {}, checked)
+        return Choice(plain, "", {})
     import logging
 
     logging.getLogger("superkernel").info("%s: plain %.3f ms, frozen %.3f ms per call", module.partition.name,
                                           timings["plain"], timings["frozen"])
     if timings["frozen"] < timings["plain"]:
-        return Choice(frozen_fn, "+frozen", timings, checked)
-    return Choice(plain, "", timings, checked)
-
-
-def _check_rewrite(module: Any, frozen: dict[int, torch.Tensor], reals: list[Any], rewritten: Callable[..., Any],
-                   cpp_wrapper: bool, autotune: bool, gemm_templates: bool) -> tuple[Callable[..., Any], dict[str, Any]]:
-    """The planned frozen compile against the segment compiled frozen without the rewrites
-    (:mod:`superkernel.autofusion.segment_check`); the faster kept. Not measurable: the rewrites stay."""
-    from superkernel.autofusion.segment_check import check
-
-    def without() -> Callable[..., Any]:
-        return compile_frozen(module.gm, module.example_inputs, frozen, cpp_wrapper=cpp_wrapper, autotune=autotune,
-                              gemm_templates=gemm_templates)
-
-    try:
-        return check(rewritten, without, measurement_inputs(module.example_inputs, reals, frozen))
-    except Exception as exc:  # noqa: BLE001 - the rewrites were each measured faster; keep them
-        from superkernel.util import exception_summary
-
-        return rewritten, {"kept": "with the rewrites", "error": exception_summary(exc)}
+        return Choice(frozen_fn, "+frozen", timings)
+    return Choice(plain, "", timings)

@@ -154,8 +154,7 @@ class InductorCpu(Inductor):
         if rewrite is not None and job.info is not None:
             from superkernel.autofusion.decision import record
 
-            job.info.autofusion = record(decisions, frozen_kept=bool(choice.label), timings_ms=choice.timings_ms,
-                                         rewrite_check=choice.rewrite_check)
+            job.info.autofusion = record(decisions, frozen_kept=bool(choice.label), timings_ms=choice.timings_ms)
         return choice
 
     def _autofusion(self, decisions: list[Any]) -> Callable[[Any], None] | None:
@@ -171,14 +170,9 @@ class InductorCpu(Inductor):
             self._planner = Planner(gemm_templates=inductor.gemm_templates, cpp_wrapper=inductor.cpp_wrapper)
         planner = self._planner
 
-        def rewrite(gm: Any) -> bool:
-            """Plan ``gm`` in place; whether a rewrite was applied."""
-            from superkernel.autofusion.decision import APPLIED
-
+        def rewrite(gm: Any) -> None:
             try:
-                made = planner.plan(gm)
-                decisions.extend(made)
-                return any(d.status == APPLIED for d in made)
+                decisions.extend(planner.plan(gm))
             except Exception as exc:  # the frozen compile fails with it; the plain one stays
                 from superkernel.autofusion.decision import Decision
                 from superkernel.util import exception_summary
