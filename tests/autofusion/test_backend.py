@@ -55,6 +55,7 @@ def test_planned_segment_matches_unplanned_and_explains_each_decision(calibratio
     assert seg.autofusion[-1]["status"] == "kept" and seg.autofusion[-1]["where"].startswith("frozen")
     text = str(sk.explain(planned))
     assert "autofusion horizontal_gemm: applied" in text and "measured not faster" in text
+    assert "autofusion rotary_attention: not matched" in text and "autofusion moe_experts: not matched" in text
     assert "gemm_epilogue_prologue: not built" in text
     assert sk.explain(plain).segments[0].autofusion == []
 
