@@ -38,7 +38,8 @@ SHRINK: dict[str, Any] = {
     **dict.fromkeys(("moe_intermediate_size", "shared_expert_intermediate_size", "expert_intermediate_size"), 32),
     **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts"), 4),
     **dict.fromkeys(("head_dim", "d_head", "dim_head"), 16),  # = hidden 64 / 4 heads
-    "vocab_size": 256,
+    # unpadded_vocab_size: the LM head's width where the embedding is padded (Inkling2, transformers 5.24)
+    **dict.fromkeys(("vocab_size", "unpadded_vocab_size"), 256),
     **dict.fromkeys(("max_position_embeddings", "n_positions", "n_ctx", "max_seq_len", "seq_length"), 256),
     **dict.fromkeys(("sliding_window", "attention_chunk_size"), 16),  # < the sweep's prompt of 20: they roll
     "tie_word_embeddings": False,
@@ -105,6 +106,11 @@ OVERRIDES: dict[str, tuple[dict[str, Any], str]] = {
               "not. Query/key as wide as the value here"),
     "gpt_neo": ({"attention_types": [[["global", "local"], 1]]},
                 "its layer pattern is attention_types ([kinds, repeats]), from which the per-layer list is derived"),
+    "dory": ({"layer_types": ["sliding_attention", "full_attention", "sliding_attention"], "num_hidden_layers": 3,
+              "n_input_layers": 1, "n_recurrent_layers": 1, "n_output_layers": 1},
+             "its config serializes each layer as an (attention, mlp) pair and halves the counts again when it reads "
+             "them, so the generic shrink's layer list does not match its layer count; one input, one looped and one "
+             "output layer, sliding and full attention as the default's pattern mixes them"),
     "qwen4_exp_text": (_QSA, _QSA_WHY),
     "qwen4_exp": ({"text_config": _QSA}, _QSA_WHY),
 }
