@@ -149,10 +149,12 @@ def paired_ci(xs: dict[str, list[float]], a: str, b: str) -> list[float]:
 
 
 def run_case(family: str, exporter: str, tmp: str, repeat: int, warmup: int, *, src: str | None = None,
-             p2: tuple[str, int, int] | None = None, seed: int = 0, max_seconds: float | None = None) -> dict:
+             p2: tuple[str, int, int] | None = None, seed: int = 0, max_seconds: float | None = None,
+             calibration_cache: str | None = None) -> dict:
     """One model: P2, P3 and GA from ``src`` (default: the tiny suite's export of ``family``),
     accuracy of each against the original, then all four timed together. ``p2``: (model type,
-    heads, hidden) for ORT's transformers optimizer (default: the tiny suite's)."""
+    heads, hidden) for ORT's transformers optimizer (default: the tiny suite's).
+    ``calibration_cache``: GA's micro-benchmark cache (default: a fresh one for this case)."""
     name = f"{family}/{exporter}"
     d = os.path.join(tmp, f"{family}_{exporter}")
     os.makedirs(d, exist_ok=True)
@@ -180,7 +182,7 @@ def run_case(family: str, exporter: str, tmp: str, repeat: int, warmup: int, *, 
     rep = os.path.join(d, "GA_report.md")
     t0 = time.perf_counter()
     code = gaf(["--input", src, "--output", ga, "--report", rep, "--quiet", "--threads", "1",
-                "--calibration-cache", os.path.join(d, "calibration.json")])  # each run decides afresh
+                "--calibration-cache", calibration_cache or os.path.join(d, "calibration.json")])
     info = json.load(open(os.path.join(d, "GA_report.json")))
     ga_row = {"exit_code": code, "seconds": time.perf_counter() - t0,
               "kept_rules": sorted({c["rule"] for c in info.get("applied", [])}),

@@ -55,7 +55,7 @@ BIG = {"qwen2_decode"}  # over 1 GB per session: parallel runs take turns (a fil
 
 
 def one_run(cases: list[str], exporters: list[str], models: str, repeat: int, warmup: int, max_seconds: float,
-            out: str) -> int:
+            out: str, calibration_cache: str = "") -> int:
     import contextlib
     import fcntl
 
@@ -64,7 +64,7 @@ def one_run(cases: list[str], exporters: list[str], models: str, repeat: int, wa
     with tempfile.TemporaryDirectory() as tmp:
         for case in cases:
             for exp in exporters:
-                t0 = time.perf_counter()
+                t0, case_load0 = time.perf_counter(), os.getloadavg()[0]
                 lock = open(os.path.join(models, ".big.lock"), "w") if case in BIG else None
                 try:
                     if lock is not None:
@@ -72,7 +72,8 @@ def one_run(cases: list[str], exporters: list[str], models: str, repeat: int, wa
                     src = model_path(models, case, exp)
                     sh = realsuite.SHAPES[case]
                     row = OA.run_case(case, exp, tmp, repeat, warmup, src=src, p2=(sh.model_type, sh.heads, sh.hidden),
-                                      seed=len(rows) + int(time.time()), max_seconds=max_seconds)
+                                      seed=len(rows) + int(time.time()), max_seconds=max_seconds,
+                                      calibration_cache=calibration_cache or None)
                 except Exception as e:  # noqa: BLE001 - recorded, the suite goes on
                     traceback.print_exc()
                     row = {"case": f"{case}/{exp}", "family": case, "exporter": exp,
@@ -84,6 +85,7 @@ def one_run(cases: list[str], exporters: list[str], models: str, repeat: int, wa
                         lock.close()
                     shutil.rmtree(os.path.join(tmp, f"{case}_{exp}"), ignore_errors=True)  # GB per case
                 row["case_seconds"] = time.perf_counter() - t0
+                row["load"] = [round(case_load0, 2), round(os.getloadavg()[0], 2)]  # 1-min average, start / end
                 rows.append(row)
                 partial = {"load": [round(load0, 2), round(os.getloadavg()[0], 2)], "cases": rows, "complete": False}
                 atomic_write(out, json.dumps(partial, indent=1, default=str))  # a stopped run keeps its cases
@@ -139,14 +141,17 @@ def markdown(result: dict) -> str:
          f"Hardware: {hw['cpu']}, {hw['cores']} cores, shared with other jobs; onnxruntime {hw['onnxruntime']}, "
          f"onnxscript {hw['onnxscript']}, torch {hw['torch']}, transformers {hw['transformers']}. "
          f"{len(result['runs'])} separate process runs"
-         + (" (started at once, so they also competed with each other)" if result.get("parallel_runs") else "")
+         + (" (started at once, so they also competed with each other)" if result.get("parallel_runs")
+            else " (one after another)")
          + "; 1-min load average at start / end of each: "
          + ", ".join(f"{p['load'][0]} / {p['load'][1]}" for p in s["per_run"] if p.get("load")) + ". "
          f"1 intra-op thread; per case up to {result['repeat']} interleaved rounds (stopped after "
          f"{result['max_seconds']:.0f} s, at least 20) after {result['warmup']} warm-up rounds; warmed process, random "
          "session creation order; ratios are medians of per-round paired ratios. P1 ORT_ENABLE_ALL on the original, "
-         "P2 ORT transformers optimizer, P3 onnxscript optimize_for_ort, GA graph-autofusion (calibrated afresh per "
-         "run, end-to-end checked, verified).", "",
+         "P2 ORT transformers optimizer, P3 onnxscript optimize_for_ort, GA graph-autofusion ("
+         + ("micro-benchmark calibration cache shared by the runs: the first run measured it, later runs reused its "
+            "decisions" if result.get("shared_calibration") else "calibrated afresh per run")
+         + "; end-to-end checked and verified in every run).", "",
          "## Across runs (min-max of the per-run medians)", "",
          "| case | GA/P1 | GA/best(P2,P3) | P2/P1 | P3/P1 |", "|---|---|---|---|---|"]
     for name, e in s["cases"].items():
@@ -163,10 +168,10 @@ def markdown(result: dict) -> str:
         "## One run in detail (the one with the most cases)", "",
         "| case | P1 ms | P2 ms | P3 ms | GA ms | GA/P1 [95 %] | GA/best [95 %] | peers slower than P1 | "
         "max abs diff P2 / P3 / GA | P2 kinds | P3 kinds | GA kinds | GA not kept (measured slower) | "
-        "GA end-to-end | GA s to fuse | rounds |", "|" + "---|" * 16]
+        "GA end-to-end | GA s to fuse | case s | load start/end | rounds |", "|" + "---|" * 18]
     for r in last["cases"]:
         if "error" in r:
-            L.append(f"| {r['case']} | error: {r['error']} |" + " |" * 14)
+            L.append(f"| {r['case']} | error: {r['error']} |" + " |" * 16)
             continue
         t = r["tools"]
 
@@ -191,7 +196,8 @@ def markdown(result: dict) -> str:
             slower or "-", f"{diff('P2')} / {diff('P3')} / {diff('GA')}",
             ", ".join(t.get("P2", {}).get("kinds", [])) or "-", ", ".join(t.get("P3", {}).get("kinds", [])) or "-",
             ", ".join(ga.get("kinds", [])) or "-", ", ".join(sorted({x for x, _ in ga.get("not_kept", [])})) or "-",
-            e2e_s, f"{ga.get('seconds', 0):.0f}", str(r.get("rounds"))]) + " |")
+            e2e_s, f"{ga.get('seconds', 0):.0f}", f"{r.get('case_seconds', 0):.0f}",
+            "/".join(str(x) for x in r.get("load", [])) or "-", str(r.get("rounds"))]) + " |")
     L += ["", "GA near misses in that run (pattern found, not fusable):", ""]
     for r in last["cases"]:
         nm = r.get("tools", {}).get("GA", {}).get("near_miss_rules")
@@ -223,13 +229,18 @@ def main(argv=None) -> int:
                    help="where each run writes its JSON (after every case)")
     p.add_argument("--aggregate", default="", metavar="RUNS_DIR",
                    help="only publish the figures of the run files in RUNS_DIR (e.g. of a stopped series)")
+    p.add_argument("--shared-calibration", action="store_true",
+                   help="GA's micro-benchmark cache is shared by the runs of the series (RUNS_DIR/calibration.json): "
+                        "the first run calibrates, later runs reuse its decisions; each run's end-to-end check and "
+                        "timing are its own (default: every run calibrates afresh)")
+    p.add_argument("--calibration-cache", default="", help=argparse.SUPPRESS)  # internal: to one run
     p.add_argument("--one-run", default="", help=argparse.SUPPRESS)  # internal: one run, JSON to this path
     a = p.parse_args(argv)
     cases = [c for c in (a.cases.split(",") if a.cases else realsuite.CASES) if c]
     exporters = [e for e in a.exporters.split(",") if e]
     runs, repeat = (1, 20) if a.quick else (a.runs, a.repeat)
     if a.one_run:
-        return one_run(cases, exporters, a.models, repeat, a.warmup, a.max_seconds, a.one_run)
+        return one_run(cases, exporters, a.models, repeat, a.warmup, a.max_seconds, a.one_run, a.calibration_cache)
     import onnxruntime as ort
     import onnxscript
     import torch
@@ -250,7 +261,7 @@ def main(argv=None) -> int:
         return 0 if results else 1
     os.makedirs(a.runs_dir, exist_ok=True)
     for name in os.listdir(a.runs_dir):  # a new series: no stale run files
-        if name.startswith("run") and name.endswith(".json"):
+        if (name.startswith("run") and name.endswith(".json")) or name == "calibration.json":
             os.remove(os.path.join(a.runs_dir, name))
     tmp = a.runs_dir
 
@@ -259,7 +270,9 @@ def main(argv=None) -> int:
         return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--one-run",
                                  os.path.join(tmp, f"run{i}.json"), "--cases", ",".join(order),
                                  "--exporters", ",".join(exporters), "--models", a.models, "--repeat", str(repeat),
-                                 "--warmup", str(a.warmup), "--max-seconds", str(a.max_seconds)])
+                                 "--warmup", str(a.warmup), "--max-seconds", str(a.max_seconds)]
+                                + (["--calibration-cache", os.path.join(tmp, "calibration.json")]
+                                   if a.shared_calibration else []))
 
     def collect(i: int, proc) -> None:
         code, path = proc.wait(), os.path.join(tmp, f"run{i}.json")
@@ -288,7 +301,7 @@ def main(argv=None) -> int:
 
 def write(a, hw: dict, repeat: int, results: list[dict], t0: float) -> None:
     result = {"benchmark": "onnx_real_width", "hardware": hw, "repeat": repeat, "warmup": a.warmup,
-              "parallel_runs": bool(a.parallel),
+              "parallel_runs": bool(a.parallel), "shared_calibration": bool(a.shared_calibration),
               "max_seconds": a.max_seconds, "threads": 1, "layers": realsuite.LAYERS, "seconds": time.perf_counter() - t0,
               "summary": summarize(results), "runs": results}
     os.makedirs(a.out, exist_ok=True)

@@ -315,6 +315,21 @@ def test_transpose_that_is_not_a_last_two_axes_swap_is_a_near_miss(exported, fus
     assert any("[0, 2, 3, 1]" in m.reason for m in f.near("fused_matmul_transpose"))
 
 
+class TiedHead(nn.Module):
+    """hidden [B, S, H] @ embedding [V, H] transposed: a 2-D transposed operand, ranks 3 and 2."""
+
+    def forward(self, h, emb):
+        return h @ emb.t()
+
+
+def test_transposed_2d_matrix_against_a_3d_operand_fuses(export_module, fuse):
+    f = fuse(export_module("tied_head", TiedHead(), (torch.randn(2, 8, 64), torch.randn(32, 64))),
+             "fused_matmul_transpose", 2)
+    fm = f.nodes("FusedMatMul")
+    assert len(fm) == 1 and _attr(fm[0], "transB") == 1 and len(fm[0].inputs[0].shape) == 3
+    assert_runs_and_matches(f)
+
+
 def test_rotary_with_uneven_split_is_a_near_miss(export_module, fuse):
     q = torch.randn(2, 4, 8, 16)
     cs = torch.randn(2, 1, 8, 16)

@@ -125,8 +125,11 @@ class MatMulTranspose(FusionPattern):
         want = list(range(r - 2)) + [r - 1, r - 2]
         if perm != want:
             return _fail(f"Transpose perm {perm} is not a swap of the last two axes ({want})", t.producer())
-        if U.rank(a) != U.rank(b):
-            return _fail("operands of different rank (batch broadcasting)", a)
+        other = U.rank(a if src is b else b)
+        if U.rank(a) != U.rank(b) and (r != 2 or other is None or other < 2):
+            # a 2-D transposed matrix broadcasts over the other operand's batch like MatMul's
+            # (the tied LM head: hidden [B, S, H] @ Transpose(embedding [V, H]))
+            return _fail("operands of different rank (batch broadcasting) and the transposed one is not 2-D", a)
         if src.dtype not in U.FLOAT_TYPES:
             return _fail("operands are not float", src)
         attrs = {}
