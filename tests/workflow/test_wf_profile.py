@@ -195,7 +195,7 @@ def test_auto_search_tries_the_best_predicted_first_skips_and_stops():
     forecasts = _forecasts({"attention": 0.5, "mlp": 0.05, "all_layers": 0.9})
     calls: list[str] = []
     results = run_search(_plans(), ("reduce-overhead", "max-autotune"), forecasts, _fake_runner(MEASURED, calls),
-                         eager_ms=10.0, prior=0.5, exhaustive=False)
+                         base_ms=10.0, prior=0.5, exhaustive=False)
     # the widest plan first in both modes (each mode's efficiency is unknown until one of its plans ran)
     assert set(calls) == {"all_layers / reduce-overhead", "all_layers / max-autotune"}
     assert [r.name for r in results] == calls
@@ -213,7 +213,7 @@ def test_the_search_stops_when_the_calibrated_prediction_cannot_beat_the_best():
     forecasts = _forecasts({"attention": 0.5, "all_layers": 0.9}, modes=("max-autotune",))
     measured = dict(MEASURED, **{"all_layers / max-autotune": 9.0, "attention / max-autotune": 3.0})
     calls: list[str] = []
-    run_search(_plans(), ("max-autotune",), forecasts, _fake_runner(measured, calls), eager_ms=10.0, prior=0.5,
+    run_search(_plans(), ("max-autotune",), forecasts, _fake_runner(measured, calls), base_ms=10.0, prior=0.5,
                exhaustive=False)
     # all_layers measured only 1.1x: its efficiency predicts attention at ~9.4 ms, not below 9 * 0.97: skipped
     assert calls == ["all_layers / max-autotune"]
@@ -221,7 +221,7 @@ def test_the_search_stops_when_the_calibrated_prediction_cannot_beat_the_best():
     forecasts = _forecasts({"attention": 0.5, "all_layers": 0.9}, modes=("max-autotune",))
     forecasts[1].trial_error = "boom"
     calls = []
-    run_search(_plans(), ("max-autotune",), forecasts, _fake_runner(measured, calls), eager_ms=10.0, prior=0.5,
+    run_search(_plans(), ("max-autotune",), forecasts, _fake_runner(measured, calls), base_ms=10.0, prior=0.5,
                exhaustive=False)
     assert calls == ["attention / max-autotune"] and "trial capture failed: boom" in forecasts[1].reason
 
@@ -230,7 +230,7 @@ def test_exhaustive_measures_every_plan_in_every_mode():
     forecasts = _forecasts({"attention": 0.5, "mlp": 0.05, "all_layers": 0.9})
     calls: list[str] = []
     run_search(_plans(), ("reduce-overhead", "max-autotune"), forecasts, _fake_runner(MEASURED, calls),
-               eager_ms=10.0, prior=0.5, exhaustive=True)
+               base_ms=10.0, prior=0.5, exhaustive=True)
     assert sorted(calls) == sorted(MEASURED) and all(f.status == "measured" for f in forecasts)
 
 
@@ -314,3 +314,19 @@ def test_the_timed_pass_goes_on_while_the_pairs_scatter():
     scattered = [(1.1 + 0.3 * (i % 3), 1.0 + 0.2 * (i % 2)) for i in range(16)]
     assert settled(rounds(steady)) and not settled(rounds(scattered))
     assert not settled(rounds(steady[:2]))          # too few pairs to tell
+
+
+def test_a_mode_whose_widest_plan_lost_to_the_plain_compile_tries_narrower_scopes():
+    """gemma2 (reduce-overhead): all_layers ran slower than the whole step compiled without scopes; the
+    calibrated efficiency is then negative and the narrower attention plan is predicted (and was) faster."""
+    forecasts = _forecasts({"attention": 0.4, "mlp": 0.05, "all_layers": 0.8}, modes=("reduce-overhead",))
+    measured = {"all_layers / reduce-overhead": 1.3, "attention / reduce-overhead": 0.9,
+                "mlp / reduce-overhead": 1.0}
+    calls: list[str] = []
+    run_search(_plans(), ("reduce-overhead",), forecasts, _fake_runner(measured, calls), base_ms=1.0, prior=0.8,
+               exhaustive=False)
+    assert calls == ["all_layers / reduce-overhead", "attention / reduce-overhead"]
+    by = {f.name: f for f in forecasts}
+    # efficiency (1 - 1.3) / 0.8 = -0.375: attention predicted 1.0 x (1 + 0.4 x 0.375) = 1.15 < 1.3 x 0.97
+    assert by["attention / reduce-overhead"].predicted_ms == pytest.approx(1.15)
+    assert by["mlp / reduce-overhead"].status == "skipped" and "covers 5%" in by["mlp / reduce-overhead"].reason
