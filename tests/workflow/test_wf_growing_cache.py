@@ -81,3 +81,15 @@ def test_max_autotune_timing_inputs_do_not_specialize_a_growing_int():
 
     int(sym)  # what the timing did before: the same ShapeEnv now holds a guard
     assert env.guards
+
+
+def test_timing_inputs_refuse_a_data_dependent_size():
+    """An unbacked (data-dependent) size has no example value: the choice keeps the plain compile."""
+    import pytest
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from superkernel.runtime.inductor_cpu import measurement_inputs
+
+    unbacked = ShapeEnv().create_unbacked_symint()
+    with pytest.raises(ValueError, match="data-dependent"):
+        measurement_inputs([unbacked], [None], {})
