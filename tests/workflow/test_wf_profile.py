@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from superkernel.tools.advisor.predict import Forecast, covered_share, forecasts_for
+from superkernel.tools.advisor.predict import PRIOR_EFFICIENCY, Forecast, covered_share, forecasts_for
 from superkernel.tools.advisor.profile import KINDS, StepProfile, module_roles, profile_step
 from superkernel.tools.advisor.results import RunResult
 from superkernel.tools.advisor.precision import Verdict
@@ -195,8 +195,9 @@ def test_auto_search_tries_the_best_predicted_first_skips_and_stops():
     forecasts = _forecasts({"attention": 0.5, "mlp": 0.05, "all_layers": 0.9})
     calls: list[str] = []
     results = run_search(_plans(), ("reduce-overhead", "max-autotune"), forecasts, _fake_runner(MEASURED, calls),
-                         base_ms=10.0, prior=0.5, exhaustive=False)
-    # the widest plan first in both modes (each mode's efficiency is unknown until one of its plans ran)
+                         base_ms=10.0, prior=PRIOR_EFFICIENCY, exhaustive=False)
+    # the widest plan first in both modes (each mode's efficiency is unknown until one of its plans ran:
+    # every plan is predicted at the base, the widest fused share goes first)
     assert set(calls) == {"all_layers / reduce-overhead", "all_layers / max-autotune"}
     assert [r.name for r in results] == calls
     by = {f.name: f for f in forecasts}
@@ -205,7 +206,7 @@ def test_auto_search_tries_the_best_predicted_first_skips_and_stops():
     assert att.status == "skipped" and "cannot beat the best measured plan (all_layers / max-autotune" in att.reason
     # calibrated: all_layers max-autotune removed (10 - 2) / (10 * 0.9) of its covered time
     assert att.predicted_ms == pytest.approx(10 * (1 - 0.5 * 8 / 9))
-    assert all(f.prior_ms == pytest.approx(10 * (1 - f.share * 0.5)) for f in forecasts)
+    assert all(f.prior_ms == pytest.approx(10.0) for f in forecasts)
     assert by["all_layers / max-autotune"].measured_ms == 2.0 and by["all_layers / max-autotune"].passed
 
 

@@ -62,9 +62,9 @@ def search_lines(forecasts: list[Forecast], eager_ms: float, prior: float, exhau
     base = f"plain torch.compile's step ({base_ms:.3f} ms)" if base_ms else "plain torch.compile's step"
     out = [f"{how}. Prediction: {base} x (1 - covered share x fused fraction x scope efficiency of the mode): "
            "every plan compiles the whole step, scoped or not, so its base is the step compiled without scopes; "
-           f"the scopes then remove a part of the time they cover. Efficiency before a plan of the mode ran = what "
-           f"plain torch.compile removed of the eager step ({prior:.0%}), then the best a measured plan of the mode "
-           "reached (negative when its plans ran slower than the plain compile: narrower scopes are then predicted "
+           f"the scopes then remove a part of the time they cover. Efficiency before a plan of the mode ran = "
+           f"{prior:.0%} (every plan predicted at the base, the widest fused share first), then the best a measured "
+           "plan of the mode reached (negative when its plans ran slower than the plain compile: narrower scopes are then predicted "
            f"to do better). Plans fusing under {MIN_SHARE:.0%} of the step are skipped; the search stops when no "
            "remaining plan is predicted to beat the best measured plan by more than the noise threshold.", "",
            "| plan | covered share | fused fraction | launches removed | segments | cuts | predicted first | "

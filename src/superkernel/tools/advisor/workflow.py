@@ -24,7 +24,7 @@ from superkernel.tools.advisor.plan_file import PlanFile, write_plan
 from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE
 from superkernel.tools.advisor.progress import Reporter
 from superkernel.tools.advisor.optimize_report import CHART_NAME, PLAN_NAME, REPORT_NAME, render
-from superkernel.tools.advisor.predict import Forecast, base_step_ms, forecasts_for, prior_efficiency
+from superkernel.tools.advisor.predict import PRIOR_EFFICIENCY, Forecast, base_step_ms, forecasts_for
 from superkernel.tools.advisor.profile import StepProfile, profile_step
 from superkernel.tools.advisor.profile_chart import profile_chart
 from superkernel.tools.advisor.profile_report import PROFILE_CHART_NAME
@@ -238,7 +238,7 @@ def _optimize(opts: OptimizeOptions, reporter: Reporter, log: RunLog) -> Outcome
     with reporter.task("profiling the eager decode step"):
         profile = profile_step(session, session.step_fn(), structure=structure, steps=PROFILE_STEPS, log=log.stream)
     forecasts = forecasts_for(plans, tuple(opts.modes), profile, loaded.model, analysis.trials)
-    prior = prior_efficiency(eager.median_ms, inductor.median_ms if inductor is not None else None)
+    prior = PRIOR_EFFICIENCY
     base_ms = base_step_ms(eager.median_ms, inductor.median_ms if inductor is not None else None)
     references: dict[str, torch.Tensor] = {}
 
