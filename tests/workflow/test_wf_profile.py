@@ -331,3 +331,21 @@ def test_a_mode_whose_widest_plan_lost_to_the_plain_compile_tries_narrower_scope
     # efficiency (1 - 1.3) / 0.8 = -0.375: attention predicted 1.0 x (1 + 0.4 x 0.375) = 1.15 < 1.3 x 0.97
     assert by["attention / reduce-overhead"].predicted_ms == pytest.approx(1.15)
     assert by["mlp / reduce-overhead"].status == "skipped" and "covers 5%" in by["mlp / reduce-overhead"].reason
+
+
+def test_a_plan_far_faster_than_the_base_predicts_its_equal_share_twin_at_its_own_step():
+    """qwen2_moe: all_layers / reduce-overhead ran 10x faster than plain torch.compile (the base); the
+    efficiency (above 1) is not bounded, so decoder_layer (same fused share) is predicted at that step."""
+    forecasts = [Forecast("all_layers", "reduce-overhead", 0.72, 1.0, 10, 1, 0),
+                 Forecast("decoder_layer", "reduce-overhead", 0.72, 1.0, 10, 2, 0),
+                 Forecast("attention", "reduce-overhead", 0.27, 1.0, 10, 2, 0)]
+    plans = [ScopePlan("all_layers", {"a": ["x"]}), ScopePlan("decoder_layer", {"d": ["x"]}),
+             ScopePlan("attention", {"t": ["x"]})]
+    calls: list[str] = []
+    run_search(plans, ("reduce-overhead",), forecasts, _fake_runner({"all_layers / reduce-overhead": 1.344}, calls),
+               base_ms=14.3, prior=PRIOR_EFFICIENCY, exhaustive=False)
+    assert calls == ["all_layers / reduce-overhead"]  # the fewest segments first among equal predictions
+    by = {f.strategy: f for f in forecasts}
+    assert by["decoder_layer"].predicted_ms == pytest.approx(1.344) and by["decoder_layer"].status == "skipped"
+    eff = (14.3 - 1.344) / (14.3 * 0.72)
+    assert eff > 1 and by["attention"].predicted_ms == pytest.approx(14.3 * (1 - 0.27 * eff))
