@@ -63,7 +63,8 @@ def run_optimize(model: str, out: Path, steps: int, warmup: int, exhaustive: boo
             "measured": sum(1 for p in search if p["status"] == "measured"), "plans": len(search),
             "compile_s_total": sum(r.get("compile_s") or 0 for r in data.get("results", [])),
             "recommended": data.get("recommended"), "stderr_tail": proc.stderr[-400:] if proc.returncode else "",
-            "search": search}
+            "search": search, "base_ms": (data.get("search") or {}).get("base_ms"),
+            "baselines_ms": {r["name"]: r["decode_ms_median"] for r in data.get("results", []) if r["kind"] == "baseline"}}
 
 
 def interleaved(model_spec: str, picks: list[dict], steps: int, warmup: int, rounds: int) -> list[float]:
@@ -94,11 +95,15 @@ def interleaved(model_spec: str, picks: list[dict], steps: int, warmup: int, rou
     return [sorted(m)[len(m) // 2] for m in medians]
 
 
-def write_results(args, rows: list[dict], load_start: tuple) -> None:
+def _ms(value) -> str:
+    return f"{value:.3f}" if value else "-"
+
+
+def write_results(args, rows: list[dict], load_start: tuple, load_end: tuple | None = None) -> None:
     """JSON + markdown of the rows so far (called after every model: a long run is never lost)."""
     from superkernel.util import atomic_write
 
-    load = os.getloadavg()
+    load = load_end or os.getloadavg()
     meta = {"hardware": f"{platform.processor() or platform.machine()}, {os.cpu_count()} logical cores",
             "shared_machine": "other processes may share the machine: the load averages say how busy it was",
             "load_average_start": load_start, "load_average_end": load, "steps": args.steps,
@@ -123,14 +128,20 @@ def write_results(args, rows: list[dict], load_start: tuple) -> None:
                      + (f"{ms[0]:.3f} / {ms[-1]:.3f}" if r.get("interleaved_ms") else "-")
                      + f" | {r.get('pick_ratio', float('nan')):.3f} | {r['load'][0]:.1f} |")
     for r in rows:
-        lines += ["", f"## {r['model']}: auto search (predicted vs measured)", "",
-                  "| plan | status | covered share | predicted ms | measured ms | reason |", "|---|---|---|---|---|---|"]
+        full = {p["plan"]: p for p in r["exhaustive"]["search"]}
+        base = {k: _ms(r[k].get("baselines_ms", {}).get("torch.compile")) for k in ("auto", "exhaustive")}
+        lines += ["", f"## {r['model']}: auto search (predicted vs measured), next to the exhaustive run", "",
+                  f"Plain torch.compile (the prediction's base) measured {base['auto']} ms in the auto run, "
+                  f"{base['exhaustive']} ms in the exhaustive run.", "",
+                  "| plan | auto status | covered share | predicted first ms | predicted when decided ms | "
+                  "auto measured ms | exhaustive measured ms | reason |", "|---|---|---|---|---|---|---|---|"]
         for p in r["auto"]["search"]:
-            pred = p.get("predicted_ms") or p.get("predicted_ms_prior")
-            lines.append(f"| {p['plan']} | {p['status']} | {p['covered_share']:.0%} | "
-                         + (f"{pred:.3f}" if pred else "-") + " | "
-                         + (f"{p['measured_ms']:.3f}" if p.get("measured_ms") else "-")
+            e = full.get(p["plan"], {})
+            lines.append(f"| {p['plan']} | {p['status']} | {p['covered_share']:.0%} | {_ms(p.get('predicted_ms_prior'))} | "
+                         f"{_ms(p.get('predicted_ms'))} | {_ms(p.get('measured_ms'))} | {_ms(e.get('measured_ms'))}"
+                         + (" (recompiles)" if e.get("reason") == "recompiles in steady state" else "")
                          + f" | {p.get('reason') or ''} |")
+    lines += [f"", *[f"- {n}" for n in getattr(args, "notes", None) or []]]
     atomic_write(args.output / "auto_strategy.md", "\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)
 
@@ -142,8 +153,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--render", type=Path, nargs="*", default=None,
+                        help="only write the markdown (and merged JSON) from earlier auto_strategy.json files")
+    parser.add_argument("--note", action="append", dest="notes", default=[], help="a line for the notes section")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(SRC))
+    if args.render:
+        runs = [json.loads(p.read_text()) for p in args.render]
+        rows = [row for run in runs for row in run["rows"]]
+        starts = [run["meta"]["load_average_start"] for run in runs]
+        ends = [run["meta"]["load_average_end"] for run in runs]
+        write_results(args, rows, tuple(max(x) for x in zip(*starts)), tuple(max(x) for x in zip(*ends)))
+        return 0
     rows = []
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="sk_auto_") as tmp:

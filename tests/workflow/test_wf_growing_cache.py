@@ -55,3 +55,41 @@ def test_growing_cache_tensor_is_detected_and_compiles_once():
     torch._dynamo.reset()
     assert static.dynamo.recompiles_timed > 0
     assert torch.equal(static.logits, run_decode(session, session.step_fn()).logits)
+
+
+def _backed_symint(value: int):
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+    env = ShapeEnv()
+    source = ConstantSource("cumulative_length_int")
+    symbol = env.create_symbol(value, source, dynamic_dim=DimDynamic.DYNAMIC)
+    return env, env.create_symintnode(symbol, hint=value, source=source)
+
+
+def test_max_autotune_timing_inputs_do_not_specialize_a_growing_int():
+    """CPU max-autotune times each partition plain vs frozen at real shapes; a growing cache int
+    (a dynamic source) reaches a partition as a SymInt. Timing with ``int(sym)``, or passing the
+    SymInt itself to the compiled partition, put a guard ``== value`` on it: every max-autotune
+    plan of gemma2 then recompiled at every decode step (15 in 16 timed steps)."""
+    from superkernel.runtime.inductor_cpu import measurement_inputs
+
+    env, sym = _backed_symint(32)
+    args = measurement_inputs([sym], [None], {})
+    assert args == [32] and type(args[0]) is int
+    assert not env.guards, env.guards
+
+    int(sym)  # what the timing did before: the same ShapeEnv now holds a guard
+    assert env.guards
+
+
+def test_timing_inputs_refuse_a_data_dependent_size():
+    """An unbacked (data-dependent) size has no example value: the choice keeps the plain compile."""
+    import pytest
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from superkernel.runtime.inductor_cpu import measurement_inputs
+
+    unbacked = ShapeEnv().create_unbacked_symint()
+    with pytest.raises(ValueError, match="data-dependent"):
+        measurement_inputs([unbacked], [None], {})

@@ -116,6 +116,8 @@ def test_profile_and_predictions_are_in_the_results_and_the_report(e2e):
     assert search["exhaustive"] is True  # a single strategy is measured in full
     assert [p["plan"] for p in search["plans"]] == ["attention / reduce-overhead", "attention / max-autotune"]
     runs = {r["name"]: r for r in data["results"]}
+    # the prediction's base is the whole step compiled without scopes: plain torch.compile's step in this run
+    assert search["base_ms"] == runs["torch.compile"]["decode_ms_median"]
     for p in search["plans"]:
         assert p["status"] == "measured" and p["measured_ms"] == runs[p["plan"]]["decode_ms_median"]
         assert 0 < p["covered_share"] <= 1 and p["segments"] == 4 and p["predicted_ms"] > 0

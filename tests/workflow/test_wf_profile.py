@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from superkernel.tools.advisor.predict import Forecast, covered_share, forecasts_for
+from superkernel.tools.advisor.predict import PRIOR_EFFICIENCY, Forecast, covered_share, forecasts_for
 from superkernel.tools.advisor.profile import KINDS, StepProfile, module_roles, profile_step
 from superkernel.tools.advisor.results import RunResult
 from superkernel.tools.advisor.precision import Verdict
@@ -195,8 +195,9 @@ def test_auto_search_tries_the_best_predicted_first_skips_and_stops():
     forecasts = _forecasts({"attention": 0.5, "mlp": 0.05, "all_layers": 0.9})
     calls: list[str] = []
     results = run_search(_plans(), ("reduce-overhead", "max-autotune"), forecasts, _fake_runner(MEASURED, calls),
-                         eager_ms=10.0, prior=0.5, exhaustive=False)
-    # the widest plan first in both modes (each mode's efficiency is unknown until one of its plans ran)
+                         base_ms=10.0, prior=PRIOR_EFFICIENCY, exhaustive=False)
+    # the widest plan first in both modes (each mode's efficiency is unknown until one of its plans ran:
+    # every plan is predicted at the base, the widest fused share goes first)
     assert set(calls) == {"all_layers / reduce-overhead", "all_layers / max-autotune"}
     assert [r.name for r in results] == calls
     by = {f.name: f for f in forecasts}
@@ -205,7 +206,7 @@ def test_auto_search_tries_the_best_predicted_first_skips_and_stops():
     assert att.status == "skipped" and "cannot beat the best measured plan (all_layers / max-autotune" in att.reason
     # calibrated: all_layers max-autotune removed (10 - 2) / (10 * 0.9) of its covered time
     assert att.predicted_ms == pytest.approx(10 * (1 - 0.5 * 8 / 9))
-    assert all(f.prior_ms == pytest.approx(10 * (1 - f.share * 0.5)) for f in forecasts)
+    assert all(f.prior_ms == pytest.approx(10.0) for f in forecasts)
     assert by["all_layers / max-autotune"].measured_ms == 2.0 and by["all_layers / max-autotune"].passed
 
 
@@ -213,7 +214,7 @@ def test_the_search_stops_when_the_calibrated_prediction_cannot_beat_the_best():
     forecasts = _forecasts({"attention": 0.5, "all_layers": 0.9}, modes=("max-autotune",))
     measured = dict(MEASURED, **{"all_layers / max-autotune": 9.0, "attention / max-autotune": 3.0})
     calls: list[str] = []
-    run_search(_plans(), ("max-autotune",), forecasts, _fake_runner(measured, calls), eager_ms=10.0, prior=0.5,
+    run_search(_plans(), ("max-autotune",), forecasts, _fake_runner(measured, calls), base_ms=10.0, prior=0.5,
                exhaustive=False)
     # all_layers measured only 1.1x: its efficiency predicts attention at ~9.4 ms, not below 9 * 0.97: skipped
     assert calls == ["all_layers / max-autotune"]
@@ -221,7 +222,7 @@ def test_the_search_stops_when_the_calibrated_prediction_cannot_beat_the_best():
     forecasts = _forecasts({"attention": 0.5, "all_layers": 0.9}, modes=("max-autotune",))
     forecasts[1].trial_error = "boom"
     calls = []
-    run_search(_plans(), ("max-autotune",), forecasts, _fake_runner(measured, calls), eager_ms=10.0, prior=0.5,
+    run_search(_plans(), ("max-autotune",), forecasts, _fake_runner(measured, calls), base_ms=10.0, prior=0.5,
                exhaustive=False)
     assert calls == ["attention / max-autotune"] and "trial capture failed: boom" in forecasts[1].reason
 
@@ -230,7 +231,7 @@ def test_exhaustive_measures_every_plan_in_every_mode():
     forecasts = _forecasts({"attention": 0.5, "mlp": 0.05, "all_layers": 0.9})
     calls: list[str] = []
     run_search(_plans(), ("reduce-overhead", "max-autotune"), forecasts, _fake_runner(MEASURED, calls),
-               eager_ms=10.0, prior=0.5, exhaustive=True)
+               base_ms=10.0, prior=0.5, exhaustive=True)
     assert sorted(calls) == sorted(MEASURED) and all(f.status == "measured" for f in forecasts)
 
 
@@ -314,3 +315,37 @@ def test_the_timed_pass_goes_on_while_the_pairs_scatter():
     scattered = [(1.1 + 0.3 * (i % 3), 1.0 + 0.2 * (i % 2)) for i in range(16)]
     assert settled(rounds(steady)) and not settled(rounds(scattered))
     assert not settled(rounds(steady[:2]))          # too few pairs to tell
+
+
+def test_a_mode_whose_widest_plan_lost_to_the_plain_compile_tries_narrower_scopes():
+    """gemma2 (reduce-overhead): all_layers ran slower than the whole step compiled without scopes; the
+    calibrated efficiency is then negative and the narrower attention plan is predicted (and was) faster."""
+    forecasts = _forecasts({"attention": 0.4, "mlp": 0.05, "all_layers": 0.8}, modes=("reduce-overhead",))
+    measured = {"all_layers / reduce-overhead": 1.3, "attention / reduce-overhead": 0.9,
+                "mlp / reduce-overhead": 1.0}
+    calls: list[str] = []
+    run_search(_plans(), ("reduce-overhead",), forecasts, _fake_runner(measured, calls), base_ms=1.0, prior=0.8,
+               exhaustive=False)
+    assert calls == ["all_layers / reduce-overhead", "attention / reduce-overhead"]
+    by = {f.name: f for f in forecasts}
+    # efficiency (1 - 1.3) / 0.8 = -0.375: attention predicted 1.0 x (1 + 0.4 x 0.375) = 1.15 < 1.3 x 0.97
+    assert by["attention / reduce-overhead"].predicted_ms == pytest.approx(1.15)
+    assert by["mlp / reduce-overhead"].status == "skipped" and "covers 5%" in by["mlp / reduce-overhead"].reason
+
+
+def test_a_plan_far_faster_than_the_base_predicts_its_equal_share_twin_at_its_own_step():
+    """qwen2_moe: all_layers / reduce-overhead ran 10x faster than plain torch.compile (the base); the
+    efficiency (above 1) is not bounded, so decoder_layer (same fused share) is predicted at that step."""
+    forecasts = [Forecast("all_layers", "reduce-overhead", 0.72, 1.0, 10, 1, 0),
+                 Forecast("decoder_layer", "reduce-overhead", 0.72, 1.0, 10, 2, 0),
+                 Forecast("attention", "reduce-overhead", 0.27, 1.0, 10, 2, 0)]
+    plans = [ScopePlan("all_layers", {"a": ["x"]}), ScopePlan("decoder_layer", {"d": ["x"]}),
+             ScopePlan("attention", {"t": ["x"]})]
+    calls: list[str] = []
+    run_search(plans, ("reduce-overhead",), forecasts, _fake_runner({"all_layers / reduce-overhead": 1.344}, calls),
+               base_ms=14.3, prior=PRIOR_EFFICIENCY, exhaustive=False)
+    assert calls == ["all_layers / reduce-overhead"]  # the fewest segments first among equal predictions
+    by = {f.strategy: f for f in forecasts}
+    assert by["decoder_layer"].predicted_ms == pytest.approx(1.344) and by["decoder_layer"].status == "skipped"
+    eff = (14.3 - 1.344) / (14.3 * 0.72)
+    assert eff > 1 and by["attention"].predicted_ms == pytest.approx(14.3 * (1 - 0.27 * eff))

@@ -222,9 +222,9 @@ def measurement_inputs(example_inputs: list[Any], reals: list[Any | None], froze
                 out.append(real.detach().clone(memory_format=torch.preserve_format))
                 continue
             if not isinstance(fake, torch.Tensor):
-                out.append(fake)
+                out.append(_hint(fake))
                 continue
-            t = torch.empty_strided(tuple(int(s) for s in fake.shape), tuple(int(s) for s in fake.stride()),
+            t = torch.empty_strided(tuple(_hint(s) for s in fake.shape), tuple(_hint(s) for s in fake.stride()),
                                     dtype=fake.dtype, device="cpu")
             if t.dtype.is_floating_point:
                 t.copy_(torch.randn(t.shape, generator=gen).to(t.dtype))
@@ -232,6 +232,24 @@ def measurement_inputs(example_inputs: list[Any], reals: list[Any | None], froze
                 t.zero_()
             out.append(t)
     return out
+
+
+def _hint(value: Any) -> Any:
+    """A symbolic int's example value, read without adding a guard.
+
+    ``int(sym)`` (or a SymInt passed to a compiled partition, which wraps it in a tensor) would
+    specialize it: the graph would then guard on this one value, and a decode whose cache
+    int grows every step (a dynamic source) would recompile every step. An unbacked int
+    (data-dependent) has no example value: this raises and the choice keeps the plain compile."""
+    if isinstance(value, torch.SymInt):
+        from torch.fx.experimental.symbolic_shapes import has_guarding_hint, optimization_hint
+
+        if not has_guarding_hint(value):
+            raise ValueError(f"data-dependent size {value}: no example value to time with")
+        return optimization_hint(value)
+    if isinstance(value, (torch.SymFloat, torch.SymBool)):
+        raise TypeError(f"symbolic {type(value).__name__} input: no example value to time with")
+    return value
 
 
 def time_variants(variants: dict[str, Callable[..., Any]], args: list[Any], rounds: int = 5, calls: int = 5) -> dict[str, float]:

@@ -2,15 +2,26 @@
 
 The model is deliberately simple and stated in the report next to the measured numbers:
 
-- **covered time**: the eager step's time inside the modules a plan's scopes wrap (the
-  profile's inclusive module times, as a share of the profiled step, times the measured
-  eager median), scaled by the share of the scoped operators that end up in segments of
-  more than one operator (a cut operator runs alone: ``analyze``'s trial capture says where);
-- **efficiency** of a mode: the part of the covered time it removes. Before any plan is
-  measured it is the part of the eager step plain ``torch.compile`` removed in this run
-  (the prior); once a plan of that mode was measured, the largest efficiency a measured
-  plan of that mode reached (calibrated, optimistic);
-- predicted step = eager - covered x efficiency; launches removed = scoped operators
+- **base**: the step compiled as a whole without scopes. Any plan compiles the whole step,
+  and on a small model most of the gain is that (Python, module and dispatch overhead
+  removed everywhere, scoped or not): on gemma2 / gpt_neox tiny every plan, however narrow
+  its scopes (7% to 66% of the step), ran 3-6x faster than eager, close to plain
+  ``torch.compile``. So the base is plain ``torch.compile``'s step measured in this run;
+- **covered time**: the share of the eager step inside the modules a plan's scopes wrap (the
+  profile's inclusive module times), scaled by the share of the scoped operators that end up
+  in segments of more than one operator (a cut operator runs alone: ``analyze``'s trial
+  capture says where): the **fused share**;
+- **scope efficiency** of a mode: the part of the fused share's time the scopes remove on top
+  of the base. Before any plan of the mode is measured it is 0 (the prior: nothing measured
+  says what the scopes add, so every plan is predicted at the base and the widest fused
+  share goes first); once plans of that mode were measured, the largest efficiency one
+  reached (calibrated, optimistic). It may be negative: a mode whose scoped plans ran slower
+  than the plain compile predicts narrower scopes to do better; and above 1 where the plain
+  compile is a poor base (qwen2_moe: Inductor's step, plain or max-autotune, 14 ms; the
+  reduce-overhead plan 1.3 ms). (The prior used to be the
+  part of the eager step plain torch.compile removed, applied to the covered share alone:
+  predicted 2.2x gemma2's measured attention step, it made auto skip exhaustive's best.)
+- predicted step = base x (1 - fused share x efficiency); launches removed = scoped operators
   minus segments (from the trial capture).
 """
 
@@ -21,7 +32,7 @@ from typing import Any
 
 #: Plans whose fused covered time is under this share of the eager step are not tried by auto.
 MIN_SHARE = 0.10
-#: Efficiency prior when plain torch.compile could not be timed.
+#: The part of the eager step the plain compile is assumed to remove when it could not be timed.
 DEFAULT_EFFICIENCY = 0.5
 
 
@@ -105,34 +116,45 @@ def forecasts_for(plans, modes, profile, model, trials) -> list[Forecast]:
     return out
 
 
-def prior_efficiency(eager_ms: float | None, inductor_ms: float | None) -> float:
-    if eager_ms and inductor_ms:
-        return min(0.95, max(0.0, 1 - inductor_ms / eager_ms))
-    return DEFAULT_EFFICIENCY
+#: Scope efficiency of a mode before any of its plans was measured (see the module doc).
+PRIOR_EFFICIENCY = 0.0
 
 
-def efficiency(forecasts: list[Forecast], mode: str, eager_ms: float) -> float | None:
-    """The largest efficiency a measured, passing plan of ``mode`` reached (None: none measured yet)."""
-    effs = [(eager_ms - f.measured_ms) / (eager_ms * f.fused_share) for f in forecasts
+def base_step_ms(eager_ms: float, inductor_ms: float | None) -> float:
+    """The whole step compiled without scopes: plain torch.compile's step (when it could not be timed,
+    eager x (1 - :data:`DEFAULT_EFFICIENCY`))."""
+    return inductor_ms if inductor_ms else eager_ms * (1 - DEFAULT_EFFICIENCY)
+
+
+def efficiency(forecasts: list[Forecast], mode: str, base_ms: float) -> float | None:
+    """The largest efficiency a measured, passing plan of ``mode`` reached (None: none measured yet).
+
+    Not bounded: above 1 when a plan ran much faster than the base (qwen2_moe's all_layers /
+    reduce-overhead ran 10x faster than plain torch.compile's Inductor step), below 0 when
+    the mode's plans ran slower than the base. A plan with the same fused share as the measured one is
+    then predicted at its measured step (a bound of 95% predicted qwen2_moe's decoder_layer 3.4x slower
+    than the identical-share all_layers it had just measured)."""
+    effs = [(base_ms - f.measured_ms) / (base_ms * f.fused_share) for f in forecasts
             if f.mode == mode and f.status == "measured" and f.passed and f.measured_ms and f.fused_share > 0]
-    return max(max(effs), 0.0) if effs else None
+    return max(effs) if effs else None
 
 
-def predict_ms(f: Forecast, eager_ms: float, eff: float) -> float:
-    return eager_ms * (1 - f.fused_share * eff)
+def predict_ms(f: Forecast, base_ms: float, eff: float) -> float:
+    """base x (1 - fused share x efficiency), never below 0 (an efficiency above 1 from a narrower plan)."""
+    return base_ms * max(0.0, 1 - f.fused_share * eff)
 
 
-def next_decision(forecasts: list[Forecast], eager_ms: float, prior: float, best_ms: float | None,
+def next_decision(forecasts: list[Forecast], base_ms: float, prior: float, best_ms: float | None,
                   best_name: str | None, noise: float) -> tuple[Forecast, bool] | None:
     """The pending plan predicted best now, and whether to run it (False: skipped, reason set)."""
     pending = [f for f in forecasts if f.status == "pending"]
     if not pending:
         return None
-    calibrated = {m: efficiency(forecasts, m, eager_ms) for m in {f.mode for f in forecasts}}
+    calibrated = {m: efficiency(forecasts, m, base_ms) for m in {f.mode for f in forecasts}}
     for f in pending:
         eff = calibrated[f.mode]
-        f.predicted_ms = predict_ms(f, eager_ms, prior if eff is None else eff)
-    f = min(pending, key=lambda x: (x.predicted_ms, x.segments, x.cuts))
+        f.predicted_ms = predict_ms(f, base_ms, prior if eff is None else eff)
+    f = min(pending, key=lambda x: (round(x.predicted_ms, 9), -x.fused_share, x.segments, x.cuts))
     if f.trial_error:
         f.reason = f"the trial capture failed: {f.trial_error[:200]}"
         return f, False

@@ -52,17 +52,21 @@ def profile_lines(eager: StepProfile, plans: list[StepProfile] = (), *, chart: b
     return out
 
 
-def search_lines(forecasts: list[Forecast], eager_ms: float, prior: float, exhaustive: bool) -> list[str]:
+def search_lines(forecasts: list[Forecast], eager_ms: float, prior: float, exhaustive: bool,
+                 base_ms: float | None = None) -> list[str]:
     tried = [f for f in forecasts if f.status == "measured"]
     skipped = [f for f in forecasts if f.status == "skipped"]
     how = ("`--exhaustive`: every plan was measured" if exhaustive else
            f"auto search: {len(tried)} of {len(forecasts)} plan(s) measured, {len(skipped)} skipped, tried in order "
            "of predicted gain")
-    out = [f"{how}. Prediction: eager median ({eager_ms:.3f} ms) x (1 - covered share x fused fraction x "
-           f"efficiency of the mode); efficiency before any plan ran = what plain torch.compile removed ({prior:.0%}), "
-           "then the best a measured plan of the mode reached. Plans fusing under "
-           f"{MIN_SHARE:.0%} of the step are skipped; the search stops when no remaining plan is predicted to beat "
-           "the best measured plan by more than the noise threshold.", "",
+    base = f"plain torch.compile's step ({base_ms:.3f} ms)" if base_ms else "plain torch.compile's step"
+    out = [f"{how}. Prediction: {base} x (1 - covered share x fused fraction x scope efficiency of the mode): "
+           "every plan compiles the whole step, scoped or not, so its base is the step compiled without scopes; "
+           f"the scopes then remove a part of the time they cover. Efficiency before a plan of the mode ran = "
+           f"{prior:.0%} (every plan predicted at the base, the widest fused share first), then the best a measured "
+           "plan of the mode reached (negative when its plans ran slower than the plain compile: narrower scopes are then predicted "
+           f"to do better). Plans fusing under {MIN_SHARE:.0%} of the step are skipped; the search stops when no "
+           "remaining plan is predicted to beat the best measured plan by more than the noise threshold.", "",
            "| plan | covered share | fused fraction | launches removed | segments | cuts | predicted first | "
            "predicted when decided | measured | status |", "|---|---|---|---|---|---|---|---|---|---|"]
 

@@ -36,11 +36,12 @@ def _record(forecasts: list[Forecast], results: list[RunResult]) -> None:
 
 
 def run_search(plans: list[ScopePlan], modes: tuple[str, ...], forecasts: list[Forecast], run_plan: RunPlan, *,
-               eager_ms: float, prior: float, exhaustive: bool, noise: float = NOISE_FLOOR,
+               base_ms: float, prior: float, exhaustive: bool, noise: float = NOISE_FLOOR,
                note: Callable[[str], None] = lambda text: None) -> list[RunResult]:
-    """Measure plans through ``run_plan(plan, modes)``; fills each forecast's status, reason and numbers."""
+    """Measure plans through ``run_plan(plan, modes)``; fills each forecast's status, reason and numbers.
+    ``base_ms``: the whole step compiled without scopes (:func:`~superkernel.tools.advisor.predict.base_step_ms`)."""
     for f in forecasts:
-        f.prior_ms = predict_ms(f, eager_ms, prior)
+        f.prior_ms = predict_ms(f, base_ms, prior)
     results: list[RunResult] = []
     if exhaustive:
         for f in forecasts:
@@ -53,7 +54,7 @@ def run_search(plans: list[ScopePlan], modes: tuple[str, ...], forecasts: list[F
     by_strategy = {p.strategy: p for p in plans}
     while True:
         best = min((r for r in results if recommendable(r)), key=lambda r: r.median_ms, default=None)
-        decision = next_decision(forecasts, eager_ms, prior, best.median_ms if best else None,
+        decision = next_decision(forecasts, base_ms, prior, best.median_ms if best else None,
                                  best.name if best else None, noise)
         if decision is None:
             break

@@ -24,7 +24,7 @@ from superkernel.tools.advisor.plan_file import PlanFile, write_plan
 from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE
 from superkernel.tools.advisor.progress import Reporter
 from superkernel.tools.advisor.optimize_report import CHART_NAME, PLAN_NAME, REPORT_NAME, render
-from superkernel.tools.advisor.predict import Forecast, forecasts_for, prior_efficiency
+from superkernel.tools.advisor.predict import PRIOR_EFFICIENCY, Forecast, base_step_ms, forecasts_for
 from superkernel.tools.advisor.profile import StepProfile, profile_step
 from superkernel.tools.advisor.profile_chart import profile_chart
 from superkernel.tools.advisor.profile_report import PROFILE_CHART_NAME
@@ -238,7 +238,8 @@ def _optimize(opts: OptimizeOptions, reporter: Reporter, log: RunLog) -> Outcome
     with reporter.task("profiling the eager decode step"):
         profile = profile_step(session, session.step_fn(), structure=structure, steps=PROFILE_STEPS, log=log.stream)
     forecasts = forecasts_for(plans, tuple(opts.modes), profile, loaded.model, analysis.trials)
-    prior = prior_efficiency(eager.median_ms, inductor.median_ms if inductor is not None else None)
+    prior = PRIOR_EFFICIENCY
+    base_ms = base_step_ms(eager.median_ms, inductor.median_ms if inductor is not None else None)
     references: dict[str, torch.Tensor] = {}
 
     def profile_plan(step, result):
@@ -249,14 +250,14 @@ def _optimize(opts: OptimizeOptions, reporter: Reporter, log: RunLog) -> Outcome
         return run_plan(session, plan, modes, eager.logits, options=opts.options, tolerance=opts.tolerance,
                         reporter=reporter, references=references, profile=profile_plan)
 
-    results += run_search(plans, tuple(opts.modes), forecasts, measure, eager_ms=eager.median_ms, prior=prior,
+    results += run_search(plans, tuple(opts.modes), forecasts, measure, base_ms=base_ms, prior=prior,
                           exhaustive=exhaustive, note=reporter.note)
     fill_speedups(results, eager, inductor)
     drift = eager_drift(session, eager, reporter)
     decision = decide(results, drift)
     best = decision.plan if decision.kind == "plan" else None
 
-    search = {"exhaustive": exhaustive, "prior_efficiency": prior, "forecasts": forecasts}
+    search = {"exhaustive": exhaustive, "prior_efficiency": prior, "base_ms": base_ms, "forecasts": forecasts}
     files = write_outputs(opts, loaded, session, analysis, results, decision, references, drift,
                           profile=profile, search=search)
     return Outcome(results=results, recommended=best, analysis=analysis, files=files,
@@ -372,6 +373,7 @@ def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSes
                "profile": profile.to_dict() if profile is not None else None,
                "search": None if search is None else {
                    "exhaustive": search["exhaustive"], "prior_efficiency": search["prior_efficiency"],
+                   "base_ms": search["base_ms"],
                    "plans": [f.to_dict() for f in search["forecasts"]]}}
     files["results"] = atomic_write(out / RESULTS_NAME, json.dumps(payload, indent=2, default=str) + "\n", inputs)
     files["logits"] = atomic_write(out / LOGITS_NAME, _logits_bytes(results, references, session), inputs)
