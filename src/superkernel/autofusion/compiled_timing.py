@@ -45,8 +45,7 @@ def _graph(m: int, k: int, ns: list[int], dtype: torch.dtype, bias: bool) -> tup
 
 
 def _fuse(gm: torch.fx.GraphModule) -> None:
-    from superkernel.autofusion.planner import is_get_attr
-    from superkernel.autofusion.rules import horizontal_gemm
+    from superkernel.autofusion.rules import horizontal_gemm, is_get_attr
 
     candidates, _ = horizontal_gemm.match(gm, is_get_attr)
     if len(candidates) != 1:

@@ -19,7 +19,7 @@ import torch.fx as fx
 from superkernel.autofusion import calibrate, compiled_timing, machine
 from superkernel.autofusion.benefit import Machine, predict_horizontal
 from superkernel.autofusion.decision import APPLIED, NOT_BUILT, NOT_MATCHED, REJECTED, Decision
-from superkernel.autofusion.rules import gemm_epilogue, horizontal_gemm, moe_experts, rotary_attention
+from superkernel.autofusion.rules import gemm_epilogue, horizontal_gemm, is_get_attr, moe_experts, rotary_attention
 from superkernel.autofusion.store import Store
 
 Measure = Callable[..., dict[str, Any]]
@@ -33,11 +33,6 @@ def calibration_env(how: str) -> str:
 
 def compiled_how(gemm_templates: bool, cpp_wrapper: bool) -> str:
     return f"compiled templates={gemm_templates} cpp_wrapper={cpp_wrapper}"
-
-
-def is_get_attr(node: fx.Node) -> bool:
-    """A constant of the graph (a frozen weight)."""
-    return node.op == "get_attr"
 
 
 class Planner:

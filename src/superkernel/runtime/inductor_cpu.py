@@ -242,11 +242,15 @@ def _hint(value: Any) -> Any:
     int grows every step (a dynamic source) would recompile every step. An unbacked int
     (data-dependent) has no example value: this raises and the choice keeps the plain compile."""
     if isinstance(value, torch.SymInt):
-        from torch.fx.experimental.symbolic_shapes import has_guarding_hint, optimization_hint
+        try:
+            from torch.fx.experimental.symbolic_shapes import has_guarding_hint as has_hint
+            from torch.fx.experimental.symbolic_shapes import optimization_hint as hint
+        except ImportError:  # older torch names them has_hint / hint_int (neither guards)
+            from torch.fx.experimental.symbolic_shapes import has_hint, hint_int as hint
 
-        if not has_guarding_hint(value):
+        if not has_hint(value):
             raise ValueError(f"data-dependent size {value}: no example value to time with")
-        return optimization_hint(value)
+        return hint(value)
     if isinstance(value, (torch.SymFloat, torch.SymBool)):
         raise TypeError(f"symbolic {type(value).__name__} input: no example value to time with")
     return value
