@@ -13,6 +13,7 @@
   report). :func:`json_depth` bounds nesting before a recursive parser sees the text;
   :func:`check_link_path` / :func:`make_dirs` apply the link rule to every output folder;
   :func:`remove_tree` deletes without following symlinks.
+- :func:`child_env`: the environment of a ``python -m superkernel...`` child process.
 """
 
 from __future__ import annotations
@@ -408,3 +409,13 @@ def cpu_name() -> str:
 def cpu_id() -> str:
     """The CPU's name and logical core count: the part of a calibration key that says where it was measured."""
     return f"{cpu_name()} x{os.cpu_count()}"
+
+
+def child_env() -> dict[str, str]:
+    """This process's environment with the directory holding this ``superkernel`` package first on
+    ``PYTHONPATH``: a child started as ``python -m superkernel....`` runs the same code as its parent,
+    also from a source checkout that is not installed."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([root, env["PYTHONPATH"]]) if env.get("PYTHONPATH") else root
+    return env

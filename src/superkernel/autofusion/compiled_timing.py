@@ -12,11 +12,9 @@ The child is this package's own module, started with this interpreter.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -89,16 +87,13 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 def time_compiled(m: int, k: int, ns: list[int], dtype: torch.dtype, bias: bool, *, gemm_templates: bool = True,
                   cpp_wrapper: bool = False, rounds: int = 21, calls: int = 20) -> dict[str, Any]:
     """In the parent: run :func:`measure` in a child process; its result dict (as ``calibrate.time_horizontal``)."""
-    import superkernel
+    from superkernel.util import child_env
 
     spec = {"m": m, "k": k, "ns": list(ns), "dtype": str(dtype).replace("torch.", ""), "bias": bias,
             "threads": torch.get_num_threads(), "gemm_templates": gemm_templates, "cpp_wrapper": cpp_wrapper,
             "rounds": rounds, "calls": calls}
-    env = dict(os.environ)
-    src = str(Path(superkernel.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join([src, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
     done = subprocess.run([sys.executable, "-m", "superkernel.autofusion.compiled_timing", json.dumps(spec)],
-                          capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+                          capture_output=True, text=True, timeout=TIMEOUT_S, env=child_env())
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode != 0 or not lines:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]

@@ -28,7 +28,7 @@ from superkernel.static_kernel.manifest import valid_member_name
 from superkernel.static_kernel.package import Package, now_iso, package_name, read_manifest, write_package
 from superkernel.static_kernel.settings import ENV_VERIFY, StaticKernelWarning
 from superkernel.static_kernel.signature import input_signature
-from superkernel.util import atomic_write, exception_summary, make_dirs
+from superkernel.util import atomic_write, child_env, exception_summary, make_dirs
 
 
 @dataclass
@@ -166,11 +166,9 @@ class Builder:
                 make_dirs(p.parent, "static kernel artifact folder")
                 atomic_write(p, data)
             paths.append(str(p))
-        env = dict(os.environ)
+        env = child_env()
         env["TORCHINDUCTOR_CACHE_DIR"] = str(staging)
         env.pop(ENV_VERIFY, None)
-        root = str(Path(__file__).resolve().parents[2])  # the directory holding the superkernel package
-        env["PYTHONPATH"] = os.pathsep.join([root, env["PYTHONPATH"]]) if env.get("PYTHONPATH") else root
         cmd = [sys.executable, "-m", "superkernel.static_kernel._loadcheck", *paths]
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
