@@ -10,7 +10,11 @@ while the interval still contains the threshold ``1 + TOLERANCE`` they double, u
 ``MAX_ROUNDS`` / ``MAX_SECONDS``.
 
 Only a *confident* "slower" triggers work, and it is confirmed by a second measurement in
-fresh sessions first (one noisy run never drops a fusion). Then each applied fusion kind
+fresh sessions first (one noisy run never drops a fusion). When the two looks disagree (on a
+loaded machine a pair of sessions can run a few percent apart for its whole life), a third
+look decides by majority, and the record publishes the median of the three looks' ratios
+with the envelope of their intervals (``looks_disagreed``), not the last look's
+confident-looking interval. Then each applied fusion kind
 (rule) is left out in turn and the model is fused again without it; the best leave-one-out
 model is compared head to head with the current fused model, and the kind is dropped only
 when that comparison confirms it is faster (an implausible gain from dropping an unrelated
@@ -67,9 +71,15 @@ def guard(original: str, fusion, staged, refuse: Callable, *, dims: Mapping[str,
 
     cur = vs_original(staged.model_path)
     step(cur, excluded=[])
+    looks = [cur]
     if cur.verdict == "slower":  # confirm in fresh sessions before acting on it
         cur = vs_original(staged.model_path)
         step(cur, excluded=[], confirm=True)
+        looks.append(cur)
+        if cur.verdict != "slower":  # the two looks disagree: a third one decides
+            cur = vs_original(staged.model_path)
+            step(cur, excluded=[], tiebreak=True)
+            looks.append(cur)
     excluded: set[str] = set()
     stop = ""
     while cur.verdict == "slower" and fusion.applied:
@@ -108,4 +118,15 @@ def guard(original: str, fusion, staged, refuse: Callable, *, dims: Mapping[str,
               "dropped_rules": sorted(excluded), "steps": steps, "threads": threads}
     if stop:
         record["stopped"] = stop
+    if len(looks) == 3 and not excluded:
+        # Looks in fresh sessions disagreed: no single look's interval is the spread to publish.
+        est = T.across_looks(looks)
+        votes = [d.verdict for d in looks]
+        majority = max(set(votes), key=votes.count) if max(map(votes.count, votes)) >= 2 else "unresolved"
+        record.update(ratio=est.ratio, ratio_lo=est.lo, ratio_hi=est.hi, rounds=est.rounds,
+                      verdict=majority,
+                      looks_disagreed=True,
+                      ratio_is="three looks in fresh sessions disagreed: median of their ratios (each the median "
+                               "of per-round fused/original ratios) and the envelope of their sign-test "
+                               "intervals; the majority verdict decides")
     return fusion, staged, record

@@ -102,6 +102,8 @@ def markdown(d: dict[str, Any]) -> str:
                   f"original {e['original_ms']:.4f} ms, fused {e['fused_ms']:.4f} ms, ratio {e['ratio']:.3f} "
                   + (f"({int(e['confidence'] * 100)} % interval {e['ratio_lo']:.3f}-{e['ratio_hi']:.3f}, "
                      f"{e['rounds']} paired rounds: {e['verdict']}) " if "ratio_lo" in e else "")
+                  + ("(three looks disagreed: median of their ratios, envelope of their intervals, majority "
+                     "verdict) " if e.get("looks_disagreed") else "")
                   + f"(tolerance {e['tolerance']:.0%}); dropped rules: {', '.join(e['dropped_rules']) or 'none'}"
                   + (f". {e['stopped']}" if e.get("stopped") else ""), ""]
             L += _table(["step", "rules left out", "A ms", "B ms", "ratio B/A", "interval", "rounds", "verdict"],
@@ -139,7 +141,8 @@ def _e2e_row(st: dict) -> list[str]:
     head-to-head comparison."""
     h2h = "head_to_head" in st
     kind = ("head to head (A current fused, B leave-one-out)" if h2h else "chosen" if st.get("chosen")
-            else "tried" if st.get("tried") else "confirm" if st.get("confirm") else "first")
+            else "tried" if st.get("tried") else "confirm" if st.get("confirm")
+            else "tie-break (the first two looks disagreed)" if st.get("tiebreak") else "first")
     a, b = (st.get("a_ms"), st.get("b_ms")) if h2h or "a_ms" in st else (st.get("original_ms"), st.get("fused_ms"))
     lo, hi = st.get("lo"), st.get("hi")
     return [kind, ", ".join(st["head_to_head"] if h2h else st.get("excluded", [])) or "none",

@@ -226,3 +226,15 @@ def decide(sampler, threshold: float, *, rounds: int = 40, max_rounds: int = 320
     verdict = "slower" if est.lo > threshold else "not slower" if est.hi <= threshold else "unresolved"
     return Decision(verdict, est, statistics.median(a for a, _ in pairs), statistics.median(b for _, b in pairs),
                     threshold, time.perf_counter() - t0)
+
+
+def across_looks(looks: Sequence[Decision]) -> RatioEstimate:
+    """One estimate over several looks at the same comparison, each in its own sessions.
+
+    When looks disagree, the sessions differ by more than the rounds' noise says, so the look
+    (not the round) is the unit: the ratio is the median of the looks' ratios and the interval
+    the envelope of theirs. Pooling the rounds instead would let the look that happened to
+    run the most rounds (the closest call) decide."""
+    est = [d.estimate for d in looks]
+    return RatioEstimate(statistics.median(e.ratio for e in est), min(e.lo for e in est), max(e.hi for e in est),
+                         sum(e.rounds for e in est), min(e.confidence for e in est))
