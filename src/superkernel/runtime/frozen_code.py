@@ -61,6 +61,34 @@ def canonical_graph(gm: fx.GraphModule) -> fx.GraphModule:
 
 
 @contextlib.contextmanager
+def parsed_templates_reused() -> Iterator[None]:
+    """Inside: Inductor's C++ GEMM template parses each jinja template source once, not once per render.
+
+    ``KernelTemplate._template_from_string`` builds a new jinja ``Template`` from the same source string
+    for every rendering (a dozen per frozen decoder layer at Qwen2-0.5B width, most of the Python time a
+    repeated layer costs); a parsed ``Template`` depends on the source alone and renders reentrantly,
+    so the first one is kept for the duration of the compile."""
+    try:
+        from torch._inductor.codegen.common import KernelTemplate
+    except ImportError:
+        yield
+        return
+    parse = getattr(KernelTemplate, "_template_from_string", None)
+    if parse is None:
+        yield
+        return
+    parsed: dict[str, Any] = {}
+
+    def reuse(source: str) -> Any:
+        if source not in parsed:
+            parsed[source] = parse(source)
+        return parsed[source]
+
+    with unittest.mock.patch.object(KernelTemplate, "_template_from_string", staticmethod(reuse)):
+        yield
+
+
+@contextlib.contextmanager
 def value_free_constant_comments() -> Iterator[None]:
     """Inside: the C++ wrapper's per-constant header comment names the constant without its ``id``.
     Where this torch's Inductor has no such hook, nothing changes (the layers are then built apart)."""

@@ -173,7 +173,9 @@ def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[i
     from torch._inductor.fx_passes.freezing_patterns import freezing_passes
     from torch._inductor.fx_passes.post_grad import view_to_reshape
 
-    from superkernel.runtime.frozen_code import FROZEN_PATCHES, canonical_graph, value_free_constant_comments
+    from superkernel.runtime.frozen_code import (
+        FROZEN_PATCHES, canonical_graph, parsed_templates_reused, value_free_constant_comments,
+    )
     from superkernel.runtime.inductor import compile_partition
 
     # a copy (the original stays the eager fallback); without a planner, with canonical names so that
@@ -184,7 +186,7 @@ def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[i
     patches: dict[str, Any] = {"freezing": True, **FROZEN_PATCHES}
     if gemm_templates:
         patches.update({"max_autotune_gemm": True, "max_autotune_gemm_backends": GEMM_BACKENDS})
-    with enter_freezing(), inductor_config.patch(patches):
+    with enter_freezing(), inductor_config.patch(patches), parsed_templates_reused():
         for i, tensor in frozen.items():
             replace_node_with_constant(gm, placeholders[i], tensor)
         gm.recompile()
