@@ -55,7 +55,7 @@ def canonical_graph(gm: fx.GraphModule) -> fx.GraphModule:
         target = name if node.op == "placeholder" else node.target
         new = graph.create_node(node.op, target, fx.map_arg(node.args, env.__getitem__),
                                 fx.map_arg(node.kwargs, env.__getitem__), name=name, type_expr=node.type)
-        new.meta = {k: v for k, v in node.meta.items() if k != "from_node"}
+        new.meta = {k: v for k, v in node.meta.items() if k != "from_node"}  # shallow, as Graph's deepcopy does
         env[node] = new
     return fx.GraphModule(gm, graph)
 
