@@ -298,7 +298,8 @@ def _markdown(result: dict[str, Any]) -> str:
                 lines.append(f"- {r['peer']}: {c.get('partitions_compiled', 0)} partitions, "
                              f"{c.get('partitions_inductor_compiles', 0)} plain Inductor compiles "
                              f"({c.get('partitions_reused', 0)} reused), {c.get('partitions_frozen', 0)} frozen, "
-                             f"{c.get('partitions_choice_reused', 0)} took an identical partition's plain/frozen choice")
+                             f"{c.get('partitions_choice_reused', 0)} took an identical partition's plain/frozen choice, "
+                             f"{c.get('partitions_frozen_code_shared', 0)} frozen shared an identical layer's C++ build")
         lines.append("")
     return "\n".join(lines)
 
@@ -335,7 +336,10 @@ def main(argv: list[str] | None = None) -> int:
     if set(dtypes) - set(DTYPES) or set(args.modes) - set(MODES):
         parser.error(f"dtypes: {', '.join(DTYPES)}; modes: {', '.join(MODES)}")
     threads = list(dict.fromkeys(threads))
+    import transformers
+
     result: dict[str, Any] = {"hardware": describe_hardware(torch.device("cpu")), "torch": torch.__version__,
+                              "transformers": transformers.__version__, "superkernel_source": str(Path(sk.__file__).parent),
                               "python": sys.version.split()[0], "layers": args.layers, "steps": args.steps,
                               "warmup": args.warmup, "rounds": args.rounds, "prompt_len": args.prompt_len,
                               "strategy": args.strategy, "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),

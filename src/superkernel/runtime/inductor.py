@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable
 
 import torch
@@ -39,6 +40,7 @@ def compile_partition(gm: fx.GraphModule, example_inputs: list[Any], *, device: 
     saved = context.output_strides if context is not None else None
     if context is not None:
         context.output_strides = None
+    gm = _copy(gm)  # Inductor's passes rewrite the graph in place; identical partitions must stay identical
     try:
         with inductor_config.patch(patches):
             compiled = compile_fx_inner(
@@ -51,4 +53,16 @@ def compile_partition(gm: fx.GraphModule, example_inputs: list[Any], *, device: 
     def run(*args: Any) -> Any:
         return compiled(list(args))
 
+    #: the key of the generated source in Inductor's code cache (equal keys: one build, shared)
+    run.source_key = getattr(compiled, "cache_key", None)  # type: ignore[attr-defined]
     return run
+
+
+def _copy(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` with its own graph (constants shared, the frozen-parameters mark kept)."""
+    from torch._inductor.freezing_utils import has_frozen_params, record_has_frozen_params
+
+    out = fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    if has_frozen_params(gm):
+        record_has_frozen_params(out)
+    return out

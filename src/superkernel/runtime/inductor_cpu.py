@@ -39,6 +39,10 @@ import torch
 import torch.fx as fx
 
 
+#: the GEMM backends Inductor times against each other with ``gemm_templates`` (C++ templates, ATen/MKL)
+GEMM_BACKENDS = "CPP,ATEN"
+
+
 @dataclass
 class Choice:
     fn: Callable[..., Any]
@@ -169,15 +173,20 @@ def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[i
     from torch._inductor.fx_passes.freezing_patterns import freezing_passes
     from torch._inductor.fx_passes.post_grad import view_to_reshape
 
+    from superkernel.runtime.frozen_code import (
+        FROZEN_PATCHES, canonical_graph, parsed_templates_reused, value_free_constant_comments,
+    )
     from superkernel.runtime.inductor import compile_partition
 
-    gm = fx.GraphModule(gm, copy.deepcopy(gm.graph))  # the original stays the eager fallback
+    # a copy (the original stays the eager fallback); without a planner, with canonical names so that
+    # identical layers generate identical code (built once: superkernel.runtime.frozen_code)
+    gm = fx.GraphModule(gm, copy.deepcopy(gm.graph)) if rewrite is not None else canonical_graph(gm)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     kept = [i for i in range(len(placeholders)) if i not in frozen]
-    patches: dict[str, Any] = {"freezing": True}
+    patches: dict[str, Any] = {"freezing": True, **FROZEN_PATCHES}
     if gemm_templates:
-        patches.update({"max_autotune_gemm": True, "max_autotune_gemm_backends": "CPP,ATEN"})
-    with enter_freezing(), inductor_config.patch(patches):
+        patches.update({"max_autotune_gemm": True, "max_autotune_gemm_backends": GEMM_BACKENDS})
+    with enter_freezing(), inductor_config.patch(patches), parsed_templates_reused():
         for i, tensor in frozen.items():
             replace_node_with_constant(gm, placeholders[i], tensor)
         gm.recompile()
@@ -196,12 +205,13 @@ def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[i
         fake_mode = torch._guards.detect_fake_mode(kept_inputs)
         allow = contextlib.nullcontext() if fake_mode is None else \
             unittest.mock.patch.object(fake_mode, "allow_non_fake_inputs", True)
-        with allow:
+        with allow, value_free_constant_comments():
             compiled = compile_partition(gm, kept_inputs, device="cpu", cpp_wrapper=cpp_wrapper, autotune=autotune)
 
     def run(*args: Any) -> Any:
         return compiled(*[args[i] for i in kept])
 
+    run.source_key = getattr(compiled, "source_key", None)  # type: ignore[attr-defined]
     return run
 
 

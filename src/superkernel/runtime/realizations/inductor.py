@@ -149,6 +149,7 @@ class InductorCpu(Inductor):
                         gemm_templates=inductor.gemm_templates, rewrite=rewrite)
         if choice.label:
             self.counters["partitions_frozen"] += 1
+            self._count_shared_frozen_code(choice.fn)
         if key is not None and key not in choices:
             choices[key] = bool(choice.label)
         if rewrite is not None and job.info is not None:
@@ -156,6 +157,18 @@ class InductorCpu(Inductor):
 
             job.info.autofusion = record(decisions, frozen_kept=bool(choice.label), timings_ms=choice.timings_ms)
         return choice
+
+    def _count_shared_frozen_code(self, fn: Any) -> None:
+        """``partitions_frozen_code_shared``: frozen partitions whose generated code equals one built earlier
+        in this backend (an identical layer with other weights: one C++ build, see
+        :mod:`superkernel.runtime.frozen_code`)."""
+        key = getattr(fn, "source_key", None)
+        if key is None:
+            return
+        seen = self.__dict__.setdefault("_frozen_sources", set())
+        if key in seen:
+            self.counters["partitions_frozen_code_shared"] += 1
+        seen.add(key)
 
     def _autofusion(self, decisions: list[Any]) -> Callable[[Any], None] | None:
         """The planner's rewrite for the frozen compile (``inductor.autofusion``), appending its decisions."""

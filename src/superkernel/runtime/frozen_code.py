@@ -1,0 +1,108 @@
+"""Identical layers compiled frozen generate the same code, so Inductor builds their C++ once.
+
+A frozen partition (:func:`superkernel.runtime.inductor_cpu.compile_frozen`) holds its weights as
+constants. Inductor lowers it with them: the freezing passes prepack the linear weights, the C++ GEMM
+templates block them, and the generated C++ takes every constant as an input of its entry point
+(``cpp_wrapper``; the Python wrapper's kernels take pointers). The C++ itself therefore does not depend
+on the weights' values, yet identical decoder layers used to get different sources and one g++ build
+each (~5 s CPU per layer at Qwen2-0.5B width), for three reasons:
+
+* FX gave the nodes of each layer other names (``add_7`` / ``arg19_1``); they become argument and
+  variable names in the C++. :func:`canonical_graph` renames them by position.
+* ``from_node`` provenance (the Dynamo-level names, ``layer_norm_2``) is written into kernel comments;
+  it is dropped from the copy (it only feeds comments and provenance reports).
+* Inductor writes one comment per constant with the tensor's ``hash`` (its ``id``) into the C++
+  header, so that "different constants get different files". The constants are not in that file: they
+  are attached to a fresh Python module on every load (``PyCodeCache.load_by_key_path`` with
+  ``attrs`` never shares a module) and passed to the C++ entry point as inputs.
+  :func:`value_free_constant_comments` writes the comment without the ``id``.
+
+Each layer is still lowered by Inductor with its own constants (its own prepacked and blocked weights);
+what identical layers share is a byte-identical source, built once by Inductor's code cache.
+
+Why not Inductor's FX graph cache, which with freezing keys constants by metadata and binds the new
+graph's constants on a hit: a frozen graph whose weights were prepacked for oneDNN holds mkldnn
+tensors and is always bypassed ("mkldnn tensors unpickleable", measured in f32); where there are none
+(bf16 on a CPU without native bf16, or ``cpp.weight_prepack`` off), a hit binds only the constants
+still marked frozen and keeps the *previous* graph's values of the others, such as the weight a C++
+GEMM template blocked during lowering (``constant3``) — measured (bf16, 2 linears, the template chosen):
+a second layer with other weights gave outputs off by 77 where the first matched eager within 0.25.
+The FX graph
+cache is therefore off for frozen compiles (:data:`FROZEN_PATCHES`): it could serve another model's
+weights from disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import unittest.mock
+from typing import Any, Iterator
+
+import torch.fx as fx
+
+#: Inductor options for every frozen compile (see the module doc).
+FROZEN_PATCHES: dict[str, Any] = {"fx_graph_cache": False}
+
+
+def canonical_graph(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` whose node names (and placeholder targets) are ``n<position>`` and whose nodes
+    carry no ``from_node`` provenance; same operators, arguments and other meta. The original is not
+    changed (it stays the eager fallback)."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for i, node in enumerate(gm.graph.nodes):
+        name = f"n{i}"
+        target = name if node.op == "placeholder" else node.target
+        new = graph.create_node(node.op, target, fx.map_arg(node.args, env.__getitem__),
+                                fx.map_arg(node.kwargs, env.__getitem__), name=name, type_expr=node.type)
+        new.meta = {k: v for k, v in node.meta.items() if k != "from_node"}  # shallow, as Graph's deepcopy does
+        env[node] = new
+    return fx.GraphModule(gm, graph)
+
+
+@contextlib.contextmanager
+def parsed_templates_reused() -> Iterator[None]:
+    """Inside: Inductor's C++ GEMM template parses each jinja template source once, not once per render.
+
+    ``KernelTemplate._template_from_string`` builds a new jinja ``Template`` from the same source string
+    for every rendering (a dozen per frozen decoder layer at Qwen2-0.5B width, most of the Python time a
+    repeated layer costs); a parsed ``Template`` depends on the source alone and renders reentrantly,
+    so the first one is kept for the duration of the compile."""
+    try:
+        from torch._inductor.codegen.common import KernelTemplate
+    except ImportError:
+        yield
+        return
+    parse = getattr(KernelTemplate, "_template_from_string", None)
+    if parse is None:
+        yield
+        return
+    parsed: dict[str, Any] = {}
+
+    def reuse(source: str) -> Any:
+        if source not in parsed:
+            parsed[source] = parse(source)
+        return parsed[source]
+
+    with unittest.mock.patch.object(KernelTemplate, "_template_from_string", staticmethod(reuse)):
+        yield
+
+
+@contextlib.contextmanager
+def value_free_constant_comments() -> Iterator[None]:
+    """Inside: the C++ wrapper's per-constant header comment names the constant without its ``id``.
+    Where this torch's Inductor has no such hook, nothing changes (the layers are then built apart)."""
+    try:
+        from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+    except ImportError:
+        yield
+        return
+    if not hasattr(CppWrapperCpu, "write_constant"):
+        yield
+        return
+
+    def write_constant(self: Any, name: str, hashed: str) -> None:
+        self.header.writeline(f"// {name}")
+
+    with unittest.mock.patch.object(CppWrapperCpu, "write_constant", write_constant):
+        yield
