@@ -5,27 +5,65 @@ gain (:mod:`~superkernel.tools.advisor.predict`), plans that cover too little or
 trial capture failed are skipped, and the search stops when no remaining plan is predicted
 to beat the best measured one by more than the noise threshold. Each mode's first plan is
 always measured, since its efficiency is only known once a plan of it ran.
+
+One timed run of a plan decides nothing on a loaded machine (a decode step of ~1 ms read 18x
+off once). With a ``timer`` (:class:`~superkernel.tools.advisor.retime.Interleaved`), every
+measured plan stays compiled and is timed again in rounds interleaved with plain
+torch.compile (and the best plan so far): its step is the median over rounds of
+(plan / plain torch.compile) x plain torch.compile's step. A result implausible against its
+prediction, its own run, or whose rounds disagree, is timed again (more rounds) before it
+decides anything; the candidates within the showdown margin of the best are timed once more
+together at the end. Re-timing costs a few decode runs; a compile costs seconds to minutes.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import statistics
+from typing import Callable, Protocol
 
 import torch
 
-from superkernel.tools.advisor.predict import Forecast, next_decision, predict_ms
+from superkernel.tools.advisor.predict import CHEAP_COMPILE, Forecast, efficiency, next_decision, predict_ms
 from superkernel.tools.advisor.results import NOISE_FLOOR, RunResult, recommendable
 from superkernel.tools.advisor.strategies import ScopePlan
 
 RunPlan = Callable[[ScopePlan, tuple[str, ...]], list[RunResult]]
+#: The key of plain torch.compile's times in :meth:`Timer.retime`'s answer.
+BASELINE = "torch.compile"
+#: Interleaved rounds after each measured plan; a re-measurement takes twice as many.
+ROUNDS = 3
+#: Rounds of the final showdown among the candidates within :func:`showdown_margin` of the best.
+SHOWDOWN_ROUNDS = 5
+#: A re-timed step this many times off its prediction or its own run is timed again before it counts.
+IMPLAUSIBLE = 2.0
+#: Rounds whose slowest / fastest (plan / baseline) ratio exceeds this disagree: timed again.
+SPREAD = 1.25
+#: Candidates slower than the best by more than this are released (their compiled steps freed).
+RELEASE_MARGIN = 0.15
+
+
+class Timer(Protocol):
+    """Times kept candidates (by result name) interleaved with plain torch.compile."""
+
+    def retime(self, names: list[str], rounds: int) -> dict[str, list[float]]:
+        """Per name and for :data:`BASELINE`: one step time (ms) per round, the order rotating each round."""
+
+    def release(self, name: str) -> None:
+        """Forget a candidate (its compiled step and model copy)."""
+
+
+def showdown_margin(noise: float) -> float:
+    """Candidates within this (relative) of the best go to the showdown: twice the noise threshold."""
+    return 2 * noise
 
 
 def _record(forecasts: list[Forecast], results: list[RunResult]) -> None:
     for r in results:
-        f = next((f for f in forecasts if f.strategy == r.strategy and f.mode == r.mode), None)
+        f = _forecast(forecasts, r)
         if f is not None:
             f.status = "measured"
             f.measured_ms = r.median_ms if not r.error else None
+            f.compile_s = r.compile_s
             f.passed = recommendable(r)
             if r.error:
                 f.reason = f"error: {r.error[:200]}"
@@ -35,11 +73,30 @@ def _record(forecasts: list[Forecast], results: list[RunResult]) -> None:
                 f.reason = "recompiles in steady state"
 
 
+def _forecast(forecasts: list[Forecast], r: RunResult) -> Forecast | None:
+    return next((f for f in forecasts if f.strategy == r.strategy and f.mode == r.mode), None)
+
+
+def cheap_modes(forecasts: list[Forecast], base_compile_s: float | None) -> set[str]:
+    """Modes whose measured plans compiled (median) in at most :data:`CHEAP_COMPILE` x plain torch.compile's
+    compile time (none when that is unknown)."""
+    if not base_compile_s:
+        return set()
+    out = set()
+    for mode in {f.mode for f in forecasts}:
+        times = [f.compile_s for f in forecasts if f.mode == mode and f.status == "measured" and f.compile_s]
+        if times and statistics.median(times) <= CHEAP_COMPILE * base_compile_s:
+            out.add(mode)
+    return out
+
+
 def run_search(plans: list[ScopePlan], modes: tuple[str, ...], forecasts: list[Forecast], run_plan: RunPlan, *,
                base_ms: float, prior: float, exhaustive: bool, noise: float = NOISE_FLOOR,
-               note: Callable[[str], None] = lambda text: None) -> list[RunResult]:
+               note: Callable[[str], None] = lambda text: None, timer: Timer | None = None,
+               base_compile_s: float | None = None) -> list[RunResult]:
     """Measure plans through ``run_plan(plan, modes)``; fills each forecast's status, reason and numbers.
-    ``base_ms``: the whole step compiled without scopes (:func:`~superkernel.tools.advisor.predict.base_step_ms`)."""
+    ``base_ms``: the whole step compiled without scopes (:func:`~superkernel.tools.advisor.predict.base_step_ms`);
+    ``base_compile_s``: its compile time (what makes a mode's compile cheap, :func:`cheap_modes`)."""
     for f in forecasts:
         f.prior_ms = predict_ms(f, base_ms, prior)
     results: list[RunResult] = []
@@ -52,10 +109,11 @@ def run_search(plans: list[ScopePlan], modes: tuple[str, ...], forecasts: list[F
             results += out
         return results
     by_strategy = {p.strategy: p for p in plans}
+    timing = _Timing(timer, base_ms, noise, note)
     while True:
         best = min((r for r in results if recommendable(r)), key=lambda r: r.median_ms, default=None)
         decision = next_decision(forecasts, base_ms, prior, best.median_ms if best else None,
-                                 best.name if best else None, noise)
+                                 best.name if best else None, noise, cheap_modes(forecasts, base_compile_s))
         if decision is None:
             break
         f, run = decision
@@ -63,8 +121,108 @@ def run_search(plans: list[ScopePlan], modes: tuple[str, ...], forecasts: list[F
             f.status = "skipped"
             note(f"skipped {f.name}: {f.reason}")
             continue
+        calibrated = efficiency(forecasts, f.mode, base_ms) is not None
         out = run_plan(by_strategy[f.strategy], (f.mode,))
         _record(forecasts, out)
         results += out
+        for r in out:
+            if recommendable(r):
+                timing.settle(r, forecasts, calibrated, best)
+        timing.release_slow(results)
+    timing.showdown(results, forecasts)
+    timing.close(results)
     torch._dynamo.reset()
     return results
+
+
+class _Timing:
+    """The auto search's interleaved re-timing of its measured candidates (a no-op without a timer)."""
+
+    def __init__(self, timer: Timer | None, base_ms: float, noise: float, note: Callable[[str], None]):
+        self.timer, self.base_ms, self.noise, self.note = timer, base_ms, noise, note
+        self.samples: dict[str, list[float]] = {}   # per candidate: (plan / baseline) per round
+        self.alive: list[str] = []
+
+    def _rounds(self, names: list[str], rounds: int) -> dict[str, list[float]]:
+        raw = self.timer.retime(names, rounds)
+        base = raw[BASELINE]
+        got = {n: [c / b for c, b in zip(raw[n], base) if b > 0 and c > 0] for n in names}
+        for n, ratios in got.items():
+            self.samples.setdefault(n, []).extend(ratios)
+        return got
+
+    def score(self, name: str) -> float:
+        return statistics.median(self.samples[name]) * self.base_ms
+
+    def settle(self, r: RunResult, forecasts: list[Forecast], calibrated: bool, best: RunResult | None) -> None:
+        """Time ``r`` interleaved with the baseline and the best so far; again if implausible."""
+        if self.timer is None:
+            return
+        f = _forecast(forecasts, r)
+        self.alive.append(r.name)
+        r.own_median_ms = r.median_ms
+        others = [best.name] if best is not None and best.name in self.alive and best.name != r.name else []
+        got = self._rounds([r.name] + others, ROUNDS)
+        why = self._implausible(r, f, calibrated, got[r.name])
+        if why:
+            self.note(f"timing {r.name} again: {why}")
+            self._rounds([r.name] + others, 2 * ROUNDS)
+            if f is not None:
+                f.remeasured = why
+        self._apply(r, f)
+        if others:  # the best so far was timed again too, under the same load
+            self._apply(best, _forecast(forecasts, best))
+
+    def _implausible(self, r: RunResult, f: Forecast | None, calibrated: bool, ratios: list[float]) -> str:
+        if not ratios:
+            return "no round timed"
+        step = statistics.median(ratios) * self.base_ms
+        if max(ratios) / min(ratios) > SPREAD:
+            return f"its rounds disagree (plan / torch.compile from {min(ratios):.2f} to {max(ratios):.2f})"
+        if r.own_median_ms and not 1 / IMPLAUSIBLE <= step / r.own_median_ms <= IMPLAUSIBLE:
+            return f"its own run read {r.own_median_ms:.3f} ms, the interleaved rounds {step:.3f} ms"
+        if calibrated and f is not None and f.predicted_ms and not 1 / IMPLAUSIBLE <= step / f.predicted_ms <= IMPLAUSIBLE:
+            return f"predicted {f.predicted_ms:.3f} ms, the interleaved rounds read {step:.3f} ms"
+        return ""
+
+    def _apply(self, r: RunResult, f: Forecast | None) -> None:
+        r.median_ms = self.score(r.name)
+        r.timing = "interleaved"
+        if f is not None:
+            f.measured_ms = r.median_ms
+            f.rounds = len(self.samples[r.name])
+
+    def release_slow(self, results: list[RunResult]) -> None:
+        if self.timer is None or not self.alive:
+            return
+        best = min(self.score(n) for n in self.alive)
+        for name in list(self.alive):
+            if self.score(name) > best * (1 + RELEASE_MARGIN):
+                self.alive.remove(name)
+                self.timer.release(name)
+
+    def showdown(self, results: list[RunResult], forecasts: list[Forecast]) -> None:
+        """The candidates within the showdown margin of the best, timed together; the faster wins."""
+        if self.timer is None or len(self.alive) < 2:
+            return
+        best = min(self.score(n) for n in self.alive)
+        contenders = [n for n in self.alive if self.score(n) <= best * (1 + showdown_margin(self.noise))]
+        if len(contenders) < 2:
+            return
+        self.note(f"showdown: {', '.join(contenders)} timed interleaved over {SHOWDOWN_ROUNDS} rounds")
+        got = self._rounds(contenders, SHOWDOWN_ROUNDS)
+        for r in results:
+            if r.name in contenders and got[r.name]:
+                r.median_ms = statistics.median(got[r.name]) * self.base_ms  # the showdown's own rounds decide
+                f = _forecast(forecasts, r)
+                if f is not None:
+                    f.showdown_ms = r.median_ms
+                    f.measured_ms = r.median_ms
+                    f.rounds = len(self.samples[r.name])
+
+    def close(self, results: list[RunResult]) -> None:
+        if self.timer is not None:
+            for name in self.alive:
+                self.timer.release(name)
+        for r in results:
+            r.step = None

@@ -1,0 +1,144 @@
+"""The auto search's decisions under noisy timing: the real search code (search.run_search and
+predict.next_decision), with the compile-and-measure step and the interleaved timer replaced at
+their seams by functions that return given numbers (no compiler involved, no timing asserted)."""
+
+from __future__ import annotations
+
+from superkernel.tools.advisor.precision import Verdict
+from superkernel.tools.advisor.predict import PRIOR_EFFICIENCY, Forecast
+from superkernel.tools.advisor.results import RunResult, decide
+from superkernel.tools.advisor.search import BASELINE, run_search
+from superkernel.tools.advisor.strategies import ScopePlan
+
+RO, MA = "reduce-overhead", "max-autotune"
+
+
+def _runner(own_ms: dict[str, float], calls: list[str], compile_s: dict[str, float] | None = None):
+    """What run_plan returns for a plan: its own run's median (``own_ms``) and compile time."""
+    def run(plan: ScopePlan, modes: tuple[str, ...]) -> list[RunResult]:
+        out = []
+        for mode in modes:
+            name = f"{plan.strategy} / {mode}"
+            calls.append(name)
+            r = RunResult(name=name, kind="plan", strategy=plan.strategy, mode=mode, scopes=plan.scopes,
+                          median_ms=own_ms[name], p90_ms=own_ms[name], compile_s=(compile_s or {}).get(mode, 1.0))
+            r.verdict = Verdict(True, "test", "test")
+            out.append(r)
+        return out
+    return run
+
+
+class FakeTimer:
+    """Interleaved rounds from scripts: per name, a list of step times (ms) handed out one per round;
+    the baseline reads ``base`` every round. Records every retime call."""
+
+    def __init__(self, scripts: dict[str, list[float]], base: float = 1.0):
+        self.scripts = {k: list(v) for k, v in scripts.items()}
+        self.base = base
+        self.calls: list[tuple[list[str], int]] = []
+        self.released: list[str] = []
+
+    def retime(self, names: list[str], rounds: int) -> dict[str, list[float]]:
+        self.calls.append((list(names), rounds))
+        out = {BASELINE: [self.base] * rounds}
+        for n in names:
+            out[n] = [self.scripts[n].pop(0) if len(self.scripts[n]) > 1 else self.scripts[n][0]
+                      for _ in range(rounds)]
+        return out
+
+    def release(self, name: str) -> None:
+        self.released.append(name)
+
+    def rounds_of(self, name: str) -> int:
+        return sum(rounds for names, rounds in self.calls if name in names)
+
+
+def _search(forecasts, plans, own_ms, timer, *, base_ms=1.0, base_compile_s=1.0, compile_s=None, modes=(RO,)):
+    calls: list[str] = []
+    results = run_search(plans, modes, forecasts, _runner(own_ms, calls, compile_s), base_ms=base_ms,
+                         prior=PRIOR_EFFICIENCY, exhaustive=False, timer=timer, base_compile_s=base_compile_s)
+    return calls, results, {f.name: f for f in forecasts}
+
+
+def _twins(mode=RO):
+    """all_layers and decoder_layer cover the same share (gpt_neox: 59% both); attention less."""
+    forecasts = [Forecast("all_layers", mode, 0.6, 1.0, 10, 1, 0), Forecast("decoder_layer", mode, 0.6, 1.0, 10, 2, 0),
+                 Forecast("attention", mode, 0.2, 1.0, 5, 4, 0)]
+    plans = [ScopePlan("all_layers", {"a": ["x"]}), ScopePlan("decoder_layer", {"d": ["x"]}),
+             ScopePlan("attention", {"t": ["x"]})]
+    return forecasts, plans
+
+
+def test_an_outlier_own_run_is_timed_again_and_does_not_decide():
+    """llama-tiny under load: a plan's own run read 18x its real step; the interleaved rounds disagree with
+    it, so the plan is timed again (twice the rounds) and counts at the interleaved median."""
+    forecasts, plans = _twins()
+    timer = FakeTimer({"all_layers / reduce-overhead": [0.8], "decoder_layer / reduce-overhead": [0.8]})
+    own = {"all_layers / reduce-overhead": 14.4, "decoder_layer / reduce-overhead": 0.8,
+           "attention / reduce-overhead": 0.9}
+    calls, results, by = _search(forecasts, plans, own, timer)
+    first = by["all_layers / reduce-overhead"]
+    assert "its own run read 14.400 ms" in first.remeasured
+    assert timer.rounds_of("all_layers / reduce-overhead") >= 3 + 6
+    assert first.measured_ms == 0.8 and results[0].own_median_ms == 14.4 and results[0].timing == "interleaved"
+
+
+def test_rounds_that_disagree_are_timed_again_and_the_median_wins():
+    forecasts, plans = _twins()
+    # one round of three read 9x (a burst of load): the rounds disagree, three more... six more rounds
+    timer = FakeTimer({"all_layers / reduce-overhead": [0.7, 6.3, 0.7, 0.7], "decoder_layer / reduce-overhead": [0.9]})
+    own = {"all_layers / reduce-overhead": 0.7, "decoder_layer / reduce-overhead": 0.9,
+           "attention / reduce-overhead": 1.0}
+    calls, results, by = _search(forecasts, plans, own, timer)
+    assert "rounds disagree" in by["all_layers / reduce-overhead"].remeasured
+    assert by["all_layers / reduce-overhead"].measured_ms == 0.7
+    assert decide(results).plan.name == "all_layers / reduce-overhead"
+
+
+def test_a_prediction_that_ties_the_best_is_measured_when_its_mode_compiles_cheaply():
+    """gpt_neox: decoder_layer / reduce-overhead has all_layers' share (same prediction) and ran 1.17x faster."""
+    forecasts, plans = _twins()
+    timer = FakeTimer({"all_layers / reduce-overhead": [0.60], "decoder_layer / reduce-overhead": [0.51]})
+    own = {"all_layers / reduce-overhead": 0.60, "decoder_layer / reduce-overhead": 0.51,
+           "attention / reduce-overhead": 0.9}
+    calls, results, by = _search(forecasts, plans, own, timer, compile_s={RO: 1.5})
+    assert calls[:2] == ["all_layers / reduce-overhead", "decoder_layer / reduce-overhead"]
+    twin = by["decoder_layer / reduce-overhead"]
+    assert twin.status == "measured" and "ties the best measured plan" in twin.reason
+    assert decide(results).plan.name == "decoder_layer / reduce-overhead"
+
+
+def test_a_tie_is_skipped_when_its_mode_compiles_slowly():
+    forecasts, plans = _twins(MA)
+    timer = FakeTimer({"all_layers / max-autotune": [0.60], "decoder_layer / max-autotune": [0.51]})
+    own = {"all_layers / max-autotune": 0.60, "decoder_layer / max-autotune": 0.51, "attention / max-autotune": 0.9}
+    calls, results, by = _search(forecasts, plans, own, timer, compile_s={MA: 30.0}, base_compile_s=5.0, modes=(MA,))
+    assert calls == ["all_layers / max-autotune"]
+    twin = by["decoder_layer / max-autotune"]
+    assert twin.status == "skipped" and "not cheap" in twin.reason and "ties the best" in twin.reason
+
+
+def test_the_showdown_picks_the_faster_of_two_close_candidates():
+    """Two plans within the showdown margin after their own rounds; timed together, the second is faster."""
+    forecasts, plans = _twins()
+    timer = FakeTimer({"all_layers / reduce-overhead": [0.60, 0.60, 0.60, 0.60, 0.60, 0.60, 0.62],
+                       "decoder_layer / reduce-overhead": [0.61, 0.61, 0.61, 0.55]})
+    own = {"all_layers / reduce-overhead": 0.60, "decoder_layer / reduce-overhead": 0.61,
+           "attention / reduce-overhead": 0.9}
+    calls, results, by = _search(forecasts, plans, own, timer)
+    assert set(timer.calls[-1][0]) == {"all_layers / reduce-overhead", "decoder_layer / reduce-overhead"}
+    assert by["decoder_layer / reduce-overhead"].showdown_ms == 0.55
+    assert by["all_layers / reduce-overhead"].showdown_ms == 0.62
+    assert decide(results).plan.name == "decoder_layer / reduce-overhead"
+    assert sorted(timer.released) == sorted(["all_layers / reduce-overhead", "decoder_layer / reduce-overhead"])
+    assert all(r.step is None for r in results)
+
+
+def test_a_candidate_far_slower_than_the_best_is_released_early():
+    forecasts, plans = _twins()
+    timer = FakeTimer({"all_layers / reduce-overhead": [0.5], "decoder_layer / reduce-overhead": [0.9]})
+    own = {"all_layers / reduce-overhead": 0.5, "decoder_layer / reduce-overhead": 0.9,
+           "attention / reduce-overhead": 0.9}
+    calls, results, by = _search(forecasts, plans, own, timer)
+    assert timer.released[0] == "decoder_layer / reduce-overhead"  # released before the search ended
+    assert decide(results).plan.name == "all_layers / reduce-overhead"
