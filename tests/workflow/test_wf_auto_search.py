@@ -21,7 +21,7 @@ def _runner(own_ms: dict[str, float], calls: list[str], compile_s: dict[str, flo
             name = f"{plan.strategy} / {mode}"
             calls.append(name)
             r = RunResult(name=name, kind="plan", strategy=plan.strategy, mode=mode, scopes=plan.scopes,
-                          median_ms=own_ms[name], p90_ms=own_ms[name], compile_s=(compile_s or {}).get(mode, 1.0))
+                          median_ms=own_ms[name], p90_ms=own_ms[name], compile_s=(compile_s or {}).get(mode, 0.2))
             r.verdict = Verdict(True, "test", "test")
             out.append(r)
         return out
@@ -54,6 +54,7 @@ class FakeTimer:
 
 
 def _search(forecasts, plans, own_ms, timer, *, base_ms=1.0, base_compile_s=1.0, compile_s=None, modes=(RO,)):
+    """``compile_s``: per mode (default 0.2 s: cheap against the baseline's 1 s)."""
     calls: list[str] = []
     results = run_search(plans, modes, forecasts, _runner(own_ms, calls, compile_s), base_ms=base_ms,
                          prior=PRIOR_EFFICIENCY, exhaustive=False, timer=timer, base_compile_s=base_compile_s)
@@ -101,7 +102,7 @@ def test_a_prediction_that_ties_the_best_is_measured_when_its_mode_compiles_chea
     timer = FakeTimer({"all_layers / reduce-overhead": [0.60], "decoder_layer / reduce-overhead": [0.51]})
     own = {"all_layers / reduce-overhead": 0.60, "decoder_layer / reduce-overhead": 0.51,
            "attention / reduce-overhead": 0.9}
-    calls, results, by = _search(forecasts, plans, own, timer, compile_s={RO: 1.5})
+    calls, results, by = _search(forecasts, plans, own, timer, compile_s={RO: 0.4})
     assert calls[:2] == ["all_layers / reduce-overhead", "decoder_layer / reduce-overhead"]
     twin = by["decoder_layer / reduce-overhead"]
     assert twin.status == "measured" and "ties the best measured plan" in twin.reason
@@ -112,7 +113,7 @@ def test_a_tie_is_skipped_when_its_mode_compiles_slowly():
     forecasts, plans = _twins(MA)
     timer = FakeTimer({"all_layers / max-autotune": [0.60], "decoder_layer / max-autotune": [0.51]})
     own = {"all_layers / max-autotune": 0.60, "decoder_layer / max-autotune": 0.51, "attention / max-autotune": 0.9}
-    calls, results, by = _search(forecasts, plans, own, timer, compile_s={MA: 30.0}, base_compile_s=5.0, modes=(MA,))
+    calls, results, by = _search(forecasts, plans, own, timer, compile_s={MA: 4.0}, base_compile_s=5.0, modes=(MA,))
     assert calls == ["all_layers / max-autotune"]
     twin = by["decoder_layer / max-autotune"]
     assert twin.status == "skipped" and "not cheap" in twin.reason and "ties the best" in twin.reason
