@@ -143,3 +143,41 @@ def test_a_candidate_far_slower_than_the_best_is_released_early():
     calls, results, by = _search(forecasts, plans, own, timer)
     assert timer.released[0] == "decoder_layer / reduce-overhead"  # released before the search ended
     assert decide(results).plan.name == "all_layers / reduce-overhead"
+
+
+def test_kept_candidates_stay_compiled_while_the_next_plan_compiles(llama_session):
+    """The real timer: two plans, each on its own session copy, compiled from their own code objects with
+    no reset in between; running the first again after the second compiled neither compiles it again nor
+    changes its logits, and the baseline (here the eager step) is timed in every round."""
+    import torch
+
+    import superkernel
+    from superkernel.tools.advisor.compiling import compile_superkernel
+    from superkernel.tools.advisor.retime import Interleaved, session_copy
+    from superkernel.tools.decode import run_decode
+
+    timer = Interleaved(llama_session, llama_session.step_fn())
+    kept = {}
+    try:
+        for strategy, glob in (("attention", "model.layers.*.self_attn"), ("mlp", "model.layers.*.mlp")):
+            own = session_copy(llama_session)
+            superkernel.apply_scopes(own.model, {strategy: [glob]})
+            step, _ = compile_superkernel(own, RO, keep=True, precompiled=False)  # through Dynamo, as max-autotune
+            first = run_decode(own, step)
+            kept[strategy] = (own, step, first.logits)
+            timer.add(strategy, own, step)
+        own, step, logits = kept["attention"]
+        again = run_decode(own, step)
+        assert again.dynamo.graphs_first == 0 and again.dynamo.recompiles_first == 0  # not compiled again
+        assert again.dynamo.steady_state_recompiles == 0 and torch.equal(again.logits, logits)
+        got = timer.retime(["attention", "mlp"], 2)
+        assert set(got) == {BASELINE, "attention", "mlp"} and all(len(v) == 2 and min(v) > 0 for v in got.values())
+        timer.release("mlp")
+        assert set(timer.retime(["attention"], 1)) == {BASELINE, "attention"}
+        # the original session's model has no scopes: each plan's scopes live on its copy
+        from superkernel.scope_apply import scoped_modules
+
+        assert scoped_modules(llama_session.model) == {} and scoped_modules(kept["mlp"][0].model)
+    finally:
+        timer.close()
+        torch._dynamo.reset()
