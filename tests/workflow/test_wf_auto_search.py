@@ -181,3 +181,17 @@ def test_kept_candidates_stay_compiled_while_the_next_plan_compiles(llama_sessio
     finally:
         timer.close()
         torch._dynamo.reset()
+
+
+def test_the_report_shows_own_run_rounds_and_why_a_plan_was_timed_again():
+    from superkernel.tools.advisor.profile_report import search_lines
+
+    forecasts, plans = _twins()
+    timer = FakeTimer({"all_layers / reduce-overhead": [0.8], "decoder_layer / reduce-overhead": [0.8]})
+    own = {"all_layers / reduce-overhead": 14.4, "decoder_layer / reduce-overhead": 0.8,
+           "attention / reduce-overhead": 0.9}
+    calls, results, by = _search(forecasts, plans, own, timer)
+    text = "\n".join(search_lines(forecasts, 2.0, PRIOR_EFFICIENCY, False, 1.0, results))
+    row = next(line for line in text.splitlines() if line.startswith("| `all_layers / reduce-overhead`"))
+    assert "14.400 ms / 17 / 0.2" in row  # 3 + 6 again + 3 beside decoder_layer + 5 showdown and "timed again: its own run read 14.400 ms" in row
+    assert "interleaved with plain torch.compile" in text
