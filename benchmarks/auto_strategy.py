@@ -19,6 +19,7 @@ import copy
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,7 +42,8 @@ def model_arg(name: str, scratch: Path) -> str:
 
 
 def run_optimize(model: str, out: Path, steps: int, warmup: int, exhaustive: bool) -> dict:
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix="sk_auto_inductor_"),
+    cache_dir = tempfile.mkdtemp(prefix="sk_auto_inductor_")
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir,
                PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     argv = [sys.executable, "-m", "superkernel.tools.cli", "optimize", "--model", model, "--steps", str(steps),
             "--warmup", str(warmup), "--output", str(out), "--quiet"] + (["--exhaustive"] if exhaustive else [])
@@ -49,8 +51,11 @@ def run_optimize(model: str, out: Path, steps: int, warmup: int, exhaustive: boo
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - start
+    try:
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - start
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)  # its own empty cache each run: never reused
     after = resource.getrusage(resource.RUSAGE_CHILDREN)  # CPU time: what the run costs, whatever the load
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     data = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else {}
