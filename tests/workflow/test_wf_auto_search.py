@@ -42,8 +42,8 @@ class FakeTimer:
         self.calls.append((list(names), rounds))
         out = {BASELINE: [self.base] * rounds}
         for n in names:
-            out[n] = [self.scripts[n].pop(0) if len(self.scripts[n]) > 1 else self.scripts[n][0]
-                      for _ in range(rounds)]
+            script = self.scripts.setdefault(n, [2.0])  # eager: 2 ms
+            out[n] = [script.pop(0) if len(script) > 1 else script[0] for _ in range(rounds)]
         return out
 
     def release(self, name: str) -> None:
@@ -195,3 +195,25 @@ def test_the_report_shows_own_run_rounds_and_why_a_plan_was_timed_again():
     row = next(line for line in text.splitlines() if line.startswith("| `all_layers / reduce-overhead`"))
     assert "14.400 ms / 17 / 0.2" in row  # 3 + 6 again + 3 beside decoder_layer + 5 showdown and "timed again: its own run read 14.400 ms" in row
     assert "interleaved with plain torch.compile" in text
+
+
+def test_a_noisy_baseline_run_does_not_make_eager_win():
+    """llama-tiny under load: plain torch.compile's own run read 11 ms (eager: 4.3 ms); in the interleaved
+    rounds it runs 1.5 ms and the plan 1.1 ms. Every step the recommendation compares comes from the
+    showdown's rounds (eager and plain torch.compile included), so the plan is recommended."""
+    forecasts, plans = _twins()
+    eager = RunResult(name="eager", kind="baseline", median_ms=4.3)
+    inductor = RunResult(name=BASELINE, kind="baseline", median_ms=11.0)
+    timer = FakeTimer({"all_layers / reduce-overhead": [1.1], "decoder_layer / reduce-overhead": [1.3],
+                       "eager": [4.3]}, base=1.5)
+    own = {"all_layers / reduce-overhead": 1.1, "decoder_layer / reduce-overhead": 1.3,
+           "attention / reduce-overhead": 1.4}
+    calls: list[str] = []
+    results = run_search(plans, (RO,), forecasts, _runner(own, calls), base_ms=11.0, prior=PRIOR_EFFICIENCY,
+                         exhaustive=False, timer=timer, base_compile_s=1.0,
+                         baselines={"eager": eager, BASELINE: inductor})
+    assert inductor.median_ms == 1.5 and inductor.own_median_ms == 11.0 and eager.median_ms == 4.3
+    assert "eager" in timer.calls[-1][0]
+    decision = decide([eager, inductor] + results)
+    assert decision.kind == "plan" and decision.plan.name == "all_layers / reduce-overhead"
+    assert decision.plan.median_ms == 1.1

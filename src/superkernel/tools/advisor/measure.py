@@ -53,7 +53,7 @@ def run_baselines(session: DecodeSession, reporter: Reporter, *, keep: bool = Fa
     for name, mode in variants:
         res = RunResult(name=name, kind="baseline")
         try:
-            step = compile_inductor(session, mode, keep=keep)
+            step = compile_inductor(session, mode, **({"keep": True} if keep else {}))
             _fill_timing(res, _run(session, step, name, reporter))
             res.step = step if keep else None
         except Exception as exc:  # reported in the table; plans still run
@@ -109,6 +109,7 @@ def run_plan(session: DecodeSession, plan: ScopePlan, modes: tuple[str, ...], ea
     import superkernel
 
     model = session.model
+    kept = {"keep": True} if keep else {}
     results = [RunResult(name=f"{plan.strategy} / {mode}", kind="plan", strategy=plan.strategy, mode=mode,
                          scopes=plan.scopes) for mode in modes]
     try:
@@ -118,7 +119,7 @@ def run_plan(session: DecodeSession, plan: ScopePlan, modes: tuple[str, ...], ea
         try:
             reference = references.get(plan.strategy) if references is not None else None
             if reference is None:
-                ref_step, _ = compile_superkernel(session, "reduce-overhead", run_eagerly=True, keep=keep)
+                ref_step, _ = compile_superkernel(session, "reduce-overhead", run_eagerly=True, **kept)
                 reference = _run(session, ref_step, f"{plan.strategy} / exactness reference", reporter).logits
             if references is not None:
                 references[plan.strategy] = reference
@@ -128,7 +129,7 @@ def run_plan(session: DecodeSession, plan: ScopePlan, modes: tuple[str, ...], ea
             return results
         for r in results:
             try:
-                step, backend = compile_superkernel(session, r.mode, keep=keep)
+                step, backend = compile_superkernel(session, r.mode, **kept)
                 _fill_timing(r, _run(session, step, r.name, reporter))
                 r.compile_s += getattr(step, "build_seconds", 0.0)  # a precompiled step compiles before its 1st call
                 _explain_into(r, backend)

@@ -189,6 +189,10 @@ def render(*, analysis: Analysis, model_name: str, model_source: str, notes: lis
                    if size <= UNSTEADY_DRIFT else
                    "**the machine was too busy to compare plans measured at different times: re-run on an idle "
                    "machine before acting on this report**")
+        if any(r.timing == "interleaved" for r in results if r.kind == "baseline"):
+            verdict = (f"{'under 5%' if size < 0.05 else 'the machine was busy'}; the steps the recommendation "
+                       "compares were timed interleaved in the same rounds (auto search), so the drift does not "
+                       "enter the comparison")
         lines.append(f"- Machine drift: eager was timed again after all plans, {eager_drift:+.1%} against its first "
                      f"median ({verdict}).")
     lines.append("- Decode steps use a preallocated StaticCache; prefill is never scoped or compiled.")

@@ -13,7 +13,7 @@ import copy
 from typing import Any
 
 from superkernel.tools.decode import DecodeSession, run_decode
-from superkernel.tools.advisor.search import BASELINE
+from superkernel.tools.advisor.search import BASELINE, EAGER
 
 
 def session_copy(session: DecodeSession) -> DecodeSession:
@@ -24,8 +24,10 @@ def session_copy(session: DecodeSession) -> DecodeSession:
 class Interleaved:
     """:class:`~superkernel.tools.advisor.search.Timer` over real compiled steps."""
 
-    def __init__(self, session: DecodeSession, baseline_step: Any):
+    def __init__(self, session: DecodeSession, baseline_step: Any, eager_step: Any = None):
         self.steps: dict[str, tuple[DecodeSession, Any]] = {BASELINE: (session, baseline_step)}
+        if eager_step is not None:
+            self.steps[EAGER] = (session, eager_step)
 
     def add(self, name: str, session: DecodeSession, step: Any) -> None:
         self.steps[name] = (session, step)
@@ -41,7 +43,7 @@ class Interleaved:
         return out
 
     def release(self, name: str) -> None:
-        if name != BASELINE:
+        if name not in (BASELINE, EAGER):
             self.steps.pop(name, None)
 
     def close(self) -> None:

@@ -10,10 +10,11 @@ One timed run of a plan decides nothing on a loaded machine (a decode step of ~1
 off once). With a ``timer`` (:class:`~superkernel.tools.advisor.retime.Interleaved`), every
 measured plan stays compiled and is timed again in rounds interleaved with plain
 torch.compile (and the best plan so far): its step is the median over rounds of
-(plan / plain torch.compile) x plain torch.compile's step. A result implausible against its
+(plan / plain torch.compile) x plain torch.compile's median step over all rounds. A result implausible against its
 prediction, its own run, or whose rounds disagree, is timed again (more rounds) before it
 decides anything; the candidates within the showdown margin of the best are timed once more
-together at the end. Re-timing costs a few decode runs; a compile costs seconds to minutes.
+together with eager and plain torch.compile at the end, and those rounds give the steps the
+recommendation compares. Re-timing costs a few decode runs; a compile costs seconds to minutes.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from superkernel.tools.advisor.strategies import ScopePlan
 RunPlan = Callable[[ScopePlan, tuple[str, ...]], list[RunResult]]
 #: The key of plain torch.compile's times in :meth:`Timer.retime`'s answer.
 BASELINE = "torch.compile"
+#: The name of the eager (uncompiled) step, timed in the final showdown.
+EAGER = "eager"
 #: Interleaved rounds after each measured plan; a re-measurement takes twice as many.
 ROUNDS = 3
 #: Rounds of the final showdown among the candidates within :func:`showdown_margin` of the best.
@@ -93,10 +96,13 @@ def cheap_modes(forecasts: list[Forecast], base_compile_s: float | None) -> set[
 def run_search(plans: list[ScopePlan], modes: tuple[str, ...], forecasts: list[Forecast], run_plan: RunPlan, *,
                base_ms: float, prior: float, exhaustive: bool, noise: float = NOISE_FLOOR,
                note: Callable[[str], None] = lambda text: None, timer: Timer | None = None,
-               base_compile_s: float | None = None) -> list[RunResult]:
+               base_compile_s: float | None = None,
+               baselines: dict[str, RunResult] | None = None) -> list[RunResult]:
     """Measure plans through ``run_plan(plan, modes)``; fills each forecast's status, reason and numbers.
     ``base_ms``: the whole step compiled without scopes (:func:`~superkernel.tools.advisor.predict.base_step_ms`);
-    ``base_compile_s``: its compile time (what makes a mode's compile cheap, :func:`cheap_modes`)."""
+    ``base_compile_s``: its compile time (what makes a mode's compile cheap, :func:`cheap_modes`);
+    ``baselines``: the eager and plain torch.compile results (:data:`EAGER`, :data:`BASELINE`): with a timer,
+    their steps become those of the final showdown, so the recommendation compares numbers of the same rounds."""
     for f in forecasts:
         f.prior_ms = predict_ms(f, base_ms, prior)
     results: list[RunResult] = []
@@ -112,7 +118,7 @@ def run_search(plans: list[ScopePlan], modes: tuple[str, ...], forecasts: list[F
     timing = _Timing(timer, base_ms, noise, note)
     while True:
         best = min((r for r in results if recommendable(r)), key=lambda r: r.median_ms, default=None)
-        decision = next_decision(forecasts, base_ms, prior, best.median_ms if best else None,
+        decision = next_decision(forecasts, timing.base(), prior, best.median_ms if best else None,
                                  best.name if best else None, noise, cheap_modes(forecasts, base_compile_s))
         if decision is None:
             break
@@ -121,62 +127,75 @@ def run_search(plans: list[ScopePlan], modes: tuple[str, ...], forecasts: list[F
             f.status = "skipped"
             note(f"skipped {f.name}: {f.reason}")
             continue
-        calibrated = efficiency(forecasts, f.mode, base_ms) is not None
+        calibrated = efficiency(forecasts, f.mode, timing.base()) is not None
         out = run_plan(by_strategy[f.strategy], (f.mode,))
         _record(forecasts, out)
         results += out
         for r in out:
             if recommendable(r):
                 timing.settle(r, forecasts, calibrated, best)
-        timing.release_slow(results)
-    timing.showdown(results, forecasts)
+        timing.refresh(results, forecasts)
+        timing.release_slow()
+    timing.final(results, forecasts, baselines or {})
     timing.close(results)
     torch._dynamo.reset()
     return results
 
 
 class _Timing:
-    """The auto search's interleaved re-timing of its measured candidates (a no-op without a timer)."""
+    """The auto search's interleaved re-timing of its measured candidates (a no-op without a timer).
+
+    A candidate's step = median over its rounds of (candidate / plain torch.compile, same round)
+    x :meth:`base`: the median of plain torch.compile's step over every round so far (its own
+    run alone can read several times off on a loaded machine)."""
 
     def __init__(self, timer: Timer | None, base_ms: float, noise: float, note: Callable[[str], None]):
         self.timer, self.base_ms, self.noise, self.note = timer, base_ms, noise, note
         self.samples: dict[str, list[float]] = {}   # per candidate: (plan / baseline) per round
+        self.base_rounds: list[float] = []          # plain torch.compile's step, every round
+        self.timed: dict[str, int] = {}             # per candidate: rounds timed in all (showdown included)
         self.alive: list[str] = []
 
-    def _rounds(self, names: list[str], rounds: int) -> dict[str, list[float]]:
+    def base(self) -> float:
+        return statistics.median(self.base_rounds) if self.base_rounds else self.base_ms
+
+    def _rounds(self, names: list[str], rounds: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+        """(ratios to the baseline per name, raw ms per name and baseline) of ``rounds`` new rounds."""
         raw = self.timer.retime(names, rounds)
         base = raw[BASELINE]
-        got = {n: [c / b for c, b in zip(raw[n], base) if b > 0 and c > 0] for n in names}
+        self.base_rounds += [b for b in base if b > 0]
+        got = {n: [c / b for c, b in zip(raw.get(n, []), base) if b > 0 and c > 0] for n in names}
         for n, ratios in got.items():
             self.samples.setdefault(n, []).extend(ratios)
-        return got
+            self.timed[n] = self.timed.get(n, 0) + len(ratios)
+        return got, raw
 
     def score(self, name: str) -> float:
-        return statistics.median(self.samples[name]) * self.base_ms
+        return statistics.median(self.samples[name]) * self.base()
 
     def settle(self, r: RunResult, forecasts: list[Forecast], calibrated: bool, best: RunResult | None) -> None:
         """Time ``r`` interleaved with the baseline and the best so far; again if implausible."""
         if self.timer is None:
             return
         f = _forecast(forecasts, r)
-        self.alive.append(r.name)
         r.own_median_ms = r.median_ms
         others = [best.name] if best is not None and best.name in self.alive and best.name != r.name else []
-        got = self._rounds([r.name] + others, ROUNDS)
+        got, _ = self._rounds([r.name] + others, ROUNDS)
         why = self._implausible(r, f, calibrated, got[r.name])
         if why:
             self.note(f"timing {r.name} again: {why}")
-            self._rounds([r.name] + others, 2 * ROUNDS)
+            got, _ = self._rounds([r.name] + others, 2 * ROUNDS)
             if f is not None:
                 f.remeasured = why
-        self._apply(r, f)
-        if others:  # the best so far was timed again too, under the same load
-            self._apply(best, _forecast(forecasts, best))
+        if self.samples.get(r.name):
+            self.alive.append(r.name)
+        else:  # never timed (cannot happen with a kept step): it keeps its own run's median
+            r.own_median_ms = None
 
     def _implausible(self, r: RunResult, f: Forecast | None, calibrated: bool, ratios: list[float]) -> str:
         if not ratios:
             return "no round timed"
-        step = statistics.median(ratios) * self.base_ms
+        step = statistics.median(ratios) * self.base()
         if max(ratios) / min(ratios) > SPREAD:
             return f"its rounds disagree (plan / torch.compile from {min(ratios):.2f} to {max(ratios):.2f})"
         if r.own_median_ms and not 1 / IMPLAUSIBLE <= step / r.own_median_ms <= IMPLAUSIBLE:
@@ -185,14 +204,19 @@ class _Timing:
             return f"predicted {f.predicted_ms:.3f} ms, the interleaved rounds read {step:.3f} ms"
         return ""
 
-    def _apply(self, r: RunResult, f: Forecast | None) -> None:
-        r.median_ms = self.score(r.name)
-        r.timing = "interleaved"
-        if f is not None:
-            f.measured_ms = r.median_ms
-            f.rounds = len(self.samples[r.name])
+    def refresh(self, results: list[RunResult], forecasts: list[Forecast], base: float | None = None) -> None:
+        """Every timed candidate's step from its rounds and the baseline's median (or ``base``)."""
+        base = base or self.base()
+        for r in results:
+            if self.samples.get(r.name) and r.kind == "plan":
+                r.median_ms = statistics.median(self.samples[r.name]) * base
+                r.timing = "interleaved"
+                f = _forecast(forecasts, r)
+                if f is not None:
+                    f.measured_ms = r.median_ms
+                    f.rounds = self.timed[r.name]
 
-    def release_slow(self, results: list[RunResult]) -> None:
+    def release_slow(self) -> None:
         if self.timer is None or not self.alive:
             return
         best = min(self.score(n) for n in self.alive)
@@ -201,24 +225,28 @@ class _Timing:
                 self.alive.remove(name)
                 self.timer.release(name)
 
-    def showdown(self, results: list[RunResult], forecasts: list[Forecast]) -> None:
-        """The candidates within the showdown margin of the best, timed together; the faster wins."""
-        if self.timer is None or len(self.alive) < 2:
+    def final(self, results: list[RunResult], forecasts: list[Forecast], baselines: dict[str, RunResult]) -> None:
+        """The showdown: the candidates within the showdown margin of the best, eager and plain torch.compile
+        timed together; the medians of these rounds are the steps every decision after the search compares."""
+        if self.timer is None or not self.alive:
             return
         best = min(self.score(n) for n in self.alive)
         contenders = [n for n in self.alive if self.score(n) <= best * (1 + showdown_margin(self.noise))]
-        if len(contenders) < 2:
-            return
-        self.note(f"showdown: {', '.join(contenders)} timed interleaved over {SHOWDOWN_ROUNDS} rounds")
-        got = self._rounds(contenders, SHOWDOWN_ROUNDS)
+        names = contenders + ([EAGER] if EAGER in baselines else [])
+        self.note(f"showdown: {', '.join(names)} and torch.compile timed interleaved over {SHOWDOWN_ROUNDS} rounds")
+        for n in contenders:  # the showdown's own rounds decide between them
+            self.samples[n] = []
+        got, raw = self._rounds(names, SHOWDOWN_ROUNDS)
+        base = statistics.median(raw[BASELINE])
+        self.refresh(results, forecasts, base)
         for r in results:
-            if r.name in contenders and got[r.name]:
-                r.median_ms = statistics.median(got[r.name]) * self.base_ms  # the showdown's own rounds decide
-                f = _forecast(forecasts, r)
-                if f is not None:
-                    f.showdown_ms = r.median_ms
-                    f.measured_ms = r.median_ms
-                    f.rounds = len(self.samples[r.name])
+            f = _forecast(forecasts, r)
+            if r.name in contenders and f is not None:
+                f.showdown_ms = r.median_ms
+        for name, r in baselines.items():
+            ms = base if name == BASELINE else statistics.median(raw[name]) if raw.get(name) else None
+            if r is not None and ms:
+                r.own_median_ms, r.median_ms, r.timing = r.median_ms, ms, "interleaved"
 
     def close(self, results: list[RunResult]) -> None:
         if self.timer is not None:

@@ -236,7 +236,8 @@ def _optimize(opts: OptimizeOptions, reporter: Reporter, log: RunLog) -> Outcome
     results = run_baselines(session, reporter, keep=not exhaustive)
     eager = results[0]
     inductor = next((r for r in results if r.name == "torch.compile" and not r.error), None)
-    timer = Interleaved(session, inductor.step) if inductor is not None and inductor.step is not None else None
+    timer = (Interleaved(session, inductor.step, session.step_fn()) if inductor is not None and inductor.step is not None
+             else None)
     with reporter.task("profiling the eager decode step"):
         profile = profile_step(session, session.step_fn(), structure=structure, steps=PROFILE_STEPS, log=log.stream)
     forecasts = forecasts_for(plans, tuple(opts.modes), profile, loaded.model, analysis.trials)
@@ -262,7 +263,8 @@ def _optimize(opts: OptimizeOptions, reporter: Reporter, log: RunLog) -> Outcome
     try:
         results += run_search(plans, tuple(opts.modes), forecasts, measure, base_ms=base_ms, prior=prior,
                               exhaustive=exhaustive, note=reporter.note, timer=timer,
-                              base_compile_s=inductor.compile_s if inductor is not None else None)
+                              base_compile_s=inductor.compile_s if inductor is not None else None,
+                              baselines={"eager": eager, "torch.compile": inductor})
     finally:
         if timer is not None:
             timer.close()
@@ -270,7 +272,8 @@ def _optimize(opts: OptimizeOptions, reporter: Reporter, log: RunLog) -> Outcome
             r.step = None
     fill_speedups(results, eager, inductor)
     drift = eager_drift(session, eager, reporter)
-    decision = decide(results, drift)
+    # auto: the steps compared were timed interleaved in the same rounds; the drift over the run does not enter
+    decision = decide(results, None if inductor is not None and inductor.timing == "interleaved" else drift)
     best = decision.plan if decision.kind == "plan" else None
 
     search = {"exhaustive": exhaustive, "prior_efficiency": prior, "base_ms": base_ms, "forecasts": forecasts}
@@ -331,11 +334,12 @@ def eager_drift(session: DecodeSession, eager: RunResult, reporter: Reporter) ->
     Plans are measured one after another (each needs a fresh Dynamo state), so a change in
     background load shows up as a shift between them; this number says how large it was.
     """
-    if not eager.median_ms:
+    first = eager.own_median_ms or eager.median_ms  # its first run (auto re-times it in the showdown)
+    if not first:
         return None
     with reporter.task("eager again (drift check)", total=session.total_steps) as update:
         again = run_decode(session, session.step_fn(), on_step=lambda done, total: update(done=done))
-    return again.median_ms / eager.median_ms - 1
+    return again.median_ms / first - 1
 
 
 def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSession, analysis: Analysis,
