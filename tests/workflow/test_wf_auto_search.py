@@ -231,3 +231,16 @@ def test_every_kept_candidate_meets_in_the_showdown():
     assert {"all_layers / reduce-overhead", "decoder_layer / reduce-overhead"} <= set(timer.calls[-1][0])
     assert by["all_layers / reduce-overhead"].showdown_ms == 0.80
     assert decide(results).plan.name == "decoder_layer / reduce-overhead"
+
+
+def test_a_near_prediction_with_another_share_is_skipped_not_measured_as_a_tie():
+    """llama-tiny: reduce-overhead removed ~nothing over plain torch.compile, so every plan is predicted near
+    the base; only the plan with the measured plan's share is a tie (measured), a narrower one is skipped."""
+    forecasts, plans = _twins()
+    timer = FakeTimer({"all_layers / reduce-overhead": [0.99], "decoder_layer / reduce-overhead": [0.99]})
+    own = {"all_layers / reduce-overhead": 0.99, "decoder_layer / reduce-overhead": 0.99,
+           "attention / reduce-overhead": 0.99}
+    calls, results, by = _search(forecasts, plans, own, timer)
+    assert calls == ["all_layers / reduce-overhead", "decoder_layer / reduce-overhead"]
+    att = by["attention / reduce-overhead"]
+    assert att.predicted_ms < 0.99 * 1.03 and att.status == "skipped" and "cannot beat" in att.reason
