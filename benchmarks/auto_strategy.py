@@ -1,6 +1,6 @@
 """Does ``optimize --strategy auto`` (profile-driven search) pick as well as ``--exhaustive``, in less time?
 
-    .venv/bin/python benchmarks/auto_strategy.py [--models llama-tiny,qwen2_moe,gemma2,gpt_neox] [--steps N]
+    .venv/bin/python benchmarks/auto_strategy.py [--models llama-tiny,gpt_neox,qwen2_moe,gemma2] [--steps N]
 
 Per model: ``superkernel optimize`` runs twice in fresh processes, each with its own empty
 TorchInductor cache (no run profits from the other's compiles): once auto, once
@@ -19,6 +19,7 @@ import copy
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,7 +29,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
 SRC = HERE.parent / "src"
-DEFAULT_MODELS = "llama-tiny,qwen2_moe,gemma2,gpt_neox"   # dense, MoE, hybrid sliding-window, parallel residual
+DEFAULT_MODELS = "llama-tiny,gpt_neox,qwen2_moe,gemma2"   # dense, MoE, hybrid sliding-window, parallel residual
 
 
 def model_arg(name: str, scratch: Path) -> str:
@@ -41,7 +42,8 @@ def model_arg(name: str, scratch: Path) -> str:
 
 
 def run_optimize(model: str, out: Path, steps: int, warmup: int, exhaustive: bool) -> dict:
-    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=tempfile.mkdtemp(prefix="sk_auto_inductor_"),
+    cache_dir = tempfile.mkdtemp(prefix="sk_auto_inductor_")
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache_dir,
                PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     argv = [sys.executable, "-m", "superkernel.tools.cli", "optimize", "--model", model, "--steps", str(steps),
             "--warmup", str(warmup), "--output", str(out), "--quiet"] + (["--exhaustive"] if exhaustive else [])
@@ -49,8 +51,11 @@ def run_optimize(model: str, out: Path, steps: int, warmup: int, exhaustive: boo
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - start
+    try:
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+        wall = time.perf_counter() - start
+    finally:
+        shutil.rmtree(cache_dir, ignore_errors=True)  # its own empty cache each run: never reused
     after = resource.getrusage(resource.RUSAGE_CHILDREN)  # CPU time: what the run costs, whatever the load
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     data = json.loads((out / "results.json").read_text()) if (out / "results.json").is_file() else {}
@@ -64,6 +69,8 @@ def run_optimize(model: str, out: Path, steps: int, warmup: int, exhaustive: boo
             "compile_s_total": sum(r.get("compile_s") or 0 for r in data.get("results", [])),
             "recommended": data.get("recommended"), "stderr_tail": proc.stderr[-400:] if proc.returncode else "",
             "search": search, "base_ms": (data.get("search") or {}).get("base_ms"),
+            "own_ms": {r["name"]: r.get("decode_ms_median_own_run") for r in data.get("results", [])
+                       if r["kind"] == "plan"},
             "baselines_ms": {r["name"]: r["decode_ms_median"] for r in data.get("results", []) if r["kind"] == "baseline"}}
 
 
@@ -134,13 +141,22 @@ def write_results(args, rows: list[dict], load_start: tuple, load_end: tuple | N
                   f"Plain torch.compile (the prediction's base) measured {base['auto']} ms in the auto run, "
                   f"{base['exhaustive']} ms in the exhaustive run.", "",
                   "| plan | auto status | covered share | predicted first ms | predicted when decided ms | "
-                  "auto measured ms | exhaustive measured ms | reason |", "|---|---|---|---|---|---|---|---|"]
+                  "auto measured ms (interleaved) | auto own run ms / rounds / compile s | exhaustive measured ms | "
+                  "reason |", "|---|---|---|---|---|---|---|---|---|"]
+        own = r["auto"].get("own_ms", {})
         for p in r["auto"]["search"]:
             e = full.get(p["plan"], {})
+            timing = "-"
+            if p["status"] == "measured":
+                timing = (f"{_ms(own.get(p['plan']))} / {p.get('interleaved_rounds', 0)} / "
+                          + (f"{p['compile_s']:.1f}" if p.get("compile_s") else "-"))
+            reason = (p.get("reason") or "") + (f"; timed again: {p['remeasured']}" if p.get("remeasured") else "") \
+                + (f"; showdown {p['showdown_ms']:.3f} ms" if p.get("showdown_ms") else "")
             lines.append(f"| {p['plan']} | {p['status']} | {p['covered_share']:.0%} | {_ms(p.get('predicted_ms_prior'))} | "
-                         f"{_ms(p.get('predicted_ms'))} | {_ms(p.get('measured_ms'))} | {_ms(e.get('measured_ms'))}"
+                         f"{_ms(p.get('predicted_ms'))} | {_ms(p.get('measured_ms'))} | {timing} | "
+                         f"{_ms(e.get('measured_ms'))}"
                          + (" (recompiles)" if e.get("reason") == "recompiles in steady state" else "")
-                         + f" | {p.get('reason') or ''} |")
+                         + f" | {reason} |")
     lines += [f"", *[f"- {n}" for n in getattr(args, "notes", None) or []]]
     atomic_write(args.output / "auto_strategy.md", "\n".join(lines) + "\n")
     print("\n".join(lines), flush=True)

@@ -14,8 +14,17 @@ import torch
 from superkernel.config import MODES, REDUCE_OVERHEAD
 from superkernel.tools.decode import DecodeSession, StepFn
 
-__all__ = ["MODES", "REDUCE_OVERHEAD", "compile_inductor", "compile_superkernel", "guard_path_of",
+__all__ = ["MODES", "REDUCE_OVERHEAD", "compile_inductor", "compile_superkernel", "guard_path_of", "own_code",
            "superkernel_backend"]
+
+
+def own_code(fn: StepFn) -> StepFn:
+    """``fn`` with a code object of its own: Dynamo caches (and counts recompiles) per code object, so a
+    step compiled from it keeps its graph while other plans compile, without ``torch._dynamo.reset()``
+    (the auto search keeps its measured candidates alive to time them again, interleaved)."""
+    import types
+
+    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
 
 
 def superkernel_backend(mode: str, *, run_eagerly: bool = False) -> Any:
@@ -28,17 +37,20 @@ def superkernel_backend(mode: str, *, run_eagerly: bool = False) -> Any:
 
 
 def compile_superkernel(session: DecodeSession, mode: str, *, run_eagerly: bool = False,
-                        precompiled: bool | None = None) -> tuple[StepFn, Any]:
+                        precompiled: bool | None = None, keep: bool = False) -> tuple[StepFn, Any]:
     """The session's decode step under a new superkernel backend; returns (step, backend).
 
     ``precompiled`` (default: reduce-overhead, not the exactness reference, and a cache without Python ints
     that grow every step — those are dynamic sources a precompiled frame would specialize): the step is a
     ``superkernel.precompile_step``, built now (its seconds in ``step.build_seconds``) and called without
     Dynamo's guard tree; a step that cannot be one precompiled frame is compiled the usual way.
+    ``keep``: no reset, the step compiled from :func:`own_code` (other compiled steps stay valid).
     """
     import time
 
-    torch._dynamo.reset()
+    if not keep:
+        torch._dynamo.reset()
+    fn = own_code(session.step_fn()) if keep else session.step_fn()
     if precompiled is None:
         precompiled = (mode == REDUCE_OVERHEAD and not run_eagerly and not session.growing_ints
                        and not session.compile_dynamic)
@@ -50,14 +62,16 @@ def compile_superkernel(session: DecodeSession, mode: str, *, run_eagerly: bool 
         start = time.perf_counter()
         try:
             with torch.no_grad(), session.dynamo_config():
-                step = superkernel.precompile_step(session.step_fn(), session.inputs(0), cfg)
+                step = superkernel.precompile_step(fn, session.inputs(0), cfg)
         except FrameUnsupported:
-            torch._dynamo.reset()
+            if not keep:
+                torch._dynamo.reset()
+            fn = own_code(session.step_fn()) if keep else fn
         else:
             step.build_seconds = time.perf_counter() - start
             return step, superkernel.pipeline.backend.find_backend(step)
     backend = superkernel_backend(mode, run_eagerly=run_eagerly)
-    return torch.compile(session.step_fn(), backend=backend, dynamic=session.compile_dynamic), backend
+    return torch.compile(fn, backend=backend, dynamic=session.compile_dynamic), backend
 
 
 def guard_path_of(step: Any, session: DecodeSession) -> tuple[str, dict[str, float]]:
@@ -71,8 +85,11 @@ def guard_path_of(step: Any, session: DecodeSession) -> tuple[str, dict[str, flo
     return "full-guards", ({"dynamo_guards": cost} if cost is not None else {})
 
 
-def compile_inductor(session: DecodeSession, mode: str | None = None) -> StepFn:
-    """Plain torch.compile (default TorchInductor backend), optionally with a torch.compile mode."""
-    torch._dynamo.reset()
+def compile_inductor(session: DecodeSession, mode: str | None = None, *, keep: bool = False) -> StepFn:
+    """Plain torch.compile (default TorchInductor backend), optionally with a torch.compile mode
+    (``keep``: as in :func:`compile_superkernel`)."""
+    if not keep:
+        torch._dynamo.reset()
     kwargs = {"mode": mode} if mode else {}
-    return torch.compile(session.step_fn(), dynamic=session.compile_dynamic, **kwargs)
+    fn = own_code(session.step_fn()) if keep else session.step_fn()
+    return torch.compile(fn, dynamic=session.compile_dynamic, **kwargs)

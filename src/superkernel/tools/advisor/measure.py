@@ -32,8 +32,11 @@ def _fill_timing(result: RunResult, run: DecodeRun) -> None:
     result.dynamo = run.dynamo
 
 
-def run_baselines(session: DecodeSession, reporter: Reporter) -> list[RunResult]:
+def run_baselines(session: DecodeSession, reporter: Reporter, *, keep: bool = False) -> list[RunResult]:
     """Eager (uncompiled), plain torch.compile (Inductor) and, on CUDA, torch.compile reduce-overhead.
+
+    ``keep``: the compiled baselines stay valid after the call (``result.step``: the auto search times
+    plans again interleaved with plain torch.compile); no ``torch._dynamo.reset()``.
 
     Each compiled baseline's logits are checked against eager's (:mod:`superkernel.tools.peer_check`);
     one that is wrong gets ``error`` set: it stays in the table and is never a baseline.
@@ -50,7 +53,9 @@ def run_baselines(session: DecodeSession, reporter: Reporter) -> list[RunResult]
     for name, mode in variants:
         res = RunResult(name=name, kind="baseline")
         try:
-            _fill_timing(res, _run(session, compile_inductor(session, mode), name, reporter))
+            step = compile_inductor(session, mode, **({"keep": True} if keep else {}))
+            _fill_timing(res, _run(session, step, name, reporter))
+            res.step = step if keep else None
         except Exception as exc:  # reported in the table; plans still run
             res.error = exception_summary(exc, 440, first_line=False)
         results.append(res)
@@ -62,7 +67,8 @@ def run_baselines(session: DecodeSession, reporter: Reporter) -> list[RunResult]
             if r is not eager and not check.check(r.logits, eager.logits):
                 # a wrong peer is shown, never used as a baseline (the workflow skips errored baselines)
                 r.error = f"wrong output, not used as a baseline: {check.summary()}"
-    torch._dynamo.reset()
+    if not keep:
+        torch._dynamo.reset()
     return results
 
 
@@ -90,17 +96,20 @@ def _profile_into(result: RunResult, profile: Callable[[Any, RunResult], Any], s
 def run_plan(session: DecodeSession, plan: ScopePlan, modes: tuple[str, ...], eager_logits: torch.Tensor, *,
              options: str = "", tolerance: float = MAX_AUTOTUNE_TOLERANCE, reporter: Reporter,
              references: dict[str, torch.Tensor] | None = None,
-             profile: Callable[[Any, RunResult], Any] | None = None) -> list[RunResult]:
+             profile: Callable[[Any, RunResult], Any] | None = None, keep: bool = False) -> list[RunResult]:
     """One exactness reference for the plan's scopes, then one measured run per mode.
 
     The reference logits are stored in ``references[plan.strategy]`` when a dict is given,
     and reused from there when that strategy's reference was already run (the auto search
     measures a strategy's modes at different times). ``profile(step, result)``, when given,
-    profiles each measured step while it is still compiled (``result.profile``).
+    profiles each measured step while it is still compiled (``result.profile``). ``keep``: the session
+    is the plan's own (a copy): its scopes stay applied and each measured step stays valid in
+    ``result.step`` (no ``torch._dynamo.reset()``), for the auto search's interleaved re-timing.
     """
     import superkernel
 
     model = session.model
+    kept = {"keep": True} if keep else {}
     results = [RunResult(name=f"{plan.strategy} / {mode}", kind="plan", strategy=plan.strategy, mode=mode,
                          scopes=plan.scopes) for mode in modes]
     try:
@@ -110,7 +119,7 @@ def run_plan(session: DecodeSession, plan: ScopePlan, modes: tuple[str, ...], ea
         try:
             reference = references.get(plan.strategy) if references is not None else None
             if reference is None:
-                ref_step, _ = compile_superkernel(session, "reduce-overhead", run_eagerly=True)
+                ref_step, _ = compile_superkernel(session, "reduce-overhead", run_eagerly=True, **kept)
                 reference = _run(session, ref_step, f"{plan.strategy} / exactness reference", reporter).logits
             if references is not None:
                 references[plan.strategy] = reference
@@ -120,7 +129,7 @@ def run_plan(session: DecodeSession, plan: ScopePlan, modes: tuple[str, ...], ea
             return results
         for r in results:
             try:
-                step, backend = compile_superkernel(session, r.mode)
+                step, backend = compile_superkernel(session, r.mode, **kept)
                 _fill_timing(r, _run(session, step, r.name, reporter))
                 r.compile_s += getattr(step, "build_seconds", 0.0)  # a precompiled step compiles before its 1st call
                 _explain_into(r, backend)
@@ -133,8 +142,11 @@ def run_plan(session: DecodeSession, plan: ScopePlan, modes: tuple[str, ...], ea
             r.vs_reference = compare(r.logits, reference)
             r.vs_eager = compare(r.logits, eager_logits)
             r.verdict = judge(r.mode, r.vs_reference, reference, tolerance)
+            r.step = step if keep else None
     finally:
-        superkernel.remove_scopes(model)
+        if not keep:
+            superkernel.remove_scopes(model)
         session.restore_cache()
-        torch._dynamo.reset()
+        if not keep:
+            torch._dynamo.reset()
     return results

@@ -125,7 +125,7 @@ def render(*, analysis: Analysis, model_name: str, model_source: str, notes: lis
              f"- Hardware: {hardware}",
              f"- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()), "",
              "## Step 1: model analysis", "", *structure_section(analysis), "",
-             *_profile_sections(profile, plan_profiles or [], search, eager),
+             *_profile_sections(profile, plan_profiles or [], search, eager, results),
              "## Results", "",
              markdown_table(results, recommended), "",
              f"![decode step latency per plan]({CHART_NAME})", "",
@@ -189,13 +189,18 @@ def render(*, analysis: Analysis, model_name: str, model_source: str, notes: lis
                    if size <= UNSTEADY_DRIFT else
                    "**the machine was too busy to compare plans measured at different times: re-run on an idle "
                    "machine before acting on this report**")
+        if any(r.timing == "interleaved" for r in results if r.kind == "baseline"):
+            verdict = (f"{'under 5%' if size < 0.05 else 'the machine was busy'}; the steps the recommendation "
+                       "compares were timed interleaved in the same rounds (auto search), so the drift does not "
+                       "enter the comparison")
         lines.append(f"- Machine drift: eager was timed again after all plans, {eager_drift:+.1%} against its first "
                      f"median ({verdict}).")
     lines.append("- Decode steps use a preallocated StaticCache; prefill is never scoped or compiled.")
     return "\n".join(lines) + "\n"
 
 
-def _profile_sections(profile: Any, plan_profiles: list, search: dict | None, eager: RunResult | None) -> list[str]:
+def _profile_sections(profile: Any, plan_profiles: list, search: dict | None, eager: RunResult | None,
+                      results: list[RunResult]) -> list[str]:
     from superkernel.tools.advisor.profile_report import profile_lines, search_lines
 
     out = []
@@ -204,7 +209,7 @@ def _profile_sections(profile: Any, plan_profiles: list, search: dict | None, ea
     if search is not None and search["forecasts"] and eager is not None and eager.median_ms:
         out += ["## Plans: predicted vs measured gain", "",
                 *search_lines(search["forecasts"], eager.median_ms, search["prior_efficiency"], search["exhaustive"],
-                              search.get("base_ms")),
+                              search.get("base_ms"), results),
                 ""]
     return out
 

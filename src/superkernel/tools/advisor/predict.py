@@ -32,6 +32,11 @@ from typing import Any
 
 #: Plans whose fused covered time is under this share of the eager step are not tried by auto.
 MIN_SHARE = 0.10
+#: Fused shares this close (absolute) are the same to the prediction (a tie is then measured, if cheap).
+SAME_SHARE = 0.01
+#: A mode's compile is cheap (a tie is then measured) at most this x plain torch.compile's compile time
+#: (llama-tiny on 2 cores: reduce-overhead 4 s, plain torch.compile 42 s, max-autotune 43-72 s).
+CHEAP_COMPILE = 0.5
 #: The part of the eager step the plain compile is assumed to remove when it could not be timed.
 DEFAULT_EFFICIENCY = 0.5
 
@@ -55,6 +60,10 @@ class Forecast:
     reason: str = ""
     measured_ms: float | None = None
     passed: bool | None = None
+    compile_s: float | None = None     # the measured plan's compile time
+    rounds: int = 0                    # auto: interleaved rounds its measured step is the median of
+    remeasured: str = ""               # auto: why it was timed again before it counted
+    showdown_ms: float | None = None   # auto: its step in the final showdown
 
     @property
     def name(self) -> str:
@@ -69,7 +78,9 @@ class Forecast:
                 "fused_fraction": self.fused_fraction, "launches_removed": self.launches_removed,
                 "segments": self.segments, "cuts": self.cuts, "trial_error": self.trial_error,
                 "predicted_ms_prior": self.prior_ms, "predicted_ms": self.predicted_ms, "status": self.status,
-                "reason": self.reason, "measured_ms": self.measured_ms, "passed": self.passed}
+                "reason": self.reason, "measured_ms": self.measured_ms, "passed": self.passed,
+                "compile_s": self.compile_s, "interleaved_rounds": self.rounds, "remeasured": self.remeasured,
+                "showdown_ms": self.showdown_ms}
 
 
 def covered_paths(model, scopes: dict[str, list[str]]) -> list[str]:
@@ -145,8 +156,12 @@ def predict_ms(f: Forecast, base_ms: float, eff: float) -> float:
 
 
 def next_decision(forecasts: list[Forecast], base_ms: float, prior: float, best_ms: float | None,
-                  best_name: str | None, noise: float) -> tuple[Forecast, bool] | None:
-    """The pending plan predicted best now, and whether to run it (False: skipped, reason set)."""
+                  best_name: str | None, noise: float, cheap: set[str] = frozenset()) -> tuple[Forecast, bool] | None:
+    """The pending plan predicted best now, and whether to run it (False: skipped, reason set).
+
+    A plan predicted within ``noise`` of the best measured step with the fused share of a measured plan of its
+    mode (a tie: the prediction cannot tell them apart) is measured when its mode is in ``cheap`` (its
+    compiles are cheap), else skipped."""
     pending = [f for f in forecasts if f.status == "pending"]
     if not pending:
         return None
@@ -163,6 +178,19 @@ def next_decision(forecasts: list[Forecast], base_ms: float, prior: float, best_
                     "to pay for a compile")
         return f, False
     if best_ms is not None and calibrated[f.mode] is not None and f.predicted_ms >= best_ms * (1 - noise):
+        twin = next((m for m in forecasts if m.mode == f.mode and m.status == "measured" and m.passed
+                     and abs(m.fused_share - f.fused_share) <= SAME_SHARE), None)
+        if f.predicted_ms < best_ms * (1 + noise) and twin is not None:
+            if f.mode in cheap:
+                f.reason = (f"predicted {f.predicted_ms:.3f} ms ties the best measured plan ({best_name}, "
+                            f"{best_ms:.3f} ms) within the noise threshold ({noise:.0%}) with the share of "
+                            f"{twin.name} (the prediction cannot tell them apart); {f.mode} compiles cheaply: measured")
+                return f, True
+            f.reason = (f"predicted {f.predicted_ms:.3f} ms ties the best measured plan ({best_name}, "
+                        f"{best_ms:.3f} ms) within the noise threshold ({noise:.0%}) with the share of "
+                        f"{twin.name}, and {f.mode}'s compiles are "
+                        f"not cheap (over {CHEAP_COMPILE:g}x plain torch.compile's compile time): skipped")
+            return f, False
         f.reason = (f"predicted {f.predicted_ms:.3f} ms cannot beat the best measured plan ({best_name}, "
                     f"{best_ms:.3f} ms) by more than the noise threshold ({noise:.0%})")
         return f, False

@@ -53,7 +53,7 @@ def profile_lines(eager: StepProfile, plans: list[StepProfile] = (), *, chart: b
 
 
 def search_lines(forecasts: list[Forecast], eager_ms: float, prior: float, exhaustive: bool,
-                 base_ms: float | None = None) -> list[str]:
+                 base_ms: float | None = None, results: list | None = None) -> list[str]:
     tried = [f for f in forecasts if f.status == "measured"]
     skipped = [f for f in forecasts if f.status == "skipped"]
     how = ("`--exhaustive`: every plan was measured" if exhaustive else
@@ -66,17 +66,31 @@ def search_lines(forecasts: list[Forecast], eager_ms: float, prior: float, exhau
            f"{prior:.0%} (every plan predicted at the base, the widest fused share first), then the best a measured "
            "plan of the mode reached (negative when its plans ran slower than the plain compile: narrower scopes are then predicted "
            f"to do better). Plans fusing under {MIN_SHARE:.0%} of the step are skipped; the search stops when no "
-           "remaining plan is predicted to beat the best measured plan by more than the noise threshold.", "",
+           "remaining plan is predicted to beat the best measured plan by more than the noise threshold; a plan "
+           "predicted within it (a tie) is measured when its mode compiles cheaply."
+           + ("" if exhaustive else " Auto's measured step: the median over rounds timed interleaved with plain "
+              "torch.compile (plan / torch.compile x its step); a plan's own run is shown beside it; the plans "
+              "close to the best were timed together once more at the end (showdown)."), "",
            "| plan | covered share | fused fraction | launches removed | segments | cuts | predicted first | "
-           "predicted when decided | measured | status |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "predicted when decided | measured | own run / rounds / compile s | status |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def x(ms):
         return f"{ms:.3f} ms ({eager_ms / ms:.2f}x)" if ms else "-"
 
+    own = {r.name: r.own_median_ms for r in results or []}
     for f in forecasts:
         status = f.status + (f": {f.reason}" if f.reason else "")
+        if f.remeasured:
+            status += f"; timed again: {f.remeasured}"
+        if f.showdown_ms:
+            status += "; in the showdown"
+        timing = "-"
+        if f.status == "measured":
+            timing = (f"{own[f.name]:.3f} ms / {f.rounds}" if own.get(f.name) else "- / -") + (
+                f" / {f.compile_s:.1f}" if f.compile_s else " / -")
         out.append(f"| `{f.name}` | {f.share:.0%} | {f.fused_fraction:.0%} | {f.launches_removed} | {f.segments} | "
-                   f"{f.cuts} | {x(f.prior_ms)} | {x(f.predicted_ms)} | {x(f.measured_ms)} | {status} |")
+                   f"{f.cuts} | {x(f.prior_ms)} | {x(f.predicted_ms)} | {x(f.measured_ms)} | {timing} | {status} |")
     errors = [abs(f.predicted_ms / f.measured_ms - 1) for f in tried if f.measured_ms and f.predicted_ms]
     if errors:
         out += ["", f"Prediction error on the measured plans (predicted when decided vs measured): median "

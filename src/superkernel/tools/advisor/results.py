@@ -43,6 +43,9 @@ class RunResult:
     profile_error: str | None = None
     guard_path: str | None = None                         # what a call checks: full-guards / precompiled
     guard_cost_us: dict[str, float] = field(default_factory=dict)  # measured cost of one check
+    step: Any = field(default=None, repr=False)           # the compiled step, kept while the auto search runs
+    own_median_ms: float | None = None                    # auto: the run's own median, before the re-timing
+    timing: str = "own"                                   # "own" (its run) or "interleaved" (see search.py)
 
     @property
     def recompiles_timed(self) -> int | None:
@@ -96,6 +99,7 @@ class RunResult:
             "profile": self.profile.to_dict() if self.profile is not None else None,
             "profile_error": self.profile_error,
             "guard_path": self.guard_path, "guard_cost_us": self.guard_cost_us,
+            "timing": self.timing, "decode_ms_median_own_run": self.own_median_ms,
         }
 
 

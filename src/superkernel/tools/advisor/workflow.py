@@ -29,8 +29,9 @@ from superkernel.tools.advisor.profile import StepProfile, profile_step
 from superkernel.tools.advisor.profile_chart import profile_chart
 from superkernel.tools.advisor.profile_report import PROFILE_CHART_NAME
 from superkernel.tools.advisor.run_log import LOG_NAME, RunLog
+from superkernel.tools.advisor.retime import Interleaved, session_copy
 from superkernel.tools.advisor.search import run_search
-from superkernel.tools.advisor.results import Recommendation, RunResult, decide, fill_speedups
+from superkernel.tools.advisor.results import Recommendation, RunResult, decide, fill_speedups, recommendable
 from superkernel.tools.advisor.structure import analyze_structure
 from superkernel.tools.advisor.strategies import STRATEGIES, ScopePlan, StrategyError, auto_plans, custom_plan, plan_for
 from superkernel.util import exception_summary
@@ -232,9 +233,11 @@ def _optimize(opts: OptimizeOptions, reporter: Reporter, log: RunLog) -> Outcome
                   f"plans: {', '.join(p.strategy for p in plans)} x {', '.join(opts.modes)}"
                   + ("" if exhaustive else " (auto: best predicted first)"))
 
-    results = run_baselines(session, reporter)
+    results = run_baselines(session, reporter, keep=not exhaustive)
     eager = results[0]
     inductor = next((r for r in results if r.name == "torch.compile" and not r.error), None)
+    timer = (Interleaved(session, inductor.step, session.step_fn()) if inductor is not None and inductor.step is not None
+             else None)
     with reporter.task("profiling the eager decode step"):
         profile = profile_step(session, session.step_fn(), structure=structure, steps=PROFILE_STEPS, log=log.stream)
     forecasts = forecasts_for(plans, tuple(opts.modes), profile, loaded.model, analysis.trials)
@@ -242,19 +245,35 @@ def _optimize(opts: OptimizeOptions, reporter: Reporter, log: RunLog) -> Outcome
     base_ms = base_step_ms(eager.median_ms, inductor.median_ms if inductor is not None else None)
     references: dict[str, torch.Tensor] = {}
 
-    def profile_plan(step, result):
-        return profile_step(session, step, label=result.name, steps=PROFILE_STEPS, measured_ms=result.median_ms,
-                            log=log.stream)
-
     def measure(plan: ScopePlan, modes: tuple[str, ...]) -> list[RunResult]:
-        return run_plan(session, plan, modes, eager.logits, options=opts.options, tolerance=opts.tolerance,
-                        reporter=reporter, references=references, profile=profile_plan)
+        """A plan's modes; with the auto search's timer, on a session copy whose compiled steps are kept."""
+        own = session_copy(session) if timer is not None else session
 
-    results += run_search(plans, tuple(opts.modes), forecasts, measure, base_ms=base_ms, prior=prior,
-                          exhaustive=exhaustive, note=reporter.note)
+        def profile_plan(step, result):
+            return profile_step(own, step, label=result.name, steps=PROFILE_STEPS, measured_ms=result.median_ms,
+                                log=log.stream)
+
+        out = run_plan(own, plan, modes, eager.logits, options=opts.options, tolerance=opts.tolerance,
+                       reporter=reporter, references=references, profile=profile_plan, keep=timer is not None)
+        for r in out:
+            if timer is not None and r.step is not None and recommendable(r):
+                timer.add(r.name, own, r.step)
+        return out
+
+    try:
+        results += run_search(plans, tuple(opts.modes), forecasts, measure, base_ms=base_ms, prior=prior,
+                              exhaustive=exhaustive, note=reporter.note, timer=timer,
+                              base_compile_s=inductor.compile_s if inductor is not None else None,
+                              baselines={"eager": eager, "torch.compile": inductor})
+    finally:
+        if timer is not None:
+            timer.close()
+        for r in results:
+            r.step = None
     fill_speedups(results, eager, inductor)
     drift = eager_drift(session, eager, reporter)
-    decision = decide(results, drift)
+    # auto: the steps compared were timed interleaved in the same rounds; the drift over the run does not enter
+    decision = decide(results, None if inductor is not None and inductor.timing == "interleaved" else drift)
     best = decision.plan if decision.kind == "plan" else None
 
     search = {"exhaustive": exhaustive, "prior_efficiency": prior, "base_ms": base_ms, "forecasts": forecasts}
@@ -315,11 +334,12 @@ def eager_drift(session: DecodeSession, eager: RunResult, reporter: Reporter) ->
     Plans are measured one after another (each needs a fresh Dynamo state), so a change in
     background load shows up as a shift between them; this number says how large it was.
     """
-    if not eager.median_ms:
+    first = eager.own_median_ms or eager.median_ms  # its first run (auto re-times it in the showdown)
+    if not first:
         return None
     with reporter.task("eager again (drift check)", total=session.total_steps) as update:
         again = run_decode(session, session.step_fn(), on_step=lambda done, total: update(done=done))
-    return again.median_ms / eager.median_ms - 1
+    return again.median_ms / first - 1
 
 
 def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSession, analysis: Analysis,
