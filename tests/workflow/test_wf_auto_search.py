@@ -4,6 +4,8 @@ their seams by functions that return given numbers (no compiler involved, no tim
 
 from __future__ import annotations
 
+import pytest
+
 from superkernel.tools.advisor.precision import Verdict
 from superkernel.tools.advisor.predict import PRIOR_EFFICIENCY, Forecast
 from superkernel.tools.advisor.results import RunResult, decide
@@ -202,8 +204,8 @@ def test_a_noisy_baseline_run_does_not_make_eager_win():
     rounds it runs 1.5 ms and the plan 1.1 ms. Every step the recommendation compares comes from the
     showdown's rounds (eager and plain torch.compile included), so the plan is recommended."""
     forecasts, plans = _twins()
-    eager = RunResult(name="eager", kind="baseline", median_ms=4.3)
-    inductor = RunResult(name=BASELINE, kind="baseline", median_ms=11.0)
+    eager = RunResult(name="eager", kind="baseline", median_ms=4.3, p90_ms=4.4)
+    inductor = RunResult(name=BASELINE, kind="baseline", median_ms=11.0, p90_ms=13.2)
     timer = FakeTimer({"all_layers / reduce-overhead": [1.1], "decoder_layer / reduce-overhead": [1.3],
                        "eager": [4.3]}, base=1.5)
     own = {"all_layers / reduce-overhead": 1.1, "decoder_layer / reduce-overhead": 1.3,
@@ -217,6 +219,8 @@ def test_a_noisy_baseline_run_does_not_make_eager_win():
     decision = decide([eager, inductor] + results)
     assert decision.kind == "plan" and decision.plan.name == "all_layers / reduce-overhead"
     assert decision.plan.median_ms == 1.1
+    # the re-timed median keeps the own run's p90 / median spread (never a p90 below its median)
+    assert inductor.p90_ms == pytest.approx(1.5 * 1.2)
 
 
 def test_every_kept_candidate_meets_in_the_showdown():

@@ -204,8 +204,7 @@ class _Timing:
         base = base or self.base()
         for r in results:
             if self.samples.get(r.name) and r.kind == "plan":
-                r.median_ms = statistics.median(self.samples[r.name]) * base
-                r.timing = "interleaved"
+                _retimed(r, statistics.median(self.samples[r.name]) * base)
                 f = _forecast(forecasts, r)
                 if f is not None:
                     f.measured_ms = r.median_ms
@@ -241,7 +240,9 @@ class _Timing:
         for name, r in baselines.items():
             ms = base if name == BASELINE else statistics.median(raw[name]) if raw.get(name) else None
             if r is not None and ms:
-                r.own_median_ms, r.median_ms, r.timing = r.median_ms, ms, "interleaved"
+                own = r.median_ms
+                _retimed(r, ms)
+                r.own_median_ms = own
 
     def close(self, results: list[RunResult]) -> None:
         if self.timer is not None:
@@ -249,3 +250,12 @@ class _Timing:
                 self.timer.release(name)
         for r in results:
             r.step = None
+
+
+def _retimed(r: RunResult, median_ms: float) -> None:
+    """``r``'s step from interleaved rounds. Those rounds give one ratio per round, not a step
+    distribution, so the p90 keeps the own run's spread (p90 / median) around the new median:
+    a p90 below the median it sits beside would be read as a bug."""
+    if r.p90_ms and r.median_ms:
+        r.p90_ms = r.p90_ms / r.median_ms * median_ms
+    r.median_ms, r.timing = median_ms, "interleaved"
