@@ -39,14 +39,13 @@ import json
 import statistics
 import sys
 import time
-import types
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 import superkernel as sk
-from superkernel.tools.advisor.compiling import guard_path_of
+from superkernel.tools.advisor.compiling import guard_path_of, own_code
 from superkernel.tools.advisor.environment import choose_threads
 from superkernel.tools.advisor.environment import hardware as describe_hardware
 from superkernel.tools.advisor.strategies import plan_for
@@ -75,15 +74,6 @@ def bytes_per_step(model: torch.nn.Module, session: DecodeSession) -> int:
     kv = sum(t.numel() * t.element_size() for layer in session.cache.layers
              for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(t, torch.Tensor))
     return weights + kv
-
-
-def own_code(fn: Callable[..., Any], tag: str) -> Callable[..., Any]:
-    """``fn`` with a code object of its own: Dynamo caches compiled graphs per code object,
-    so every plan compiled from its own copy keeps its graph while the others run."""
-    code = fn.__code__.replace(co_name=f"{fn.__code__.co_name}_{tag}")
-    copy = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
-    copy.__kwdefaults__ = fn.__kwdefaults__
-    return copy
 
 
 class Plan:

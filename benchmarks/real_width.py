@@ -38,6 +38,7 @@ from typing import Any, Callable
 import torch
 
 import superkernel as sk
+from superkernel.tools.advisor.compiling import own_code
 from superkernel.tools.advisor.environment import hardware as describe_hardware
 from superkernel.tools.advisor.strategies import plan_for
 from superkernel.tools.advisor.structure import analyze_structure
@@ -184,8 +185,7 @@ def run_config(dtype_name: str, threads: int, args: argparse.Namespace, bandwidt
     for peer in [*peers, reference]:
         peer.holder = CacheHolder(session.cache)
         base = holder_step(session, peer.holder, peer.model)
-        base = type(base)(base.__code__.replace(co_name=f"step_{len(peer.label)}_{id(peer)}"), base.__globals__,
-                          None, base.__defaults__, base.__closure__)  # own code object: every graph stays live
+        base = own_code(base, f"{len(peer.label)}_{id(peer)}")  # every peer's graph stays live
         try:
             peer.step = peer.compile_fn(base)
             session.restore_cache()

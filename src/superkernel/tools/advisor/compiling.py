@@ -18,13 +18,17 @@ __all__ = ["MODES", "REDUCE_OVERHEAD", "compile_inductor", "compile_superkernel"
            "superkernel_backend"]
 
 
-def own_code(fn: StepFn) -> StepFn:
-    """``fn`` with a code object of its own: Dynamo caches (and counts recompiles) per code object, so a
-    step compiled from it keeps its graph while other plans compile, without ``torch._dynamo.reset()``
-    (the auto search keeps its measured candidates alive to time them again, interleaved)."""
+def own_code(fn: StepFn, tag: str = "") -> StepFn:
+    """``fn`` with a code object of its own (named ``<name>_<tag>`` when ``tag`` is given): Dynamo caches
+    (and counts recompiles) per code object, so a step compiled from it keeps its graph while other plans
+    compile, without ``torch._dynamo.reset()`` (the auto search keeps its measured candidates alive to
+    time them again, interleaved; the benchmarks keep every peer compiled)."""
     import types
 
-    return types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    code = fn.__code__.replace(co_name=f"{fn.__code__.co_name}_{tag}") if tag else fn.__code__.replace()
+    copy = types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+    copy.__kwdefaults__ = fn.__kwdefaults__
+    return copy
 
 
 def superkernel_backend(mode: str, *, run_eagerly: bool = False) -> Any:

@@ -53,7 +53,7 @@ def run_baselines(session: DecodeSession, reporter: Reporter, *, keep: bool = Fa
     for name, mode in variants:
         res = RunResult(name=name, kind="baseline")
         try:
-            step = compile_inductor(session, mode, **({"keep": True} if keep else {}))
+            step = compile_inductor(session, mode, keep=keep)
             _fill_timing(res, _run(session, step, name, reporter))
             res.step = step if keep else None
         except Exception as exc:  # reported in the table; plans still run
