@@ -39,8 +39,8 @@ def job_step_ms(per_rank_seconds: list[list[float]], warmup: int) -> float:
 def collective_share(session: DecodeSession, step: StepFn, *, steps: int = 8, group=None) -> dict:
     """Profile ``steps`` decode steps (already compiled) and return the time spent in collectives.
 
-    ``share`` = self CPU time of collective events (:data:`COLLECTIVE_MARKERS`) / wall time
-    of the profiled steps. On CPU the gloo work runs in the calling thread or is waited
+    ``share`` = self CPU time of collective events (:data:`COLLECTIVE_MARKERS`) inside the profiled
+    steps / wall time of those steps. On CPU the gloo work runs in the calling thread or is waited
     for in ``wait_tensor``, so it shows as CPU time of those events.
     """
     from torch.profiler import ProfilerActivity, profile, record_function
@@ -60,12 +60,18 @@ def collective_share(session: DecodeSession, step: StepFn, *, steps: int = 8, gr
                 synchronize(session.device)
             wall += time.perf_counter() - start
     session.restore_cache()
+    # Only collectives inside a timed step count: the barrier before each step is profiled too, but its
+    # wait is not in ``wall`` (counting it made the share exceed 1 on a loaded machine).
+    steps_on = [(e.thread, e.time_range.start, e.time_range.end) for e in prof.events()
+                if e.name == "superkernel_decode_step"]
     events = {}
-    for avg in prof.key_averages():
-        name = avg.key
+    for e in prof.events():
+        name = e.name
         if name == "superkernel_decode_step" or not any(m in name.lower() for m in COLLECTIVE_MARKERS):
             continue
-        events[name] = events.get(name, 0.0) + avg.self_cpu_time_total / 1e6
+        if not any(t == e.thread and lo <= e.time_range.start <= hi for t, lo, hi in steps_on):
+            continue
+        events[name] = events.get(name, 0.0) + e.self_cpu_time_total / 1e6
     spent = sum(events.values())
     return {"share": spent / wall if wall else None, "collective_ms_per_step": spent * 1e3 / max(1, steps),
             "step_ms": wall * 1e3 / max(1, steps), "events": {k: round(v * 1e3 / max(1, steps), 4)
