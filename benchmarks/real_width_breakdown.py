@@ -269,8 +269,17 @@ def markdown(result: dict[str, Any]) -> str:
     if s.get("autotuned"):
         lines += ["", f"## GEMM choices Inductor timed during the compile (inductor.gemm_timing = {s['gemm_timing']}; "
                       "ms per call at the real shape; effective GB/s = weight bytes / time)", "",
-                  "| GEMM (x, packed W, W) | C++ template ms | MKL packed ms | kept | kept GB/s |", "|---|---|---|---|---|"]
+                  "| GEMM (x, packed W, W) | C++ template ms | MKL packed ms | kept | kept GB/s | times seen |",
+                  "|---|---|---|---|---|---|"]
+        seen: dict[tuple[str, str, str], int] = {}
+        for a in s["autotuned"]:  # every lowering reports, cache hits (the next identical layer) included
+            key = (a["op"], a["inputs"], json.dumps(sorted(a["ms"].values())))
+            seen[key] = seen.get(key, 0) + 1
         for a in s["autotuned"]:
+            key = (a["op"], a["inputs"], json.dumps(sorted(a["ms"].values())))
+            if key not in seen:
+                continue
+            count = seen.pop(key)
             tmpl = [t for n, t in a["ms"].items() if n.startswith("cpp_")]
             mkl = [t for n, t in a["ms"].items() if "mkl" in n]
             dims = a["inputs"].split(" x ")[-1].strip("()").split(",")
@@ -280,7 +289,7 @@ def markdown(result: dict[str, Any]) -> str:
             kept_ms = a["ms"].get(a["kept"])
             gbps = f"{wbytes / (kept_ms * 1e-3) / 1e9:.1f}" if kept_ms else "-"
             lines.append(f"| {a['inputs']} | {tmpl[0] if tmpl else float('nan'):.3f} | {mkl[0] if mkl else float('nan'):.3f} | "
-                         f"{'template' if a['kept'].startswith('cpp_') else a['kept']} | {gbps} |")
+                         f"{'template' if a['kept'].startswith('cpp_') else a['kept']} | {gbps} | {count} |")
     if result.get("isolated"):
         names = list(dict.fromkeys(n for r in result["isolated"] for n in r["ms"]))
         lines += ["", "## GEMMs in isolation (x of one row, rotating weight copies >= 256 MiB, median of interleaved "
@@ -310,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-isolated", dest="isolated", action="store_false")
     parser.add_argument("--no-step", dest="step", action="store_false")
     parser.add_argument("--name", default="real_width_breakdown")
+    parser.add_argument("--from-json", type=Path, help="only rewrite <name>.md from this result file")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     cold = tempfile.TemporaryDirectory(prefix="real_width_breakdown_")
@@ -322,6 +332,10 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"hardware": describe_hardware(torch.device("cpu")), "torch": torch.__version__,
                               "transformers": transformers.__version__, "layers": args.layers, "threads": args.threads,
                               "load_start": load_start, "kernel_profile": args.kernel_profile}
+    if args.from_json is not None:
+        result = json.loads(args.from_json.read_text())
+        atomic_write(args.output / f"{args.name}.md", markdown(result) + "\n")
+        return 0
     if args.step:
         result["step"] = step_breakdown(args)
     bw2 = memory_bandwidth()

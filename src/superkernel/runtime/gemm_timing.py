@@ -33,7 +33,7 @@ import torch
 #: ``inductor.gemm_timing`` values
 GEMM_TIMINGS = ("memory", "cache")
 
-_MIN_CALLS, _MAX_CALLS = 5, 25
+_MIN_CALLS, _MAX_CALLS = 5, 10
 _PASSES = 3
 
 
@@ -55,7 +55,7 @@ def last_level_cache_bytes(default: int = 32 * 2**20) -> int:
 
 def cold_benchmark(buffer: torch.Tensor) -> Callable[..., float]:
     """A ``benchmark_cpu(fn, warmup, rep)`` that reads ``buffer`` (evicting the caches) before every timed
-    call: median ms of 5 to 25 cold calls, until ``rep`` ms of calls were timed."""
+    call: median ms of 5 to 10 cold calls, until ``rep`` ms of calls were timed."""
 
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 

@@ -289,9 +289,25 @@ def time_variants(variants: dict[str, Callable[..., Any]], args: list[Any], roun
 def choose(module: Any, parent: fx.GraphModule, parent_reals: list[Any] | None, static_indices: Sequence[int],
            compile_plain: Callable[[], Callable[..., Any]], *, freezing: Any, cpp_wrapper: bool,
            autotune: bool, gemm_templates: bool = True, gemm_timing: str = "memory",
-           rewrite: Callable[[fx.GraphModule], Any] | None = None) -> Choice:
-    """Compile the segment plainly and (when allowed) frozen; keep the faster (see the module doc)."""
-    plain = compile_plain()
+           rewrite: Callable[[fx.GraphModule], Any] | None = None, background_build: bool = False) -> Choice:
+    """Compile the segment plainly and (when allowed) frozen; keep the faster (see the module doc).
+
+    ``background_build``: the plain variant's C++ is built on a worker thread while the frozen one is
+    lowered (:mod:`superkernel.runtime.background_build`); waited for before this returns."""
+    from superkernel.runtime.background_build import builds_in_background, wait_all
+
+    with builds_in_background(background_build and freezing is not False) as pending:
+        plain = compile_plain()
+    try:
+        return _choose(module, parent, parent_reals, static_indices, plain, freezing=freezing, cpp_wrapper=cpp_wrapper,
+                       autotune=autotune, gemm_templates=gemm_templates, gemm_timing=gemm_timing, rewrite=rewrite)
+    finally:
+        wait_all(pending)  # a failed plain build fails the compile, as before
+
+
+def _choose(module: Any, parent: fx.GraphModule, parent_reals: list[Any] | None, static_indices: Sequence[int],
+            plain: Callable[..., Any], *, freezing: Any, cpp_wrapper: bool, autotune: bool, gemm_templates: bool,
+            gemm_timing: str, rewrite: Callable[[fx.GraphModule], Any] | None) -> Choice:
     if freezing is False:
         return Choice(plain, "", {})
     frozen = frozen_inputs(module.gm, module.inputs, parent, parent_reals, static_indices)

@@ -146,7 +146,8 @@ class InductorCpu(Inductor):
         rewrite = self._autofusion(decisions)
         choice = choose(module, parent, reals, static, compile_plain, freezing=freezing,
                         cpp_wrapper=inductor.cpp_wrapper, autotune=inductor.autotune,
-                        gemm_templates=inductor.gemm_templates, gemm_timing=inductor.gemm_timing, rewrite=rewrite)
+                        gemm_templates=inductor.gemm_templates, gemm_timing=inductor.gemm_timing, rewrite=rewrite,
+                        background_build=not self.context.static.enabled)
         if choice.label:
             self.counters["partitions_frozen"] += 1
             self._count_shared_frozen_code(choice.fn)
