@@ -64,7 +64,21 @@ def main(argv: list[str] | None = None) -> int:
     sk.apply_scopes(scoped, plan_for("decoder_layer", analyze_structure(scoped)).scopes)
     scoped_session = prepare(scoped, prompt_len=32, steps=args.steps, warmup=args.warmup, seed=args.seed)
     steps, compile_s, compile_cpu, diffs = {}, {}, {}, {}
+    kept: dict[str, list[str]] = {t: [] for t in TIMINGS}
+    current = {"timing": TIMINGS[0]}
+
+    def record(timings: dict[Any, float], name: str, input_nodes: Any, choices: Any, *_: Any) -> None:
+        if timings:
+            best = min(timings, key=timings.get)
+            shapes = " x ".join(str(tuple(int(d) for d in n.get_size())) for n in input_nodes)
+            label = "template" if getattr(best, "name", "").startswith("cpp_") else getattr(best, "name", str(best))
+            kept[current["timing"]].append(f"{shapes}: {label}")
+
+    from torch._inductor.select_algorithm import add_feedback_saver, clear_feedback_savers
+
+    add_feedback_saver(record)
     for timing in TIMINGS:
+        current["timing"] = timing
         cfg = sk.CompilerConfig.from_dict({"mode": "max-autotune", "inductor": {"gemm_timing": timing}})
         step = torch.compile(own_code(scoped_session.step_fn(), timing), backend=sk.get_backend(cfg), dynamic=False)
         cpu0 = cpu_seconds()
@@ -73,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
         compile_cpu[timing] = cpu_seconds() - cpu0 - sum(first.step_seconds[1:])
         steps[timing] = step
         print(f"{timing}: compiled in {compile_s[timing]:.1f} s wall, {compile_cpu[timing]:.1f} s CPU", flush=True)
+    clear_feedback_savers()
+    same_kernels = kept["memory"] == kept["cache"]
     medians: dict[str, list[float]] = {t: [] for t in TIMINGS}
     for r in range(args.rounds):
         order = TIMINGS if r % 2 == 0 else TIMINGS[::-1]
@@ -92,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
               "rows": {t: {"median_ms": statistics.median(medians[t]), "round_medians_ms": medians[t],
                            "x_roofline": statistics.median(medians[t]) / roofline, "compile_s": compile_s[t],
                            "compile_cpu_s": compile_cpu[t], "max_abs_diff_vs_eager": diffs[t]} for t in TIMINGS},
-              "memory_over_cache": ratio}
+              "memory_over_cache": ratio, "kept": kept, "same_kernels_kept": same_kernels}
     lines = [f"# GEMM choices timed cache-hot vs from memory: Qwen2-0.5B-shaped decode ({args.layers} layers, float32, "
              f"{args.threads} thread(s)), superkernel decoder_layer max-autotune", "",
              f"{result['hardware']}; torch {result['torch']}, transformers {result['transformers']}. Load "
@@ -105,7 +121,12 @@ def main(argv: list[str] | None = None) -> int:
         row = result["rows"][t]
         lines.append(f"| {t} | {row['median_ms']:.1f} | {row['x_roofline']:.2f} | {row['compile_s']:.1f} | "
                      f"{row['compile_cpu_s']:.1f} | {row['max_abs_diff_vs_eager']:.2g} |")
-    lines += ["", f"memory / cache (median of per-round ratios): {ratio:.3f}; eager {eager.median_ms:.1f} ms."]
+    lines += ["", f"memory / cache (median of per-round ratios): {ratio:.3f}; eager {eager.median_ms:.1f} ms.", "",
+              "Kernels Inductor kept per GEMM (in lowering order, deduplicated): " + (
+                  "the same in both compiles, so the ratio above is the spread between two builds of the same code, "
+                  "not an effect of the setting." if same_kernels else "they differ:"), ""]
+    for t in TIMINGS:
+        lines.append(f"- {t}: " + "; ".join(dict.fromkeys(kept[t])))
     args.output.mkdir(parents=True, exist_ok=True)
     atomic_write(args.output / f"{args.name}.json", json.dumps(result, indent=2) + "\n")
     atomic_write(args.output / f"{args.name}.md", "\n".join(lines) + "\n")
