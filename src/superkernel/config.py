@@ -156,6 +156,10 @@ class InductorConfig(Section):
         "gemm_templates": Field(True, "CPU max-autotune with frozen weights: let TorchInductor time its C++ GEMM "
                                       "templates against ATen/MKL for every GEMM at its real shape (adds compile time)",
                                 kind=bool),
+        "gemm_timing": Field("memory", "CPU max-autotune with frozen weights: how TorchInductor times each GEMM's "
+                                       "choices; 'memory': every timed call with the weights evicted from the CPU "
+                                       "caches, as a decode step reads them; 'cache': Inductor's repeated calls "
+                                       "(weights cache-hot)", choices=("memory", "cache")),
         "autofusion": Field(False, "CPU max-autotune with frozen weights: run the autofusion planner on each segment's "
                                    "graph before Inductor (horizontal GEMM fusion where measured faster; decisions in "
                                    "explain()); 'on'/True or 'off'/False", choices=(False, True, "off", "on")),

@@ -157,7 +157,7 @@ def _has_weight_op(gm: fx.GraphModule, frozen: dict[int, torch.Tensor]) -> bool:
 
 
 def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[int, torch.Tensor], *,
-                   cpp_wrapper: bool, autotune: bool, gemm_templates: bool = True,
+                   cpp_wrapper: bool, autotune: bool, gemm_templates: bool = True, gemm_timing: str = "memory",
                    rewrite: Callable[[fx.GraphModule], Any] | None = None) -> Callable[..., Any]:
     """``gm`` with the ``frozen`` inputs as constants, through Inductor's freezing passes
     (weight prepacking, constant folding), compiled as one unit; called with all inputs.
@@ -176,6 +176,7 @@ def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[i
     from superkernel.runtime.frozen_code import (
         FROZEN_PATCHES, canonical_graph, parsed_templates_reused, value_free_constant_comments,
     )
+    from superkernel.runtime.gemm_timing import weights_from_memory
     from superkernel.runtime.inductor import compile_partition
 
     # a copy (the original stays the eager fallback); without a planner, with canonical names so that
@@ -186,7 +187,8 @@ def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[i
     patches: dict[str, Any] = {"freezing": True, **FROZEN_PATCHES}
     if gemm_templates:
         patches.update({"max_autotune_gemm": True, "max_autotune_gemm_backends": GEMM_BACKENDS})
-    with enter_freezing(), inductor_config.patch(patches), parsed_templates_reused():
+    with enter_freezing(), inductor_config.patch(patches), parsed_templates_reused(), \
+            weights_from_memory(gemm_templates and gemm_timing == "memory"):
         for i, tensor in frozen.items():
             replace_node_with_constant(gm, placeholders[i], tensor)
         gm.recompile()
@@ -286,10 +288,26 @@ def time_variants(variants: dict[str, Callable[..., Any]], args: list[Any], roun
 
 def choose(module: Any, parent: fx.GraphModule, parent_reals: list[Any] | None, static_indices: Sequence[int],
            compile_plain: Callable[[], Callable[..., Any]], *, freezing: Any, cpp_wrapper: bool,
-           autotune: bool, gemm_templates: bool = True,
-           rewrite: Callable[[fx.GraphModule], Any] | None = None) -> Choice:
-    """Compile the segment plainly and (when allowed) frozen; keep the faster (see the module doc)."""
-    plain = compile_plain()
+           autotune: bool, gemm_templates: bool = True, gemm_timing: str = "memory",
+           rewrite: Callable[[fx.GraphModule], Any] | None = None, background_build: bool = False) -> Choice:
+    """Compile the segment plainly and (when allowed) frozen; keep the faster (see the module doc).
+
+    ``background_build``: the plain variant's C++ is built on a worker thread while the frozen one is
+    lowered (:mod:`superkernel.runtime.background_build`); waited for before this returns."""
+    from superkernel.runtime.background_build import builds_in_background, wait_all
+
+    with builds_in_background(background_build and freezing is not False) as pending:
+        plain = compile_plain()
+    try:
+        return _choose(module, parent, parent_reals, static_indices, plain, freezing=freezing, cpp_wrapper=cpp_wrapper,
+                       autotune=autotune, gemm_templates=gemm_templates, gemm_timing=gemm_timing, rewrite=rewrite)
+    finally:
+        wait_all(pending)  # a failed plain build fails the compile, as before
+
+
+def _choose(module: Any, parent: fx.GraphModule, parent_reals: list[Any] | None, static_indices: Sequence[int],
+            plain: Callable[..., Any], *, freezing: Any, cpp_wrapper: bool, autotune: bool, gemm_templates: bool,
+            gemm_timing: str, rewrite: Callable[[fx.GraphModule], Any] | None) -> Choice:
     if freezing is False:
         return Choice(plain, "", {})
     frozen = frozen_inputs(module.gm, module.inputs, parent, parent_reals, static_indices)
@@ -297,7 +315,7 @@ def choose(module: Any, parent: fx.GraphModule, parent_reals: list[Any] | None, 
         return Choice(plain, "", {})
     try:
         frozen_fn = compile_frozen(module.gm, module.example_inputs, frozen, cpp_wrapper=cpp_wrapper, autotune=autotune,
-                                   gemm_templates=gemm_templates, rewrite=rewrite)
+                                   gemm_templates=gemm_templates, gemm_timing=gemm_timing, rewrite=rewrite)
     except Exception:  # noqa: BLE001 - freezing is an optimization: the plain compile stays
         return Choice(plain, "", {})
     if freezing is True:

@@ -121,7 +121,7 @@ class InductorCpu(Inductor):
         if autofusion_enabled(self.config):
             return None
         i = self.config.inductor
-        options = ("choice", self.context.device, i.cpp_wrapper, i.autotune, str(i.freezing), i.gemm_templates)
+        options = ("choice", self.context.device, i.cpp_wrapper, i.autotune, str(i.freezing), i.gemm_templates, i.gemm_timing)
         return structural_key(job.module.gm, job.module.example_inputs, options)
 
     def _best(self, job: Job, compile_plain: Callable[[], Program], key: Any = None) -> Any:
@@ -146,7 +146,8 @@ class InductorCpu(Inductor):
         rewrite = self._autofusion(decisions)
         choice = choose(module, parent, reals, static, compile_plain, freezing=freezing,
                         cpp_wrapper=inductor.cpp_wrapper, autotune=inductor.autotune,
-                        gemm_templates=inductor.gemm_templates, rewrite=rewrite)
+                        gemm_templates=inductor.gemm_templates, gemm_timing=inductor.gemm_timing, rewrite=rewrite,
+                        background_build=not self.context.static.enabled)
         if choice.label:
             self.counters["partitions_frozen"] += 1
             self._count_shared_frozen_code(choice.fn)
