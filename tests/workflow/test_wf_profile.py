@@ -317,6 +317,36 @@ def test_the_timed_pass_goes_on_while_the_pairs_scatter():
     assert not settled(rounds(steady[:2]))          # too few pairs to tell
 
 
+def test_a_long_step_stops_the_timed_pass_by_time_a_short_one_by_rounds():
+    from types import SimpleNamespace
+
+    from superkernel.tools.advisor.profile import MIN_ROUNDS, MIN_TIMED_S
+    from superkernel.tools.advisor.profile_rounds import (LONG_MAX_TIMED_S, LONG_MIN_ROUNDS, LONG_TIMED_S, Round,
+                                                          enough_rounds)
+
+    def rounds(levels):   # (wrapped, bare) pairs, alternating calibration and profile
+        return [r for i, (h, b) in enumerate(levels)
+                for r in (Round(True, i % 2 == 0, [h] * 4, [SimpleNamespace(calls=10)] * 4),
+                          Round(False, i % 2 == 0, [b] * 4))]
+
+    steady = rounds([(1.1 + 0.001 * (i % 3), 1.0) for i in range(8)])
+    scattered = rounds([(1.1 + 0.3 * (i % 3), 1.0 + 0.2 * (i % 2)) for i in range(8)])
+
+    def stop(done, spent, rs, **kw):
+        return enough_rounds(done, spent, rs, least=MIN_ROUNDS, enough=MIN_TIMED_S, interleaved=True,
+                             check_settled=True, **kw)
+
+    short = 2 * MIN_TIMED_S   # a tiny model: seconds after many rounds, never LONG_TIMED_S
+    assert not stop(16, short, steady) and stop(MIN_ROUNDS, short, steady)
+    assert not stop(MIN_ROUNDS, short, scattered)                     # goes on while the pairs scatter
+    long_ = LONG_TIMED_S + 1   # a real-width step: seconds per round
+    assert stop(16, long_, steady) and not stop(16, long_, scattered)
+    assert stop(LONG_MIN_ROUNDS, LONG_MAX_TIMED_S, scattered)         # bounded wait, settled or not
+    assert not stop(LONG_MIN_ROUNDS - 4, 10 * LONG_MAX_TIMED_S, steady)
+    assert not stop(LONG_MIN_ROUNDS + 2, LONG_MAX_TIMED_S, steady)  # only whole calibration/profile pairs
+    assert enough_rounds(4, 0.6, [], least=4, enough=0.5, interleaved=False, check_settled=False)
+
+
 def test_a_mode_whose_widest_plan_lost_to_the_plain_compile_tries_narrower_scopes():
     """gemma2 (reduce-overhead): all_layers ran slower than the whole step compiled without scopes; the
     calibrated efficiency is then negative and the narrower attention plan is predicted (and was) faster."""

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from superkernel.tools.advisor.profile_rounds import Round, in_model_cost, profile_pairs, settled
+from superkernel.tools.advisor.profile_rounds import Round, enough_rounds, in_model_cost, profile_pairs
 from superkernel.tools.advisor.run_log import native_stderr_to
 from superkernel.tools.advisor.structure import ModelStructure
 
@@ -44,7 +44,8 @@ _MARK = "sk.module::"
 #: left tiny models' coverage up to 15 % off under a load of 2-3 on 2 cores) ...
 #: Past the minimum, the pass goes on until the calibration and the profile are each known to
 #: 2.5 % of the step (:func:`~superkernel.tools.advisor.profile_rounds.settled`; 1.5 % took up
-#: to 128 rounds, 25 s on llama-tiny, under a load of 4.5 on 2 cores).
+#: to 128 rounds, 25 s on llama-tiny, under a load of 4.5 on 2 cores). A long step stops sooner, by
+#: time (:func:`~superkernel.tools.advisor.profile_rounds.enough_rounds`).
 MIN_ROUNDS, MAX_ROUNDS, MIN_TIMED_S = 48, 96, 1.5
 #: ... and a compiled step (no wrappers, nothing to compare).
 MIN_ROUNDS_COMPILED, MAX_ROUNDS_COMPILED, MIN_TIMED_S_COMPILED = 4, 16, 0.5
@@ -329,8 +330,8 @@ def profile_step(session, step, *, structure: ModelStructure | None = None, labe
             least, most, enough = (MIN_ROUNDS, MAX_ROUNDS, MIN_TIMED_S) if interleave else \
                 (MIN_ROUNDS_COMPILED, MAX_ROUNDS_COMPILED, MIN_TIMED_S_COMPILED)
             for round_ in range(most):
-                if round_ >= least and spent >= enough and (not interleave or (
-                        round_ % 4 == 0 and (not roles or settled(rounds)))):
+                if enough_rounds(round_, spent, rounds, least=least, enough=enough, interleaved=interleave,
+                                 check_settled=bool(roles)):
                     break
                 hooked = not interleave or round_ % 2 == 0
                 # pairs of rounds (wrapped, bare) alternate between calibration and profile
