@@ -20,6 +20,7 @@ recommendation compares. Re-timing costs a few decode runs; a compile costs seco
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Callable, Protocol
 
 import torch
@@ -35,8 +36,10 @@ BASELINE = "torch.compile"
 EAGER = "eager"
 #: Interleaved rounds after each measured plan; a re-measurement takes twice as many.
 ROUNDS = 3
-#: Rounds of the final showdown among the kept candidates (within :data:`RELEASE_MARGIN` of the best).
-SHOWDOWN_ROUNDS = 5
+#: Rounds of the final showdown among the kept candidates (within :data:`RELEASE_MARGIN` of the best):
+#: up to SHOWDOWN_ROUNDS, fewer (not under MIN_SHOWDOWN_ROUNDS) when its first round says they would take
+#: more than SHOWDOWN_BUDGET_S (a real-width model: ~15 s a round of three 36-step decodes).
+SHOWDOWN_ROUNDS, MIN_SHOWDOWN_ROUNDS, SHOWDOWN_BUDGET_S = 5, 3, 45.0
 #: A re-timed step this many times off its prediction or its own run is timed again before it counts.
 IMPLAUSIBLE = 2.0
 #: Rounds whose slowest / fastest (plan / baseline) ratio exceeds this disagree: timed again.
@@ -97,7 +100,8 @@ def run_search(plans: list[ScopePlan], modes: tuple[str, ...], forecasts: list[F
     ``base_ms``: the whole step compiled without scopes (:func:`~superkernel.tools.advisor.predict.base_step_ms`);
     ``base_compile_s``: its compile time (what makes a mode's compile cheap, :func:`cheap_modes`);
     ``baselines``: the eager and plain torch.compile results (:data:`EAGER`, :data:`BASELINE`): with a timer,
-    their steps become those of the final showdown, so the recommendation compares numbers of the same rounds."""
+    their steps become those of the final showdown, so the recommendation compares numbers of the same rounds.
+    ``exhaustive`` with a timer (a named strategy): every plan measured, then the showdown among all that passed."""
     for f in forecasts:
         f.prior_ms = predict_ms(f, base_ms, prior)
     results: list[RunResult] = []
@@ -108,6 +112,14 @@ def run_search(plans: list[ScopePlan], modes: tuple[str, ...], forecasts: list[F
             out = run_plan(plan, tuple(modes))
             _record(forecasts, out)
             results += out
+        if timer is not None:  # a named strategy: every plan kept meets eager and torch.compile in the showdown
+            timing = _Timing(timer, base_ms, noise, note)
+            timing.alive = [r.name for r in results if recommendable(r) and r.step is not None]
+            for r in results:
+                if r.name in timing.alive:
+                    r.own_median_ms = r.median_ms
+            timing.final(results, forecasts, baselines or {})
+            timing.close(results)
         return results
     by_strategy = {p.strategy: p for p in plans}
     timing = _Timing(timer, base_ms, noise, note)
@@ -227,10 +239,14 @@ class _Timing:
         # baseline moved by 10% between rounds, so a narrower showdown let an older score beat the fresh ones
         contenders = list(self.alive)
         names = contenders + ([EAGER] if EAGER in baselines else [])
-        self.note(f"showdown: {', '.join(names)} and torch.compile timed interleaved over {SHOWDOWN_ROUNDS} rounds")
         for n in contenders:  # the showdown's own rounds decide between them
             self.samples[n] = []
-        got, raw = self._rounds(names, SHOWDOWN_ROUNDS)
+        start = time.perf_counter()
+        _, raw = self._rounds(names, 1)
+        more = showdown_rounds(time.perf_counter() - start) - 1
+        _, rest = self._rounds(names, more)
+        raw = {k: raw.get(k, []) + rest.get(k, []) for k in raw.keys() | rest.keys()}
+        self.note(f"showdown: {', '.join(names)} and torch.compile timed interleaved over {more + 1} rounds")
         base = statistics.median(raw[BASELINE])
         self.refresh(results, forecasts, base)
         for r in results:
@@ -252,10 +268,18 @@ class _Timing:
             r.step = None
 
 
+def showdown_rounds(first_round_s: float) -> int:
+    """Rounds of the showdown, given how long its first round took (see :data:`SHOWDOWN_ROUNDS`)."""
+    fit = int(SHOWDOWN_BUDGET_S / first_round_s) if first_round_s > 0 else SHOWDOWN_ROUNDS
+    return max(MIN_SHOWDOWN_ROUNDS, min(SHOWDOWN_ROUNDS, fit))
+
+
 def _retimed(r: RunResult, median_ms: float) -> None:
     """``r``'s step from interleaved rounds. Those rounds give one ratio per round, not a step
     distribution, so the p90 keeps the own run's spread (p90 / median) around the new median:
     a p90 below the median it sits beside would be read as a bug."""
     if r.p90_ms and r.median_ms:
         r.p90_ms = r.p90_ms / r.median_ms * median_ms
+    if r.tokens_per_s and r.median_ms:  # tokens per step (the batch) / step
+        r.tokens_per_s = r.tokens_per_s * r.median_ms / median_ms
     r.median_ms, r.timing = median_ms, "interleaved"

@@ -233,7 +233,10 @@ def _optimize(opts: OptimizeOptions, reporter: Reporter, log: RunLog) -> Outcome
                   f"plans: {', '.join(p.strategy for p in plans)} x {', '.join(opts.modes)}"
                   + ("" if exhaustive else " (auto: best predicted first)"))
 
-    results = run_baselines(session, reporter, keep=not exhaustive)
+    # auto and a named strategy time their kept plans interleaved with eager and torch.compile at the end
+    # (a real-width step timed once, alone, drifted 8 % over one run); --exhaustive keeps one timing each
+    interleave = not opts.exhaustive
+    results = run_baselines(session, reporter, keep=interleave)
     eager = results[0]
     inductor = next((r for r in results if r.name == "torch.compile" and not r.error), None)
     timer = (Interleaved(session, inductor.step, session.step_fn()) if inductor is not None and inductor.step is not None
