@@ -248,3 +248,12 @@ def test_a_near_prediction_with_another_share_is_skipped_not_measured_as_a_tie()
     assert calls == ["all_layers / reduce-overhead", "decoder_layer / reduce-overhead"]
     att = by["attention / reduce-overhead"]
     assert att.predicted_ms < 0.99 * 1.03 and att.status == "skipped" and "cannot beat" in att.reason
+
+
+def test_the_showdown_takes_fewer_rounds_when_a_round_is_long():
+    from superkernel.tools.advisor.search import (MIN_SHOWDOWN_ROUNDS, SHOWDOWN_BUDGET_S, SHOWDOWN_ROUNDS,
+                                                  showdown_rounds)
+
+    assert showdown_rounds(0.05) == SHOWDOWN_ROUNDS                      # a tiny model: every round
+    assert showdown_rounds(SHOWDOWN_BUDGET_S / 4) == 4
+    assert showdown_rounds(SHOWDOWN_BUDGET_S) == MIN_SHOWDOWN_ROUNDS      # never fewer than a median needs

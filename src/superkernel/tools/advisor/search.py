@@ -244,7 +244,7 @@ class _Timing:
         start = time.perf_counter()
         _, raw = self._rounds(names, 1)
         more = showdown_rounds(time.perf_counter() - start) - 1
-        _, rest = self._rounds(names, more)
+        _, rest = self._rounds(names[1:] + names[:1], more)  # another order than the first round's
         raw = {k: raw.get(k, []) + rest.get(k, []) for k in raw.keys() | rest.keys()}
         self.note(f"showdown: {', '.join(names)} and torch.compile timed interleaved over {more + 1} rounds")
         base = statistics.median(raw[BASELINE])
