@@ -257,3 +257,22 @@ def test_the_showdown_takes_fewer_rounds_when_a_round_is_long():
     assert showdown_rounds(0.05) == SHOWDOWN_ROUNDS                      # a tiny model: every round
     assert showdown_rounds(SHOWDOWN_BUDGET_S / 4) == 4
     assert showdown_rounds(SHOWDOWN_BUDGET_S) == MIN_SHOWDOWN_ROUNDS      # never fewer than a median needs
+
+
+def test_a_candidate_whose_own_run_is_fast_is_not_freed_on_a_few_slow_rounds():
+    """gpt_neox under load: the fastest own run read slow over its first rounds; it stays for the showdown."""
+    forecasts, plans = _twins()
+    timer = FakeTimer({"all_layers / reduce-overhead": [0.74] * 6 + [0.45],
+                       "decoder_layer / reduce-overhead": [0.60]})
+    own = {"all_layers / reduce-overhead": 0.44, "decoder_layer / reduce-overhead": 0.60,
+           "attention / reduce-overhead": 0.9}
+    calls, results, by = _search(forecasts, plans, own, timer)
+    assert "all_layers / reduce-overhead" in timer.calls[-1][0]           # in the showdown
+    assert decide(results).plan.name == "all_layers / reduce-overhead"
+    # a candidate slow by its rounds and by its own run is still freed early
+    forecasts, plans = _twins()
+    timer = FakeTimer({"all_layers / reduce-overhead": [0.74] * 6 + [0.45],
+                       "decoder_layer / reduce-overhead": [0.60]})
+    own["all_layers / reduce-overhead"] = 0.74
+    calls, results, by = _search(forecasts, plans, own, timer)
+    assert "all_layers / reduce-overhead" not in timer.calls[-1][0]

@@ -161,6 +161,7 @@ class _Timing:
         self.samples: dict[str, list[float]] = {}   # per candidate: (plan / baseline) per round
         self.base_rounds: list[float] = []          # plain torch.compile's step, every round
         self.timed: dict[str, int] = {}             # per candidate: rounds timed in all (showdown included)
+        self.own: dict[str, float] = {}             # per candidate: its own run's median step
         self.alive: list[str] = []
 
     def base(self) -> float:
@@ -186,6 +187,8 @@ class _Timing:
             return
         f = _forecast(forecasts, r)
         r.own_median_ms = r.median_ms
+        if r.median_ms:
+            self.own[r.name] = r.median_ms
         others = [best.name] if best is not None and best.name in self.alive and best.name != r.name else []
         got, _ = self._rounds([r.name] + others, ROUNDS)
         why = self._implausible(r, f, calibrated, got[r.name])
@@ -223,11 +226,15 @@ class _Timing:
                     f.rounds = self.timed[r.name]
 
     def release_slow(self) -> None:
+        """Free the candidates more than :data:`RELEASE_MARGIN` behind the best, by their rounds *and* their own
+        run: a few rounds of a sub-millisecond step are a short window that load distorts (gpt_neox: the fastest
+        own run, 0.44 ms, read 0.74 ms over its first 3 rounds and was freed before the showdown)."""
         if self.timer is None or not self.alive:
             return
         best = min(self.score(n) for n in self.alive)
         for name in list(self.alive):
-            if self.score(name) > best * (1 + RELEASE_MARGIN):
+            own = self.own.get(name)
+            if self.score(name) > best * (1 + RELEASE_MARGIN) and (own is None or own > best * (1 + RELEASE_MARGIN)):
                 self.alive.remove(name)
                 self.timer.release(name)
 
