@@ -114,10 +114,9 @@ def run_search(plans: list[ScopePlan], modes: tuple[str, ...], forecasts: list[F
             results += out
         if timer is not None:  # a named strategy: every plan kept meets eager and torch.compile in the showdown
             timing = _Timing(timer, base_ms, noise, note)
-            timing.alive = [r.name for r in results if recommendable(r) and r.step is not None]
             for r in results:
-                if r.name in timing.alive:
-                    r.own_median_ms = r.median_ms
+                if recommendable(r) and r.step is not None:
+                    timing.keep(r)
             timing.final(results, forecasts, baselines or {})
             timing.close(results)
         return results
@@ -150,7 +149,8 @@ def run_search(plans: list[ScopePlan], modes: tuple[str, ...], forecasts: list[F
 
 
 class _Timing:
-    """The auto search's interleaved re-timing of its measured candidates (a no-op without a timer).
+    """The interleaved re-timing of the measured candidates (auto's search, a named strategy's showdown;
+    a no-op without a timer).
 
     A candidate's step = median over its rounds of (candidate / plain torch.compile, same round)
     x :meth:`base`: the median of plain torch.compile's step over every round so far (its own
@@ -161,8 +161,7 @@ class _Timing:
         self.samples: dict[str, list[float]] = {}   # per candidate: (plan / baseline) per round
         self.base_rounds: list[float] = []          # plain torch.compile's step, every round
         self.timed: dict[str, int] = {}             # per candidate: rounds timed in all (showdown included)
-        self.own: dict[str, float] = {}             # per candidate: its own run's median step
-        self.alive: list[str] = []
+        self.alive: dict[str, float | None] = {}    # kept candidates: name -> its own run's median step
 
     def base(self) -> float:
         return statistics.median(self.base_rounds) if self.base_rounds else self.base_ms
@@ -178,6 +177,11 @@ class _Timing:
             self.timed[n] = self.timed.get(n, 0) + len(ratios)
         return got, raw
 
+    def keep(self, r: RunResult) -> None:
+        """``r`` stays compiled as a candidate; its own run's median is kept beside its re-timed step."""
+        r.own_median_ms = r.median_ms
+        self.alive[r.name] = r.median_ms
+
     def score(self, name: str) -> float:
         return statistics.median(self.samples[name]) * self.base()
 
@@ -187,8 +191,6 @@ class _Timing:
             return
         f = _forecast(forecasts, r)
         r.own_median_ms = r.median_ms
-        if r.median_ms:
-            self.own[r.name] = r.median_ms
         others = [best.name] if best is not None and best.name in self.alive and best.name != r.name else []
         got, _ = self._rounds([r.name] + others, ROUNDS)
         why = self._implausible(r, f, calibrated, got[r.name])
@@ -198,7 +200,7 @@ class _Timing:
             if f is not None:
                 f.remeasured = why
         if self.samples.get(r.name):
-            self.alive.append(r.name)
+            self.keep(r)
         else:  # never timed (cannot happen with a kept step): it keeps its own run's median
             r.own_median_ms = None
 
@@ -232,10 +234,9 @@ class _Timing:
         if self.timer is None or not self.alive:
             return
         best = min(self.score(n) for n in self.alive)
-        for name in list(self.alive):
-            own = self.own.get(name)
+        for name, own in list(self.alive.items()):
             if self.score(name) > best * (1 + RELEASE_MARGIN) and (own is None or own > best * (1 + RELEASE_MARGIN)):
-                self.alive.remove(name)
+                del self.alive[name]
                 self.timer.release(name)
 
     def final(self, results: list[RunResult], forecasts: list[Forecast], baselines: dict[str, RunResult]) -> None:
