@@ -35,7 +35,7 @@ def _fill_timing(result: RunResult, run: DecodeRun) -> None:
 def run_baselines(session: DecodeSession, reporter: Reporter, *, keep: bool = False) -> list[RunResult]:
     """Eager (uncompiled), plain torch.compile (Inductor) and, on CUDA, torch.compile reduce-overhead.
 
-    ``keep``: the compiled baselines stay valid after the call (``result.step``: the auto search times
+    ``keep``: the compiled baselines stay valid after the call (``result.step``: the search's showdown times
     plans again interleaved with plain torch.compile); no ``torch._dynamo.reset()``.
 
     Each compiled baseline's logits are checked against eager's (:mod:`superkernel.tools.peer_check`);
@@ -104,7 +104,7 @@ def run_plan(session: DecodeSession, plan: ScopePlan, modes: tuple[str, ...], ea
     measures a strategy's modes at different times). ``profile(step, result)``, when given,
     profiles each measured step while it is still compiled (``result.profile``). ``keep``: the session
     is the plan's own (a copy): its scopes stay applied and each measured step stays valid in
-    ``result.step`` (no ``torch._dynamo.reset()``), for the auto search's interleaved re-timing.
+    ``result.step`` (no ``torch._dynamo.reset()``), for the search's interleaved re-timing.
     """
     import superkernel
 

@@ -43,7 +43,7 @@ class RunResult:
     profile_error: str | None = None
     guard_path: str | None = None                         # what a call checks: full-guards / precompiled
     guard_cost_us: dict[str, float] = field(default_factory=dict)  # measured cost of one check
-    step: Any = field(default=None, repr=False)           # the compiled step, kept while the auto search runs
+    step: Any = field(default=None, repr=False)           # the compiled step, kept while the search runs
     own_median_ms: float | None = None                    # auto: the run's own median, before the re-timing
     timing: str = "own"                                   # "own" (its run) or "interleaved" (see search.py)
 

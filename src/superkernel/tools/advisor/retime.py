@@ -1,4 +1,4 @@
-"""The auto search's timer: kept compiled candidates timed again, interleaved with plain torch.compile.
+"""The search's timer (auto, and a named strategy's showdown): kept compiled candidates timed again, interleaved with plain torch.compile.
 
 Each candidate lives on its own copy of the decode session (model, cache, scopes applied) and
 was compiled from its own code object (:func:`~superkernel.tools.advisor.compiling.own_code`),

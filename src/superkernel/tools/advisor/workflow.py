@@ -249,7 +249,7 @@ def _optimize(opts: OptimizeOptions, reporter: Reporter, log: RunLog) -> Outcome
     references: dict[str, torch.Tensor] = {}
 
     def measure(plan: ScopePlan, modes: tuple[str, ...]) -> list[RunResult]:
-        """A plan's modes; with the auto search's timer, on a session copy whose compiled steps are kept."""
+        """A plan's modes; with the timer (auto, a named strategy), on a session copy whose compiled steps are kept."""
         own = session_copy(session) if timer is not None else session
 
         def profile_plan(step, result):
@@ -275,7 +275,7 @@ def _optimize(opts: OptimizeOptions, reporter: Reporter, log: RunLog) -> Outcome
             r.step = None
     fill_speedups(results, eager, inductor)
     drift = eager_drift(session, eager, reporter)
-    # auto: the steps compared were timed interleaved in the same rounds; the drift over the run does not enter
+    # with the showdown the steps compared were timed interleaved in the same rounds; the drift does not enter
     decision = decide(results, None if inductor is not None and inductor.timing == "interleaved" else drift)
     best = decision.plan if decision.kind == "plan" else None
 
@@ -337,7 +337,7 @@ def eager_drift(session: DecodeSession, eager: RunResult, reporter: Reporter) ->
     Plans are measured one after another (each needs a fresh Dynamo state), so a change in
     background load shows up as a shift between them; this number says how large it was.
     """
-    first = eager.own_median_ms or eager.median_ms  # its first run (auto re-times it in the showdown)
+    first = eager.own_median_ms or eager.median_ms  # its first run (the showdown re-times it)
     if not first:
         return None
     with reporter.task("eager again (drift check)", total=session.total_steps) as update:
