@@ -322,6 +322,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-json", type=Path, help="only rewrite <name>.md from this result file")
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
+    if args.from_json is not None:  # only the markdown again: nothing is measured
+        result = json.loads(args.from_json.read_text())
+        atomic_write(args.output / f"{args.name}.md", markdown(result) + "\n")
+        return 0
     cold = tempfile.TemporaryDirectory(prefix="real_width_breakdown_")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = cold.name
     import transformers
@@ -332,10 +336,6 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {"hardware": describe_hardware(torch.device("cpu")), "torch": torch.__version__,
                               "transformers": transformers.__version__, "layers": args.layers, "threads": args.threads,
                               "load_start": load_start, "kernel_profile": args.kernel_profile}
-    if args.from_json is not None:
-        result = json.loads(args.from_json.read_text())
-        atomic_write(args.output / f"{args.name}.md", markdown(result) + "\n")
-        return 0
     if args.step:
         result["step"] = step_breakdown(args)
     bw2 = memory_bandwidth()
