@@ -118,6 +118,13 @@ def guard(original: str, fusion, staged, refuse: Callable, *, dims: Mapping[str,
               "dropped_rules": sorted(excluded), "steps": steps, "threads": threads}
     if stop:
         record["stopped"] = stop
+    huge = T.anon_huge_pages_kb()
+    if huge is not None:
+        record["anon_huge_pages_kb"] = huge
+    if len(looks) == 3 and huge == 0:
+        record["note"] = ("looks in fresh sessions disagreed while the weights sat on 4 KiB pages: a session's speed "
+                          "then depends on where its weights landed, by more than a fusion changes it; "
+                          + T.HUGE_PAGES_HINT)
     if len(looks) == 3 and not excluded:
         # Looks in fresh sessions disagreed: no single look's interval is the spread to publish.
         est = T.across_looks(looks)
