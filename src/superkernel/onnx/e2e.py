@@ -20,6 +20,10 @@ model is compared head to head with the current fused model, and the kind is dro
 when that comparison confirms it is faster (an implausible gain from dropping an unrelated
 kind is re-measured away, not acted on). This repeats until the fused model is not
 confidently slower, no leave-one-out gain is confirmed, or no fusion is left.
+
+A model of 256 MiB or more is timed in a child process on transparent huge pages when this
+process is not (:mod:`superkernel.onnx.hugepages`): on 4 KiB pages each session of a ~1 GB
+decode step keeps a speed of its own, by more than the 1 % this check resolves.
 """
 
 from __future__ import annotations
