@@ -154,8 +154,9 @@ def markdown(result: dict) -> str:
          + "; 1-min load average at start / end of each: "
          + ", ".join(f"{p['load'][0]} / {p['load'][1]}" for p in s["per_run"] if p.get("load")) + ". "
          f"1 intra-op thread; per case up to {result['repeat']} interleaved rounds (stopped after "
-         f"{result['max_seconds']:.0f} s, at least 20) after {result['warmup']} warm-up rounds; warmed process, random "
-         + ("session creation order; ratios are medians of per-round paired ratios. " if result.get("looks", 1) <= 1 else
+         f"{result['max_seconds']:.0f} s, at least 20) after {result['warmup']} warm-up rounds; warmed process; "
+         + ("random session creation order; ratios are medians of per-round paired ratios. "
+            if result.get("looks", 1) <= 1 else
             f"the rounds split over up to {result['looks']} looks, each with fresh sessions created in its own random "
             "order; ratios are medians over looks of each look's median per-round paired ratio, intervals over looks "
             "(sign test; with up to 8 looks the range of the looks). ")
@@ -182,10 +183,10 @@ def markdown(result: dict) -> str:
         "## One run in detail (the one with the most cases)", "",
         "| case | P1 ms | P2 ms | P3 ms | GA ms | GA/P1 [95 %] | GA/best [95 %] | peers slower than P1 | "
         "max abs diff P2 / P3 / GA | P2 kinds | P3 kinds | GA kinds | GA not kept (measured slower) | "
-        "GA end-to-end | GA s to fuse | case s | load start/end | rounds |", "|" + "---|" * 18]
+        "GA end-to-end | GA s to fuse | case s | load start/end | rounds | huge pages MB |", "|" + "---|" * 19]
     for r in last["cases"]:
         if "error" in r:
-            L.append(f"| {r['case']} | error: {r['error']} |" + " |" * 16)
+            L.append(f"| {r['case']} | error: {r['error']} |" + " |" * 17)
             continue
         t = r["tools"]
 
@@ -211,7 +212,8 @@ def markdown(result: dict) -> str:
             ", ".join(t.get("P2", {}).get("kinds", [])) or "-", ", ".join(t.get("P3", {}).get("kinds", [])) or "-",
             ", ".join(ga.get("kinds", [])) or "-", ", ".join(sorted({x for x, _ in ga.get("not_kept", [])})) or "-",
             e2e_s, f"{ga.get('seconds', 0):.0f}", f"{r.get('case_seconds', 0):.0f}",
-            "/".join(str(x) for x in r.get("load", [])) or "-", str(r.get("rounds"))]) + " |")
+            "/".join(str(x) for x in r.get("load", [])) or "-", str(r.get("rounds")),
+            f"{r['anon_huge_pages_kb'] / 1024:.0f}" if r.get("anon_huge_pages_kb") is not None else "-"]) + " |")
     L += ["", "GA near misses in that run (pattern found, not fusable):", ""]
     for r in last["cases"]:
         nm = r.get("tools", {}).get("GA", {}).get("near_miss_rules")
