@@ -150,11 +150,13 @@ def paired_ci(xs: dict[str, list[float]], a: str, b: str) -> list[float]:
 
 def run_case(family: str, exporter: str, tmp: str, repeat: int, warmup: int, *, src: str | None = None,
              p2: tuple[str, int, int] | None = None, seed: int = 0, max_seconds: float | None = None,
-             calibration_cache: str | None = None) -> dict:
+             calibration_cache: str | None = None, looks: int = 1) -> dict:
     """One model: P2, P3 and GA from ``src`` (default: the tiny suite's export of ``family``),
     accuracy of each against the original, then all four timed together. ``p2``: (model type,
     heads, hidden) for ORT's transformers optimizer (default: the tiny suite's).
-    ``calibration_cache``: GA's micro-benchmark cache (default: a fresh one for this case)."""
+    ``calibration_cache``: GA's micro-benchmark cache (default: a fresh one for this case).
+    ``looks`` > 1: the ``repeat`` rounds are split over that many looks, each with fresh sessions
+    (superkernel.onnx.timing.time_looks); ratios and intervals are then over looks."""
     name = f"{family}/{exporter}"
     d = os.path.join(tmp, f"{family}_{exporter}")
     os.makedirs(d, exist_ok=True)
@@ -210,26 +212,42 @@ def run_case(family: str, exporter: str, tmp: str, repeat: int, warmup: int, *, 
         except Exception as e:  # noqa: BLE001
             row["tools"][tool]["error"] = f"run: {type(e).__name__}: {str(e)[:200]}"
             paths.pop(tool)
-    samples, order = time_all(paths, feeds, repeat, warmup, seed=seed, max_seconds=max_seconds)
-    row["session_order"] = order
+    if looks > 1:  # fresh sessions per look: the look is the unit (superkernel.onnx.timing.time_looks)
+        names = list(paths)
+        make = [lambda p=paths[k]: V.session(p, ort.GraphOptimizationLevel.ORT_ENABLE_ALL, threads=1) for k in names]
+        per = T.time_looks(make, feeds, looks=looks, rounds=max(5, repeat // looks), warmup=warmup, seed=seed,
+                           max_seconds=max_seconds)
+        samples = {k: [t * 1e3 for look in per for t in look[i]] for i, k in enumerate(names)}
+        row["looks"] = len(per)
+        row["session_order"] = "random per look"
+
+        def ratio(a: str, b: str) -> tuple[float, list[float]]:
+            e = T.looks_estimate(per, names.index(b), names.index(a))
+            return e.ratio, [e.lo, e.hi]
+    else:
+        samples, order = time_all(paths, feeds, repeat, warmup, seed=seed, max_seconds=max_seconds)
+        row["session_order"] = order
+
+        def ratio(a: str, b: str) -> tuple[float, list[float]]:
+            return paired(samples, a, b), paired_ci(samples, a, b)
     row["rounds"] = len(samples["P1"])
+    huge = T.anon_huge_pages_kb()
+    if huge is not None:
+        row["anon_huge_pages_kb"] = huge  # > 0: this process's buffers are on transparent huge pages
     times = {k: statistics.median(v) for k, v in samples.items()}
     for tool, t in times.items():
         sp = T.spread(samples[tool])
         row["tools"][tool].update(median_ms=t, min_ms=sp["min"], p25_ms=sp["p25"], p75_ms=sp["p75"])
         if tool != "P1":
-            row["tools"][tool]["vs_p1"] = paired(samples, tool, "P1")
-            row["tools"][tool]["vs_p1_ci"] = paired_ci(samples, tool, "P1")
+            row["tools"][tool]["vs_p1"], row["tools"][tool]["vs_p1_ci"] = ratio(tool, "P1")
     if "GA" in times:
-        row["ga_vs_p1"] = paired(samples, "GA", "P1")
-        row["ga_vs_p1_ci"] = paired_ci(samples, "GA", "P1")
+        row["ga_vs_p1"], row["ga_vs_p1_ci"] = ratio("GA", "P1")
         best = [t for t in ("P2", "P3") if t in times and row["tools"][t].get("within_tolerance")]
         if best:
             b = min(best, key=lambda t: times[t])
             row["best_p2_p3"] = b
-            row["ga_vs_best_p2_p3"] = paired(samples, "GA", b)
-            row["ga_vs_best_p2_p3_ci"] = paired_ci(samples, "GA", b)
-            row["best_p2_p3_vs_p1"] = paired(samples, b, "P1")
+            row["ga_vs_best_p2_p3"], row["ga_vs_best_p2_p3_ci"] = ratio("GA", b)
+            row["best_p2_p3_vs_p1"] = ratio(b, "P1")[0]
         else:
             row["ga_vs_best_p2_p3"] = row["best_p2_p3_vs_p1"] = None
     row["peers_slower_than_p1"] = [t for t in ("P2", "P3") if row["tools"].get(t, {}).get("vs_p1_ci", [0])[0] > 1.0]

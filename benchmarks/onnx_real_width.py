@@ -55,7 +55,7 @@ BIG = {"qwen2_decode"}  # over 1 GB per session: parallel runs take turns (a fil
 
 
 def one_run(cases: list[str], exporters: list[str], models: str, repeat: int, warmup: int, max_seconds: float,
-            out: str, calibration_cache: str = "") -> int:
+            out: str, calibration_cache: str = "", looks: int = 1) -> int:
     import contextlib
     import fcntl
 
@@ -73,7 +73,7 @@ def one_run(cases: list[str], exporters: list[str], models: str, repeat: int, wa
                     sh = realsuite.SHAPES[case]
                     row = OA.run_case(case, exp, tmp, repeat, warmup, src=src, p2=(sh.model_type, sh.heads, sh.hidden),
                                       seed=len(rows) + int(time.time()), max_seconds=max_seconds,
-                                      calibration_cache=calibration_cache or None)
+                                      calibration_cache=calibration_cache or None, looks=looks)
                 except Exception as e:  # noqa: BLE001 - recorded, the suite goes on
                     traceback.print_exc()
                     row = {"case": f"{case}/{exp}", "family": case, "exporter": exp,
@@ -95,6 +95,14 @@ def one_run(cases: list[str], exporters: list[str], models: str, repeat: int, wa
     atomic_write(out, json.dumps({"load": [round(load0, 2), round(os.getloadavg()[0], 2)], "cases": rows,
                                   "complete": True}, indent=1, default=str))
     return 0
+
+
+def run_env(hugepages: bool) -> dict:
+    """The environment of a run process: this one's, plus glibc's huge-page tunable when asked."""
+    env = dict(os.environ)
+    if hugepages:
+        env["GLIBC_TUNABLES"] = ":".join(x for x in (env.get("GLIBC_TUNABLES", ""), "glibc.malloc.hugetlb=1") if x)
+    return env
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -146,8 +154,15 @@ def markdown(result: dict) -> str:
          + "; 1-min load average at start / end of each: "
          + ", ".join(f"{p['load'][0]} / {p['load'][1]}" for p in s["per_run"] if p.get("load")) + ". "
          f"1 intra-op thread; per case up to {result['repeat']} interleaved rounds (stopped after "
-         f"{result['max_seconds']:.0f} s, at least 20) after {result['warmup']} warm-up rounds; warmed process, random "
-         "session creation order; ratios are medians of per-round paired ratios. P1 ORT_ENABLE_ALL on the original, "
+         f"{result['max_seconds']:.0f} s, at least 20) after {result['warmup']} warm-up rounds; warmed process; "
+         + ("random session creation order; ratios are medians of per-round paired ratios. "
+            if result.get("looks", 1) <= 1 else
+            f"the rounds split over up to {result['looks']} looks, each with fresh sessions created in its own random "
+            "order; ratios are medians over looks of each look's median per-round paired ratio, intervals over looks "
+            "(sign test; with up to 8 looks the range of the looks). ")
+         + ("Every timing process ran with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (ONNX Runtime's buffers on "
+            "transparent huge pages; every tool alike). " if result.get("malloc_hugepages") else "")
+         + "P1 ORT_ENABLE_ALL on the original, "
          "P2 ORT transformers optimizer, P3 onnxscript optimize_for_ort, GA graph-autofusion ("
          + ("micro-benchmark calibration cache shared by the runs: the first run measured it, later runs reused its "
             "decisions" if result.get("shared_calibration") else "calibrated afresh per run")
@@ -168,10 +183,10 @@ def markdown(result: dict) -> str:
         "## One run in detail (the one with the most cases)", "",
         "| case | P1 ms | P2 ms | P3 ms | GA ms | GA/P1 [95 %] | GA/best [95 %] | peers slower than P1 | "
         "max abs diff P2 / P3 / GA | P2 kinds | P3 kinds | GA kinds | GA not kept (measured slower) | "
-        "GA end-to-end | GA s to fuse | case s | load start/end | rounds |", "|" + "---|" * 18]
+        "GA end-to-end | GA s to fuse | case s | load start/end | rounds | huge pages MB |", "|" + "---|" * 19]
     for r in last["cases"]:
         if "error" in r:
-            L.append(f"| {r['case']} | error: {r['error']} |" + " |" * 16)
+            L.append(f"| {r['case']} | error: {r['error']} |" + " |" * 17)
             continue
         t = r["tools"]
 
@@ -197,7 +212,8 @@ def markdown(result: dict) -> str:
             ", ".join(t.get("P2", {}).get("kinds", [])) or "-", ", ".join(t.get("P3", {}).get("kinds", [])) or "-",
             ", ".join(ga.get("kinds", [])) or "-", ", ".join(sorted({x for x, _ in ga.get("not_kept", [])})) or "-",
             e2e_s, f"{ga.get('seconds', 0):.0f}", f"{r.get('case_seconds', 0):.0f}",
-            "/".join(str(x) for x in r.get("load", [])) or "-", str(r.get("rounds"))]) + " |")
+            "/".join(str(x) for x in r.get("load", [])) or "-", str(r.get("rounds")),
+            f"{r['anon_huge_pages_kb'] / 1024:.0f}" if r.get("anon_huge_pages_kb") is not None else "-"]) + " |")
     L += ["", "GA near misses in that run (pattern found, not fusable):", ""]
     for r in last["cases"]:
         nm = r.get("tools", {}).get("GA", {}).get("near_miss_rules")
@@ -233,6 +249,14 @@ def main(argv=None) -> int:
                    help="GA's micro-benchmark cache is shared by the runs of the series (RUNS_DIR/calibration.json): "
                         "the first run calibrates, later runs reuse its decisions; each run's end-to-end check and "
                         "timing are its own (default: every run calibrates afresh)")
+    p.add_argument("--looks", type=int, default=1,
+                   help="split each case's rounds over this many looks, each with fresh sessions created in their "
+                        "own random order; ratios and intervals are then over looks (a session of a ~1 GB model "
+                        "keeps its speed for its lifetime, see onnx_real_width_decode.md)")
+    p.add_argument("--malloc-hugepages", action="store_true",
+                   help="run every timing process with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (glibc >= 2.35 "
+                        "madvises its large allocations for transparent huge pages; every tool alike)")
+    p.add_argument("--name", default="onnx_real_width", help="base name of the JSON and markdown written to --out")
     p.add_argument("--calibration-cache", default="", help=argparse.SUPPRESS)  # internal: to one run
     p.add_argument("--one-run", default="", help=argparse.SUPPRESS)  # internal: one run, JSON to this path
     a = p.parse_args(argv)
@@ -240,7 +264,8 @@ def main(argv=None) -> int:
     exporters = [e for e in a.exporters.split(",") if e]
     runs, repeat = (1, 20) if a.quick else (a.runs, a.repeat)
     if a.one_run:
-        return one_run(cases, exporters, a.models, repeat, a.warmup, a.max_seconds, a.one_run, a.calibration_cache)
+        return one_run(cases, exporters, a.models, repeat, a.warmup, a.max_seconds, a.one_run, a.calibration_cache,
+                       a.looks)
     import onnxruntime as ort
     import onnxscript
     import torch
@@ -270,9 +295,10 @@ def main(argv=None) -> int:
         return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--one-run",
                                  os.path.join(tmp, f"run{i}.json"), "--cases", ",".join(order),
                                  "--exporters", ",".join(exporters), "--models", a.models, "--repeat", str(repeat),
-                                 "--warmup", str(a.warmup), "--max-seconds", str(a.max_seconds)]
+                                 "--warmup", str(a.warmup), "--max-seconds", str(a.max_seconds),
+                                 "--looks", str(a.looks)]
                                 + (["--calibration-cache", os.path.join(tmp, "calibration.json")]
-                                   if a.shared_calibration else []))
+                                   if a.shared_calibration else []), env=run_env(a.malloc_hugepages))
 
     def collect(i: int, proc) -> None:
         code, path = proc.wait(), os.path.join(tmp, f"run{i}.json")
@@ -300,13 +326,14 @@ def main(argv=None) -> int:
 
 
 def write(a, hw: dict, repeat: int, results: list[dict], t0: float) -> None:
-    result = {"benchmark": "onnx_real_width", "hardware": hw, "repeat": repeat, "warmup": a.warmup,
+    result = {"benchmark": a.name, "hardware": hw, "repeat": repeat, "warmup": a.warmup, "looks": a.looks,
+              "malloc_hugepages": bool(a.malloc_hugepages),
               "parallel_runs": bool(a.parallel), "shared_calibration": bool(a.shared_calibration),
               "max_seconds": a.max_seconds, "threads": 1, "layers": realsuite.LAYERS, "seconds": time.perf_counter() - t0,
               "summary": summarize(results), "runs": results}
     os.makedirs(a.out, exist_ok=True)
-    atomic_write(os.path.join(a.out, "onnx_real_width.json"), json.dumps(result, indent=1, default=str))
-    atomic_write(os.path.join(a.out, "onnx_real_width.md"), markdown(result))
+    atomic_write(os.path.join(a.out, f"{a.name}.json"), json.dumps(result, indent=1, default=str))
+    atomic_write(os.path.join(a.out, f"{a.name}.md"), markdown(result))
 
 
 if __name__ == "__main__":

@@ -238,3 +238,17 @@ def test_guard_drops_a_kind_only_after_head_to_head_confirmation(exported):
     h2h = [s for s in rec["steps"] if "head_to_head" in s]
     assert len(h2h) == 1 and h2h[0]["hi"] < 1.0
     assert staged.discarded and st.excluded == {"skip_layernorm"}
+
+
+def test_guard_notes_the_page_size_when_looks_disagree_on_4k_pages(exported, monkeypatch):
+    times = FakeTimes({"": 1.0, "fused": 0.97, "other": 1.0}, glitch={0: 1.06})
+    refuse, fusion, staged = _guard(times)
+    monkeypatch.setattr(T, "anon_huge_pages_kb", lambda: 0)
+    _f, _st, rec = e2e.guard(exported("llama"), fusion, staged, refuse, dims={}, sampler=times.sampler)
+    assert rec["looks_disagreed"] and rec["anon_huge_pages_kb"] == 0
+    assert "glibc.malloc.hugetlb=1" in rec["note"] and "4 KiB pages" in rec["note"]
+    times = FakeTimes({"": 1.0, "fused": 0.97, "other": 1.0}, glitch={0: 1.06})
+    refuse, fusion, staged = _guard(times)
+    monkeypatch.setattr(T, "anon_huge_pages_kb", lambda: 4096)  # on huge pages: no such advice
+    _f, _st, rec = e2e.guard(exported("llama"), fusion, staged, refuse, dims={}, sampler=times.sampler)
+    assert rec["looks_disagreed"] and "note" not in rec

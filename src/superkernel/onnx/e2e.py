@@ -20,6 +20,10 @@ model is compared head to head with the current fused model, and the kind is dro
 when that comparison confirms it is faster (an implausible gain from dropping an unrelated
 kind is re-measured away, not acted on). This repeats until the fused model is not
 confidently slower, no leave-one-out gain is confirmed, or no fusion is left.
+
+A model of 256 MiB or more is timed in a child process on transparent huge pages when this
+process is not (:mod:`superkernel.onnx.hugepages`): on 4 KiB pages each session of a ~1 GB
+decode step keeps a speed of its own, by more than the 1 % this check resolves.
 """
 
 from __future__ import annotations
@@ -36,10 +40,13 @@ MAX_SECONDS = 60.0  # per comparison
 
 
 def ort_sampler(threads: int = 1) -> Callable:
-    """The real timing: ``sampler(a, b, feeds, seed)`` -> :class:`timing.PairSampler`."""
-    def make(a: str, b: str, feeds: dict, seed: int):
-        return T.PairSampler(a, b, feeds, threads=threads, warmup=WARMUP, seed=seed)
-    return make
+    """The real timing: ``sampler(a, b, feeds, seed)`` -> :class:`timing.PairSampler`, in a child
+    process on transparent huge pages when the models are large and this process is not
+    (:mod:`superkernel.onnx.hugepages`: on 4 KiB pages a ~1 GB model's sessions differ by more
+    than a fusion changes it)."""
+    from .hugepages import pair_sampler
+
+    return pair_sampler(threads, WARMUP)
 
 
 def _decide(sampler, threshold: float) -> T.Decision:
@@ -60,8 +67,16 @@ def guard(original: str, fusion, staged, refuse: Callable, *, dims: Mapping[str,
     draws = iter(range(seed * 1000, seed * 1000 + 10**6))  # session-order seeds, reproducible per run
     threshold = 1 + TOLERANCE
 
+    children: list[dict] = []  # what the huge-page timing processes saw, when they were used
+
+    def timed(a: str, b: str):
+        s = make(a, b, feeds, next(draws))
+        if isinstance(getattr(s, "child", None), dict):
+            children.append(s.child)
+        return s
+
     def vs_original(path: str) -> T.Decision:
-        return _decide(make(original, path, feeds, next(draws)), threshold)
+        return _decide(timed(original, path), threshold)
 
     steps: list[dict] = []
 
@@ -96,7 +111,7 @@ def guard(original: str, fusion, staged, refuse: Callable, *, dims: Mapping[str,
                 s2.discard()
         d2, k, f2, s2 = best
         # head to head: is the model without k really faster than the current one?
-        h2h = _decide(make(staged.model_path, s2.model_path, feeds, next(draws)), 1.0)
+        h2h = _decide(timed(staged.model_path, s2.model_path), 1.0)
         steps.append({"head_to_head": sorted(excluded | {k}), **h2h.to_dict()})
         if h2h.estimate.hi >= 1.0:
             s2.discard()
@@ -118,6 +133,15 @@ def guard(original: str, fusion, staged, refuse: Callable, *, dims: Mapping[str,
               "dropped_rules": sorted(excluded), "steps": steps, "threads": threads}
     if stop:
         record["stopped"] = stop
+    huge = children[-1].get("anon_huge_pages_kb") if children else T.anon_huge_pages_kb()
+    record["timed_in"] = "a child process with GLIBC_TUNABLES=" + children[-1].get("glibc_tunables", "") \
+        if children else "this process"
+    if huge is not None:
+        record["anon_huge_pages_kb"] = huge
+    if len(looks) == 3 and huge == 0:
+        record["note"] = ("looks in fresh sessions disagreed while the weights sat on 4 KiB pages: a session's speed "
+                          "then depends on where its weights landed, by more than a fusion changes it; "
+                          + T.HUGE_PAGES_HINT)
     if len(looks) == 3 and not excluded:
         # Looks in fresh sessions disagreed: no single look's interval is the spread to publish.
         est = T.across_looks(looks)

@@ -105,7 +105,10 @@ def markdown(d: dict[str, Any]) -> str:
                   + ("(three looks disagreed: median of their ratios, envelope of their intervals, majority "
                      "verdict) " if e.get("looks_disagreed") else "")
                   + f"(tolerance {e['tolerance']:.0%}); dropped rules: {', '.join(e['dropped_rules']) or 'none'}"
-                  + (f". {e['stopped']}" if e.get("stopped") else ""), ""]
+                  + (f". {e['stopped']}" if e.get("stopped") else "")
+                  + (f". Timed in {e['timed_in']}" if e.get("timed_in") else "")
+                  + (f" ({e['anon_huge_pages_kb']} kB on huge pages)" if e.get("anon_huge_pages_kb") is not None else "")
+                  + (f". {e['note']}" if e.get("note") else ""), ""]
             L += _table(["step", "rules left out", "A ms", "B ms", "ratio B/A", "interval", "rounds", "verdict"],
                         [_e2e_row(st) for st in e["steps"]])
         L += ["", "## Candidates skipped", ""]

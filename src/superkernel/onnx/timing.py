@@ -16,6 +16,14 @@ Why each part is there:
   steady drift with creation position (not a first-session-only effect); harnesses with more
   models create them in a seeded random order (reported), which turns a bias into noise
   across cases.
+- **Fresh sessions per look (big models).** At real width a decode step streams ~1 GB of
+  weights per run, and a session keeps its speed for its whole life: four sessions of the
+  *same* Qwen2-wide decode model in one process ran 52-61 ms, reproducibly over 60 rounds
+  (benchmarks/results/onnx_real_width_decode.md). Rounds cannot average that away; only more
+  sessions can. :func:`time_looks` therefore times several *looks*, each with a fresh set of
+  sessions created in its own random order, and :func:`looks_estimate` treats the look (not
+  the round) as the unit: the median of the per-look median ratios, with the sign-test
+  interval over looks.
 - **Interleaved, paired rounds.** Every round runs each session once (the order rotated
   per round); the statistic is the median of per-round ratios, so load drift between
   rounds cancels. Its spread is a 95 % confidence interval for that median from order
@@ -121,6 +129,11 @@ def open_sessions(make: Sequence[Callable[[], object]], seed: int | None,
     """Warm the process with a throw-away session of ``make[0]``, then create every session
     in a seeded random order. Returns (sessions in the order of ``make``, creation order)."""
     warm_process(make[0], warm_feeds)
+    return create_in_order(make, seed)
+
+
+def create_in_order(make: Sequence[Callable[[], object]], seed: int | None) -> tuple[list, list[int]]:
+    """Create one session per ``make`` in a seeded random order (:func:`creation_order`)."""
     order = creation_order(len(make), seed)
     sessions: list = [None] * len(make)
     for i in order:
@@ -238,3 +251,55 @@ def across_looks(looks: Sequence[Decision]) -> RatioEstimate:
     est = [d.estimate for d in looks]
     return RatioEstimate(statistics.median(e.ratio for e in est), min(e.lo for e in est), max(e.hi for e in est),
                          sum(e.rounds for e in est), min(e.confidence for e in est))
+
+
+def time_looks(make: Sequence[Callable[[], object]], feeds: dict, *, looks: int, rounds: int, warmup: int = 2,
+               seed: int | None = None, max_seconds: float | None = None, min_looks: int = 3) -> list[list[list[float]]]:
+    """Seconds per round of every model, look by look: ``result[look][model]`` is that look's
+    list of per-round times. Each look warms the process with a throw-away session of
+    ``make[0]`` (first look only), creates one fresh session per model in a seeded random
+    order (another order every look), times ``rounds`` interleaved rounds after ``warmup``,
+    and drops the sessions before the next look, so every look draws new sessions (see the
+    module docstring: at real width a session's speed is a draw that lasts its lifetime).
+    With ``max_seconds``, stops after the look that passes it (at least ``min_looks``)."""
+    t0 = time.perf_counter()
+    out: list[list[list[float]]] = []
+    base = 0 if seed is None else seed
+    for k in range(looks):
+        if k == 0:
+            warm_process(make[0], feeds)
+        sessions, _order = create_in_order(make, base + 7919 * k)
+        out.append(time_interleaved([(s, feeds) for s in sessions], rounds, warmup))
+        del sessions
+        if max_seconds is not None and k + 1 >= min_looks and time.perf_counter() - t0 > max_seconds:
+            break
+    return out
+
+
+def looks_estimate(per_look: Sequence[Sequence[Sequence[float]]], a: int, b: int,
+                   confidence: float = CONFIDENCE) -> RatioEstimate:
+    """b/a over looks from :func:`time_looks`: each look's statistic is its median per-round
+    ratio; the estimate is the median over looks with the sign-test interval over looks (with
+    up to 8 looks that interval is the whole range of the looks). ``rounds`` counts all
+    rounds of all looks."""
+    ratios = [ratio_estimate(list(zip(look[a], look[b])), confidence).ratio for look in per_look]
+    med, lo, hi = median_ci(ratios, confidence)
+    return RatioEstimate(med, lo, hi, sum(len(look[a]) for look in per_look), confidence)
+
+
+HUGE_PAGES_HINT = ("GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (glibc >= 2.35) puts ONNX Runtime's buffers on transparent "
+                   "huge pages: sessions of a ~1 GB model then run alike (and faster)")
+
+
+def anon_huge_pages_kb() -> int | None:
+    """This process's anonymous memory on transparent huge pages in kB (None where the kernel
+    does not say: not Linux). 0 with a large model loaded means its weights sit on 4 KiB pages,
+    where a session's speed depends on where they landed (see the module docstring)."""
+    try:
+        with open("/proc/self/smaps_rollup", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
