@@ -1,4 +1,5 @@
-"""The GEMM template modules Inductor builds to time them use its precompiled header: same code, shorter build."""
+"""The compile path's speedups for max-autotune: the GEMM template modules Inductor builds to time them use its
+precompiled header, the templates' index expressions are parsed once per text; same code either way."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def test_the_template_code_cache_is_patched_only_inside_and_only_when_enabled(mo
 
     with autotune_builds.template_builds_use_pch(False):
         assert autotune_process.CppCodeCache is CppCodeCache
-    monkeypatch.setenv(autotune_builds.SWITCH, "plain")
+    monkeypatch.setenv(autotune_builds.SWITCH, "before")
     with autotune_builds.template_builds_use_pch():
         assert autotune_process.CppCodeCache is CppCodeCache
     monkeypatch.delenv(autotune_builds.SWITCH)
@@ -75,6 +76,30 @@ def test_a_module_built_with_the_precompiled_header_is_the_same_machine_code():
         assert torch.equal(y, 1 + 2 * torch.arange(37, dtype=torch.float32))
 
 
+def test_index_expressions_are_parsed_once_per_text_and_equal_inductors():
+    from superkernel.runtime.frozen_code import _PARSED_INDEX_EXPRESSIONS, parsed_index_expressions_reused
+
+    with parsed_index_expressions_reused(False):  # imports Inductor's template modules (in an order without a cycle)
+        from torch._inductor.codegen import cpp_template_kernel
+
+    parse = cpp_template_kernel.parse_expr_with_index_symbols
+    texts = ["m_end - m_start", "n_start + 16*k_size", 3]
+    want = [parse(t) for t in texts]
+    with parsed_index_expressions_reused(False):
+        assert cpp_template_kernel.parse_expr_with_index_symbols is parse
+    with parsed_index_expressions_reused(True):
+        reuse = cpp_template_kernel.parse_expr_with_index_symbols
+        assert reuse is not parse
+        first, second = reuse(texts), reuse(list(texts))
+        assert first == want and second == want and first is not second  # a list of its own per call
+        assert all(a is b for a, b in zip(first, second))  # one parse per text
+        assert all(a.free_symbols == b.free_symbols for a, b in zip(first, want))  # the same (integer) symbols
+        assert "m_end - m_start" in _PARSED_INDEX_EXPRESSIONS
+        expr = want[0]
+        assert reuse(expr) is expr  # a sympy expression comes back as it is
+    assert cpp_template_kernel.parse_expr_with_index_symbols is parse
+
+
 @pytest.mark.slow
 def test_a_frozen_compile_builds_its_template_module_with_the_header_and_matches_eager(monkeypatch):
     from torch._inductor import cpp_builder
@@ -93,11 +118,18 @@ def test_a_frozen_compile_builds_its_template_module_with_the_header_and_matches
     gm, gen = _layer_graph(), torch.Generator().manual_seed(2)
     x = torch.randn(1, 32, generator=gen)
     weights = [torch.randn(s, generator=gen) for s in [(64, 32), (64,), (32, 64)]]
+    keys = {}
     with fresh_cache(), torch.no_grad():
-        fn = inductor_cpu.compile_frozen(gm, [x, *weights], {1: weights[0], 2: weights[1], 3: weights[2]},
-                                         cpp_wrapper=True, autotune=True, gemm_templates=True, gemm_timing="memory")
-        torch.testing.assert_close(fn(x, *weights)[0], gm(x, *weights)[0], rtol=1e-4, atol=1e-4)
-    # the modules built only to time a GEMM template: its micro-kernel without a compiled graph's entry point
-    templates = [c for c, text in builds if "CppMicroGemm" in text and "inductor_entry" not in text]
-    assert templates, "Inductor timed no C++ GEMM template"
-    assert all("precompiled_headers" in c for c in templates)
+        for path in ("after", "before"):  # the second finds the GEMM timings of the first: the same picks
+            monkeypatch.setenv(autotune_builds.SWITCH, path)
+            fn = inductor_cpu.compile_frozen(gm, [x, *weights], {1: weights[0], 2: weights[1], 3: weights[2]},
+                                             cpp_wrapper=True, autotune=True, gemm_templates=True,
+                                             gemm_timing="memory")
+            torch.testing.assert_close(fn(x, *weights)[0], gm(x, *weights)[0], rtol=1e-4, atol=1e-4)
+            keys[path] = fn.source_key
+            if path == "after":
+                # the modules built only to time a GEMM template: its micro-kernel, no compiled graph's entry point
+                templates = [c for c, text in builds if "CppMicroGemm" in text and "inductor_entry" not in text]
+                assert templates, "Inductor timed no C++ GEMM template"
+                assert all("precompiled_headers" in c for c in templates)
+    assert keys["after"] is not None and keys["after"] == keys["before"]  # the same generated source
