@@ -5,10 +5,11 @@ the template into a small C++ module (the micro-kernel and ``extern "C"`` entry,
 with g++ (``CppBenchmarkRequest`` -> ``CppCodeCache.load``) before the first timed call. That module
 includes ``cpp_prefix.h`` (ATen's vectorized types and their headers), and ``CppCodeCache`` is the one
 C++ code cache of Inductor's that never uses the precompiled header Inductor keeps for that header
-(``config.cpp_cache_precompile_headers``; the partitions' own modules use it). Parsing the header is most
-of the build: measured 4-9 s per template module without it, 1.1-1.4 s with it (Qwen2-0.5B width and tiny
-models alike, AMD EPYC, 2 cores; benchmarks/results/max_autotune_compile_breakdown.md), one build per
-distinct GEMM shape in a cold compile.
+(``config.cpp_cache_precompile_headers``; plain ``torch.compile``'s CPU kernels use it, the C++-wrapper
+modules one of their own). Parsing the header is most of the build: measured 4-9 s per template module
+without it, 1.1-1.4 s with it on a quiet core and 1.5-2 s under load (Qwen2-0.5B width and tiny models
+alike, AMD EPYC, 2 cores; benchmarks/results/max_autotune_compile_summary.md), one build per distinct
+GEMM shape in a cold compile.
 
 :func:`template_builds_use_pch` makes those builds use the precompiled ``cpp_prefix.h``. The header is
 the same text either way (g++ reads the ``.gch`` only when it was built with the same flags, and falls
