@@ -77,7 +77,7 @@ def parsed_templates_reused() -> Iterator[None]:
     if parse is None:
         yield
         return
-    parsed: dict[str, Any] = {}
+    parsed = _PARSED_INDEX_EXPRESSIONS
 
     def reuse(source: str) -> Any:
         if source not in parsed:
@@ -85,6 +85,53 @@ def parsed_templates_reused() -> Iterator[None]:
         return parsed[source]
 
     with unittest.mock.patch.object(KernelTemplate, "_template_from_string", staticmethod(reuse)):
+        yield
+
+
+#: text -> its parsed index expression (:func:`parsed_index_expressions_reused`)
+_PARSED_INDEX_EXPRESSIONS: dict[str, Any] = {}
+
+
+@contextlib.contextmanager
+def parsed_index_expressions_reused(enabled: bool | None = None) -> Iterator[None]:
+    """Inside: the C++ GEMM template's index expressions are parsed by sympy once per text, not per render.
+
+    Rendering a GEMM template (once to time it, once more for the final code, in every frozen layer)
+    turns strings such as ``"m_end - m_start"`` into sympy expressions with
+    ``cpp_template_kernel.parse_expr_with_index_symbols``: ``sympy.parse_expr`` (Python's tokenizer and
+    ``eval``) on the same few dozen strings, ~120 times per Qwen2-0.5B-wide layer, the largest single cost
+    of rendering (measured with cProfile on repeated layers: 2.2 of 13 s). The result depends on the text
+    alone (``parse_expr(str(expr))``, its free symbols replaced by integer index symbols) and a sympy
+    expression is immutable, so one parse per text is kept (for the process: the texts are the templates'
+    few dozen snippets, and the next compile renders the same ones); lists are rebuilt on every call
+    (callers get their own)."""
+    from superkernel.runtime.autotune_builds import enabled as speedups_enabled
+
+    if enabled is None:
+        enabled = speedups_enabled()
+    cpp_template_kernel = None
+    try:
+        import torch._inductor.select_algorithm  # noqa: F401 - imports the C++ template modules in an order without a cycle
+        from torch._inductor.codegen import cpp_template_kernel
+    except ImportError:
+        enabled = False
+    parse = getattr(cpp_template_kernel, "parse_expr_with_index_symbols", None) if enabled else None
+    if parse is None:
+        yield
+        return
+    parsed = _PARSED_INDEX_EXPRESSIONS
+
+    def reuse(expr: Any) -> Any:
+        if isinstance(expr, (list, tuple)):
+            return [reuse(e) for e in expr]
+        if not isinstance(expr, (str, int)):
+            return parse(expr)  # sympy expressions come back as they are; anything else as Inductor does it
+        text = str(expr)
+        if text not in parsed:
+            parsed[text] = parse(text)
+        return parsed[text]
+
+    with unittest.mock.patch.object(cpp_template_kernel, "parse_expr_with_index_symbols", reuse):
         yield
 
 

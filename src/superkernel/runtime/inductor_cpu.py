@@ -173,8 +173,10 @@ def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[i
     from torch._inductor.fx_passes.freezing_patterns import freezing_passes
     from torch._inductor.fx_passes.post_grad import view_to_reshape
 
+    from superkernel.runtime.autotune_builds import template_builds_use_pch
     from superkernel.runtime.frozen_code import (
-        FROZEN_PATCHES, canonical_graph, parsed_templates_reused, value_free_constant_comments,
+        FROZEN_PATCHES, canonical_graph, parsed_index_expressions_reused, parsed_templates_reused,
+        value_free_constant_comments,
     )
     from superkernel.runtime.gemm_timing import weights_from_memory
     from superkernel.runtime.inductor import compile_partition
@@ -188,6 +190,7 @@ def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[i
     if gemm_templates:
         patches.update({"max_autotune_gemm": True, "max_autotune_gemm_backends": GEMM_BACKENDS})
     with enter_freezing(), inductor_config.patch(patches), parsed_templates_reused(), \
+            parsed_index_expressions_reused(), template_builds_use_pch(None if gemm_templates else False), \
             weights_from_memory(gemm_templates and gemm_timing == "memory"):
         for i, tensor in frozen.items():
             replace_node_with_constant(gm, placeholders[i], tensor)
