@@ -67,7 +67,7 @@ def parsed_templates_reused() -> Iterator[None]:
     ``KernelTemplate._template_from_string`` builds a new jinja ``Template`` from the same source string
     for every rendering (a dozen per frozen decoder layer at Qwen2-0.5B width, most of the Python time a
     repeated layer costs); a parsed ``Template`` depends on the source alone and renders reentrantly,
-    so the first one is kept for the duration of the compile."""
+    so the first one is kept (for the process: the next compile renders the same few sources)."""
     try:
         from torch._inductor.codegen.common import KernelTemplate
     except ImportError:
@@ -77,7 +77,7 @@ def parsed_templates_reused() -> Iterator[None]:
     if parse is None:
         yield
         return
-    parsed = _PARSED_INDEX_EXPRESSIONS
+    parsed = _PARSED_TEMPLATES
 
     def reuse(source: str) -> Any:
         if source not in parsed:
@@ -88,6 +88,8 @@ def parsed_templates_reused() -> Iterator[None]:
         yield
 
 
+#: jinja source -> its parsed template (:func:`parsed_templates_reused`)
+_PARSED_TEMPLATES: dict[str, Any] = {}
 #: text -> its parsed index expression (:func:`parsed_index_expressions_reused`)
 _PARSED_INDEX_EXPRESSIONS: dict[str, Any] = {}
 
