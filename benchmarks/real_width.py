@@ -46,6 +46,7 @@ from superkernel.tools.decode import DecodeSession, prepare, run_decode, synchro
 from superkernel.tools.fresh_cache import CacheHolder, fresh_cache, holder_step
 from superkernel.tools.peer_check import PeerCheck, peer_tolerance
 from superkernel.util import atomic_write
+from superkernel import hugepages
 
 RESULTS = Path(__file__).resolve().parent / "results"
 QWEN2_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
@@ -254,12 +255,21 @@ def run_config(dtype_name: str, threads: int, args: argparse.Namespace, bandwidt
         if peer.counters:
             row["superkernel_counters"] = peer.counters
         rows.append(row)
+    pages = hugepages.memory()   # every peer's weights and packed constants are alive here
     del scoped, model, session
-    return {"dtype": dtype_name, "threads": threads, "bytes_per_step": total_bytes, "roofline_ms": roofline_ms,
+    return {"memory_kb": pages, "dtype": dtype_name, "threads": threads, "bytes_per_step": total_bytes, "roofline_ms": roofline_ms,
             "load_at_end": " ".join(f"{x:.2f}" for x in os.getloadavg()),
             "bandwidth_read_GBps": bandwidth["read"] / 1e9, "bandwidth_copy_GBps": bandwidth["copy"] / 1e9,
             "bandwidth_reads_GBps": {k: v / 1e9 for k, v in bandwidth.get("reads", {}).items()},
             "rows": rows}
+
+
+def _pages_line(memory: dict[str, int] | None) -> str:
+    if not memory:
+        return "Huge pages: not reported by this kernel."
+    share = memory["anon_huge_kb"] / memory["anon_kb"] if memory["anon_kb"] else 0.0
+    return (f"Anonymous memory with every peer alive: {memory['anon_kb'] / 1024:.0f} MB, "
+            f"{memory['anon_huge_kb'] / 1024:.0f} MB of it on transparent huge pages ({share:.0%}).")
 
 
 def _markdown(result: dict[str, Any]) -> str:
@@ -269,7 +279,7 @@ def _markdown(result: dict[str, Any]) -> str:
              "are checked against eager's on that round. Times: median over rounds of each run's median step. "
              "\"x roofline\" = median / ((weights + KV cache bytes) / measured read bandwidth): 1.00 is the memory "
              "bound. Ratios are medians of per-round ratios; a peer wrong on any round has none (never a baseline).",
-             f"Load when it started: {result['load']}. Inductor caches: {result.get('inductor_cache', 'user default')}. "
+             f"Pages: {result.get('pages', {})}. Load when it started: {result['load']}. Inductor caches: {result.get('inductor_cache', 'user default')}. "
              "Compile time = the first step (trace + compile + one step); CPU = user + sys of the process and its "
              "g++ children over that step.", ""]
     for config in result["configs"]:
@@ -277,7 +287,8 @@ def _markdown(result: dict[str, Any]) -> str:
                   f"{config['bytes_per_step'] / 1e9:.2f} GB per step; read bandwidth {config['bandwidth_read_GBps']:.1f} "
                   f"GB/s (best of " + ", ".join(f"{k} {v:.1f}" for k, v in config.get("bandwidth_reads_GBps", {}).items())
                   + f"), copy {config['bandwidth_copy_GBps']:.1f} GB/s; roofline {config['roofline_ms']:.1f} ms. "
-                  f"Load at the end of this configuration: {config.get('load_at_end', '?')}.", "",
+                  f"Load at the end of this configuration: {config.get('load_at_end', '?')}. "
+                  + _pages_line(config.get("memory_kb")), "",
                   "| peer | median ms | p90 ms | vs eager | vs torch.compile | x roofline | compile s (wall) | "
                   "compile s (CPU) | correct every round | bit-exact vs reference | recompiles (timed) |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -342,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
                               "transformers": transformers.__version__, "superkernel_source": str(Path(sk.__file__).parent),
                               "python": sys.version.split()[0], "layers": args.layers, "steps": args.steps,
                               "warmup": args.warmup, "rounds": args.rounds, "prompt_len": args.prompt_len,
-                              "strategy": args.strategy, "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+                              "strategy": args.strategy, "pages": hugepages.settings(), "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
                               "inductor_cache": "user default (warm)" if args.warm_cache else "fresh dir (cold)",
                               "configs": []}
     args.output.mkdir(parents=True, exist_ok=True)
