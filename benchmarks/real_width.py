@@ -17,6 +17,8 @@ here with the same thread count (the fastest of three STREAM-like reads of a 512
 ``sum``, ``W @ x`` and ``x @ W``, measured before the configuration and after every round, the
 best kept; a copy is reported beside it). Compile times are cold (a fresh
 Inductor cache directory per run, unless ``--warm-cache``), wall and CPU (user + sys, g++ included).
+Runs with PyTorch's ``THP_MEM_ALLOC_ENABLE=1`` (weights on transparent huge pages, every peer and the
+bandwidth measurement alike; ``SUPERKERNEL_HUGEPAGES=0``: 4 KiB pages; see real_width_hugepages.py).
 Writes benchmarks/results/real_width.{json,md}. It is slow: a max-autotune compile of 24 layers
 takes minutes on 2 cores.
 """
@@ -35,7 +37,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
+from superkernel import hugepages
+
+# Weights on transparent huge pages unless SUPERKERNEL_HUGEPAGES=0: set before torch's first allocation
+# (benchmarks/results/real_width_hugepages.md measured what it changes).
+PAGES = hugepages.enable_for_this_process()
+
+import torch  # noqa: E402
 
 import superkernel as sk
 from superkernel.tools.advisor.compiling import own_code
@@ -46,7 +54,6 @@ from superkernel.tools.decode import DecodeSession, prepare, run_decode, synchro
 from superkernel.tools.fresh_cache import CacheHolder, fresh_cache, holder_step
 from superkernel.tools.peer_check import PeerCheck, peer_tolerance
 from superkernel.util import atomic_write
-from superkernel import hugepages
 
 RESULTS = Path(__file__).resolve().parent / "results"
 QWEN2_05B = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
@@ -353,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
                               "transformers": transformers.__version__, "superkernel_source": str(Path(sk.__file__).parent),
                               "python": sys.version.split()[0], "layers": args.layers, "steps": args.steps,
                               "warmup": args.warmup, "rounds": args.rounds, "prompt_len": args.prompt_len,
-                              "strategy": args.strategy, "pages": hugepages.settings(), "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+                              "strategy": args.strategy, "pages": {**hugepages.settings(), "switch": PAGES}, "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
                               "inductor_cache": "user default (warm)" if args.warm_cache else "fresh dir (cold)",
                               "configs": []}
     args.output.mkdir(parents=True, exist_ok=True)
