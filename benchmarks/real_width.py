@@ -263,20 +263,24 @@ def run_config(dtype_name: str, threads: int, args: argparse.Namespace, bandwidt
             row["superkernel_counters"] = peer.counters
         rows.append(row)
     pages = hugepages.memory()   # every peer's weights and packed constants are alive here
+    regions = hugepages.large_regions(64)
     del scoped, model, session
-    return {"memory_kb": pages, "dtype": dtype_name, "threads": threads, "bytes_per_step": total_bytes, "roofline_ms": roofline_ms,
+    return {"memory_kb": pages, "large_regions_kb": regions, "dtype": dtype_name, "threads": threads, "bytes_per_step": total_bytes, "roofline_ms": roofline_ms,
             "load_at_end": " ".join(f"{x:.2f}" for x in os.getloadavg()),
             "bandwidth_read_GBps": bandwidth["read"] / 1e9, "bandwidth_copy_GBps": bandwidth["copy"] / 1e9,
             "bandwidth_reads_GBps": {k: v / 1e9 for k, v in bandwidth.get("reads", {}).items()},
             "rows": rows}
 
 
-def _pages_line(memory: dict[str, int] | None) -> str:
+def _pages_line(memory: dict[str, int] | None, regions: list[dict[str, int]] | None = None) -> str:
     if not memory:
         return "Huge pages: not reported by this kernel."
     share = memory["anon_huge_kb"] / memory["anon_kb"] if memory["anon_kb"] else 0.0
+    small = [r["rss_kb"] / 1024 for r in regions or () if r["anon_huge_kb"] < r["rss_kb"] // 2]
     return (f"Anonymous memory with every peer alive: {memory['anon_kb'] / 1024:.0f} MB, "
-            f"{memory['anon_huge_kb'] / 1024:.0f} MB of it on transparent huge pages ({share:.0%}).")
+            f"{memory['anon_huge_kb'] / 1024:.0f} MB of it on transparent huge pages ({share:.0%}); "
+            f"anonymous regions of 64 MB or more: {len(regions or ())}, of which on 4 KiB pages (MB): "
+            + (", ".join(f"{x:.0f}" for x in sorted(small, reverse=True)) or "none") + ".")
 
 
 def _markdown(result: dict[str, Any]) -> str:
@@ -295,7 +299,7 @@ def _markdown(result: dict[str, Any]) -> str:
                   f"GB/s (best of " + ", ".join(f"{k} {v:.1f}" for k, v in config.get("bandwidth_reads_GBps", {}).items())
                   + f"), copy {config['bandwidth_copy_GBps']:.1f} GB/s; roofline {config['roofline_ms']:.1f} ms. "
                   f"Load at the end of this configuration: {config.get('load_at_end', '?')}. "
-                  + _pages_line(config.get("memory_kb")), "",
+                  + _pages_line(config.get("memory_kb"), config.get("large_regions_kb")), "",
                   "| peer | median ms | p90 ms | vs eager | vs torch.compile | x roofline | compile s (wall) | "
                   "compile s (CPU) | correct every round | bit-exact vs reference | recompiles (timed) |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]

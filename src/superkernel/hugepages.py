@@ -131,3 +131,25 @@ def describe(env: dict | None = None) -> str:
     where = (f"{mem['anon_huge_kb'] / 1024:.0f} of {mem['anon_kb'] / 1024:.0f} MB anonymous memory on huge pages"
              if mem else "huge-page use not reported")
     return f"{', '.join(on) or '4 KiB pages (no switch)'}; THP {_thp_mode()}; {where}"
+
+
+def large_regions(min_mb: int = 64, path: str = "/proc/self/smaps") -> list[dict[str, int]]:
+    """Anonymous mappings of at least ``min_mb`` resident MB, each with its resident and huge-page kB:
+    a large region with little on huge pages is memory an allocator of its own (a library's packed
+    weights, say) handed out on 4 KiB pages."""
+    out: list[dict[str, int]] = []
+    current: dict[str, int] | None = None
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            for line in f:
+                head = line.split(None, 1)[0] if line.strip() else ""
+                if "-" in head and not head.endswith(":"):  # a mapping's first line: start-end perms ... [path]
+                    parts = line.split()
+                    current = {"rss_kb": 0, "anon_huge_kb": 0} if len(parts) < 6 or parts[5] == "[heap]" else None
+                    if current is not None:
+                        out.append(current)
+                elif current is not None and head in ("Rss:", "AnonHugePages:"):
+                    current["rss_kb" if head == "Rss:" else "anon_huge_kb"] = int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return []
+    return [r for r in out if r["rss_kb"] >= min_mb << 10]

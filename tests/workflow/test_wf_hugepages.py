@@ -84,3 +84,14 @@ def test_cli_puts_the_weights_on_huge_pages_and_the_opt_out_keeps_4k_pages():
     assert off["memory"]["anon_huge_kb"] < 64 << 10  # the 256 MB tensor is not on huge pages
     # madvise is a request: the kernel may find no free 2 MB page, so only a majority is asserted
     assert on["memory"]["anon_huge_kb"] >= 128 << 10
+
+
+def test_large_regions_reads_smaps(tmp_path):
+    f = tmp_path / "smaps"
+    f.write_text("7f00-7f10 rw-p 00000000 00:00 0 \nRss:  131072 kB\nAnonHugePages:  129024 kB\n"
+                 "7f20-7f30 rw-p 00000000 08:01 12 /tmp/model.safetensors\nRss:  262144 kB\nAnonHugePages:  0 kB\n"
+                 "5500-5600 rw-p 00000000 00:00 0  [heap]\nRss:  100000 kB\nAnonHugePages:  0 kB\n"
+                 "7f40-7f50 rw-p 00000000 00:00 0 \nRss:  4 kB\nAnonHugePages:  0 kB\n")
+    assert H.large_regions(64, str(f)) == [{"rss_kb": 131072, "anon_huge_kb": 129024},
+                                           {"rss_kb": 100000, "anon_huge_kb": 0}]  # file mappings and small ones left out
+    assert H.large_regions(64, str(tmp_path / "absent")) == []
