@@ -69,6 +69,8 @@ def summarize(files: list[Path]) -> dict[str, Any]:
                          "load": data["load"], "load_at_end": config.get("load_at_end"),
                          "transformers": data.get("transformers"), "torch": data["torch"],
                          "bandwidth_read_GBps": config["bandwidth_read_GBps"], "roofline_ms": config["roofline_ms"],
+                         "regions_on_4k_MB": None if "large_regions_kb" not in config else
+                         [round(x["rss_kb"] / 1024) for x in config["large_regions_kb"] if x["anon_huge_kb"] < x["rss_kb"] // 2],
                          "anon_MB": mem.get("anon_kb", 0) / 1024, "anon_huge_MB": mem.get("anon_huge_kb", 0) / 1024,
                          "peers": {p: {k: r.get(k) for k in ("median_ms", "x_roofline", "time_vs_torch_compile",
                                                              "time_vs_eager", "compile_s", "compile_cpu_s",
@@ -79,6 +81,10 @@ def summarize(files: list[Path]) -> dict[str, Any]:
     return {"hardware": data["hardware"] if files and runs else None, "runs": runs}
 
 
+def _regions(sizes: list[int] | None) -> str:
+    return "not recorded" if sizes is None else ", ".join(map(str, sizes)) or "none"
+
+
 def markdown(summary: dict[str, Any], title: str) -> str:
     lines = [f"# {title}", "", f"Hardware: {summary['hardware']}. One process per run, settings alternating; "
              "float32, batch 1, 1 thread, 3 rotating rounds per run on fresh StaticCaches, every peer checked "
@@ -86,8 +92,9 @@ def markdown(summary: dict[str, Any], title: str) -> str:
              "process (same page setting). Huge-page MB: AnonHugePages of the process with every peer alive "
              "(frozen/packed constants included).", "",
              "| run | setting | layers | load start / end | read GB/s | roofline ms | huge-page MB / anon MB | "
+             "regions >= 64 MB on 4 KiB pages (MB) | "
              "eager ms | torch.compile ms (compile s) | max-autotune ms (compile s) | max-autotune x roofline | "
-             "max-autotune vs torch.compile | correct every round |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "max-autotune vs torch.compile | correct every round |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in summary["runs"]:
         e, t, p = r["peers"].get("eager", {}), r["peers"].get("torch.compile", {}), r["peers"].get(r["plan"], {})
         f = lambda v, spec=".1f": format(v, spec) if isinstance(v, (int, float)) else "-"  # noqa: E731
@@ -95,7 +102,7 @@ def markdown(summary: dict[str, Any], title: str) -> str:
                        for name, v in r["peers"].items())
         lines.append(f"| {r['run']} | {r['setting']} | {r['layers']} | {r['load']} / {r['load_at_end']} | "
                      f"{f(r['bandwidth_read_GBps'])} | {f(r['roofline_ms'])} | {r['anon_huge_MB']:.0f} / "
-                     f"{r['anon_MB']:.0f} | {f(e.get('median_ms'))} | {f(t.get('median_ms'))} "
+                     f"{r['anon_MB']:.0f} | {_regions(r.get('regions_on_4k_MB'))} | {f(e.get('median_ms'))} | {f(t.get('median_ms'))} "
                      f"({f(t.get('compile_s'), '.0f')}) | {f(p.get('median_ms'))} ({f(p.get('compile_s'), '.0f')}) | "
                      f"{f(p.get('x_roofline'), '.2f')} | {f(p.get('time_vs_torch_compile'), '.2f')} | {ok} |")
     return "\n".join(lines) + "\n"
