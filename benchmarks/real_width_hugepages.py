@@ -41,9 +41,15 @@ SETTINGS = {"4k": {"SUPERKERNEL_HUGEPAGES": "0"},
 CLEARED = ("THP_MEM_ALLOC_ENABLE", "GLIBC_TUNABLES", "SUPERKERNEL_HUGEPAGES")
 
 
-def run_one(setting: str, index: int, args: argparse.Namespace) -> Path:
-    env = {k: v for k, v in os.environ.items() if k not in CLEARED}
+def setting_env(setting: str, base: dict[str, str]) -> dict[str, str]:
+    """``base`` without any page switch, plus the setting's own (nothing inherited decides the pages)."""
+    env = {k: v for k, v in base.items() if k not in CLEARED}
     env.update(SETTINGS[setting])
+    return env
+
+
+def run_one(setting: str, index: int, args: argparse.Namespace) -> Path:
+    env = setting_env(setting, dict(os.environ))
     env["PYTHONPATH"] = os.pathsep.join(x for x in (str(HERE.parent / "src"), env.get("PYTHONPATH", "")) if x)
     name = f"{args.layers}L_{setting}_{index}"
     cmd = [sys.executable, str(HERE / "real_width.py"), "--dtypes", "float32", "--threads", "1", "--modes",
