@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -84,7 +85,7 @@ def summarize(files: list[Path]) -> dict[str, Any]:
                                                              "recompiles_timed", "error")}
                                    for p, r in rows.items()},
                          "plan": plan.get("peer")})
-    return {"hardware": data["hardware"] if files and runs else None, "runs": runs}
+    return {"hardware": data["hardware"] if files and runs else None, "runs": runs, "per_setting": per_setting(runs)}
 
 
 def _regions(sizes: list[int] | None) -> str:
@@ -111,7 +112,33 @@ def markdown(summary: dict[str, Any], title: str) -> str:
                      f"{r['anon_MB']:.0f} | {_regions(r.get('regions_on_4k_MB'))} | {f(e.get('median_ms'))} | {f(t.get('median_ms'))} "
                      f"({f(t.get('compile_s'), '.0f')}) | {f(p.get('median_ms'))} ({f(p.get('compile_s'), '.0f')}) | "
                      f"{f(p.get('x_roofline'), '.2f')} | {f(p.get('time_vs_torch_compile'), '.2f')} | {ok} |")
+    lines += ["", "Per setting (median over its processes; ranges in brackets):", "",
+              "| setting | processes | read GB/s | roofline ms | max-autotune ms | x roofline | vs torch.compile | "
+              "torch.compile ms | eager ms | huge-page share |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for setting, row in per_setting(summary["runs"]).items():
+        cell = lambda k, spec=".1f": (f"{format(row[k][1], spec)} [{format(row[k][0], spec)}-"  # noqa: E731
+                                      f"{format(row[k][2], spec)}]" if row.get(k) else "-")
+        lines.append(f"| {setting} | {row['processes']} | {cell('read')} | {cell('roofline')} | {cell('plan')} | "
+                     f"{cell('x_roofline', '.2f')} | {cell('vs_tc', '.2f')} | {cell('tc')} | {cell('eager')} | "
+                     f"{cell('huge_share', '.0%')} |")
     return "\n".join(lines) + "\n"
+
+
+def per_setting(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """(min, median, max) per setting of the figures the summary compares."""
+    out: dict[str, dict[str, Any]] = {}
+    for setting in dict.fromkeys(r["setting"] for r in runs):
+        mine = [r for r in runs if r["setting"] == setting]
+        figures = {"read": [r["bandwidth_read_GBps"] for r in mine], "roofline": [r["roofline_ms"] for r in mine],
+                   "plan": [r["peers"][r["plan"]]["median_ms"] for r in mine if r["plan"]],
+                   "x_roofline": [r["peers"][r["plan"]]["x_roofline"] for r in mine if r["plan"]],
+                   "vs_tc": [r["peers"][r["plan"]]["time_vs_torch_compile"] for r in mine if r["plan"]],
+                   "tc": [r["peers"]["torch.compile"]["median_ms"] for r in mine],
+                   "eager": [r["peers"]["eager"]["median_ms"] for r in mine],
+                   "huge_share": [r["anon_huge_MB"] / r["anon_MB"] for r in mine if r["anon_MB"]]}
+        out[setting] = {"processes": len(mine), **{k: (min(v), statistics.median(v), max(v))
+                                                   for k, v in figures.items() if v and None not in v}}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
