@@ -17,6 +17,8 @@ here with the same thread count (the fastest of three STREAM-like reads of a 512
 ``sum``, ``W @ x`` and ``x @ W``, measured before the configuration and after every round, the
 best kept; a copy is reported beside it). Compile times are cold (a fresh
 Inductor cache directory per run, unless ``--warm-cache``), wall and CPU (user + sys, g++ included).
+Runs with PyTorch's ``THP_MEM_ALLOC_ENABLE=1`` (weights on transparent huge pages, every peer and the
+bandwidth measurement alike; ``SUPERKERNEL_HUGEPAGES=0``: 4 KiB pages; see real_width_hugepages.py).
 Writes benchmarks/results/real_width.{json,md}. It is slow: a max-autotune compile of 24 layers
 takes minutes on 2 cores.
 """
@@ -35,7 +37,13 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
+from superkernel import hugepages
+
+# Weights on transparent huge pages unless SUPERKERNEL_HUGEPAGES=0: set before torch's first allocation
+# (benchmarks/results/real_width_hugepages.md measured what it changes).
+PAGES = hugepages.enable_for_this_process()
+
+import torch  # noqa: E402
 
 import superkernel as sk
 from superkernel.tools.advisor.compiling import own_code
@@ -254,12 +262,25 @@ def run_config(dtype_name: str, threads: int, args: argparse.Namespace, bandwidt
         if peer.counters:
             row["superkernel_counters"] = peer.counters
         rows.append(row)
+    pages = hugepages.memory()   # every peer's weights and packed constants are alive here
+    regions = hugepages.large_regions(64)
     del scoped, model, session
-    return {"dtype": dtype_name, "threads": threads, "bytes_per_step": total_bytes, "roofline_ms": roofline_ms,
+    return {"memory_kb": pages, "large_regions_kb": regions, "dtype": dtype_name, "threads": threads, "bytes_per_step": total_bytes, "roofline_ms": roofline_ms,
             "load_at_end": " ".join(f"{x:.2f}" for x in os.getloadavg()),
             "bandwidth_read_GBps": bandwidth["read"] / 1e9, "bandwidth_copy_GBps": bandwidth["copy"] / 1e9,
             "bandwidth_reads_GBps": {k: v / 1e9 for k, v in bandwidth.get("reads", {}).items()},
             "rows": rows}
+
+
+def _pages_line(memory: dict[str, int] | None, regions: list[dict[str, int]] | None = None) -> str:
+    if not memory:
+        return "Huge pages: not reported by this kernel."
+    share = memory["anon_huge_kb"] / memory["anon_kb"] if memory["anon_kb"] else 0.0
+    small = [r["rss_kb"] / 1024 for r in regions or () if r["anon_huge_kb"] < r["rss_kb"] // 2]
+    return (f"Anonymous memory with every peer alive: {memory['anon_kb'] / 1024:.0f} MB, "
+            f"{memory['anon_huge_kb'] / 1024:.0f} MB of it on transparent huge pages ({share:.0%}); "
+            f"anonymous regions of 64 MB or more: {len(regions or ())}, of which on 4 KiB pages (MB): "
+            + (", ".join(f"{x:.0f}" for x in sorted(small, reverse=True)) or "none") + ".")
 
 
 def _markdown(result: dict[str, Any]) -> str:
@@ -269,7 +290,7 @@ def _markdown(result: dict[str, Any]) -> str:
              "are checked against eager's on that round. Times: median over rounds of each run's median step. "
              "\"x roofline\" = median / ((weights + KV cache bytes) / measured read bandwidth): 1.00 is the memory "
              "bound. Ratios are medians of per-round ratios; a peer wrong on any round has none (never a baseline).",
-             f"Load when it started: {result['load']}. Inductor caches: {result.get('inductor_cache', 'user default')}. "
+             f"Pages: {result.get('pages', {})}. Load when it started: {result['load']}. Inductor caches: {result.get('inductor_cache', 'user default')}. "
              "Compile time = the first step (trace + compile + one step); CPU = user + sys of the process and its "
              "g++ children over that step.", ""]
     for config in result["configs"]:
@@ -277,7 +298,8 @@ def _markdown(result: dict[str, Any]) -> str:
                   f"{config['bytes_per_step'] / 1e9:.2f} GB per step; read bandwidth {config['bandwidth_read_GBps']:.1f} "
                   f"GB/s (best of " + ", ".join(f"{k} {v:.1f}" for k, v in config.get("bandwidth_reads_GBps", {}).items())
                   + f"), copy {config['bandwidth_copy_GBps']:.1f} GB/s; roofline {config['roofline_ms']:.1f} ms. "
-                  f"Load at the end of this configuration: {config.get('load_at_end', '?')}.", "",
+                  f"Load at the end of this configuration: {config.get('load_at_end', '?')}. "
+                  + _pages_line(config.get("memory_kb"), config.get("large_regions_kb")), "",
                   "| peer | median ms | p90 ms | vs eager | vs torch.compile | x roofline | compile s (wall) | "
                   "compile s (CPU) | correct every round | bit-exact vs reference | recompiles (timed) |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -342,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
                               "transformers": transformers.__version__, "superkernel_source": str(Path(sk.__file__).parent),
                               "python": sys.version.split()[0], "layers": args.layers, "steps": args.steps,
                               "warmup": args.warmup, "rounds": args.rounds, "prompt_len": args.prompt_len,
-                              "strategy": args.strategy, "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+                              "strategy": args.strategy, "pages": {**hugepages.settings(), "switch": PAGES}, "load": " ".join(f"{x:.2f}" for x in os.getloadavg()),
                               "inductor_cache": "user default (warm)" if args.warm_cache else "fresh dir (cold)",
                               "configs": []}
     args.output.mkdir(parents=True, exist_ok=True)

@@ -38,7 +38,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
+from superkernel import hugepages
+
+PAGES = hugepages.enable_for_this_process()  # before torch's first allocation; SUPERKERNEL_HUGEPAGES=0: 4 KiB pages
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -333,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
     bw = memory_bandwidth()
-    result: dict[str, Any] = {"hardware": describe_hardware(torch.device("cpu")), "torch": torch.__version__,
+    result: dict[str, Any] = {"pages": {**hugepages.settings(), "switch": PAGES}, "hardware": describe_hardware(torch.device("cpu")), "torch": torch.__version__,
                               "transformers": transformers.__version__, "layers": args.layers, "threads": args.threads,
                               "load_start": load_start, "kernel_profile": args.kernel_profile}
     if args.step:

@@ -24,7 +24,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
+from superkernel import hugepages
+
+PAGES = hugepages.enable_for_this_process()  # before torch's first allocation; SUPERKERNEL_HUGEPAGES=0: 4 KiB pages
+
+import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -101,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     roofline = weights / bw * 1e3
     ratio = statistics.median(m / c for m, c in zip(medians["memory"], medians["cache"]))
-    result = {"hardware": describe_hardware(torch.device("cpu")), "torch": torch.__version__,
+    result = {"pages": {**hugepages.settings(), "switch": PAGES}, "hardware": describe_hardware(torch.device("cpu")), "torch": torch.__version__,
               "transformers": transformers.__version__, "layers": args.layers, "threads": args.threads,
               "load_start": load_start, "load_end": " ".join(f"{x:.2f}" for x in os.getloadavg()),
               "eager_ms": eager.median_ms, "weight_roofline_ms": roofline, "read_GBps": bw / 1e9,

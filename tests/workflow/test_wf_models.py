@@ -67,6 +67,33 @@ def test_local_checkpoint_loads_same_weights_and_logits(llama, tmp_path):
         assert torch.equal(loaded.model(ids).logits, llama.model(ids).logits)
 
 
+def _mapped_files() -> list[tuple[int, int, str]]:
+    out = []
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split()
+            start, end = (int(x, 16) for x in parts[0].split("-"))
+            out.append((start, end, parts[5] if len(parts) > 5 else ""))
+    return out
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/maps"), reason="needs Linux's /proc/self/maps")
+def test_checkpoint_weights_leave_the_file_mapping(llama, tmp_path):
+    """transformers leaves safetensors weights mmapped from the file (4 KiB page-cache pages); the
+    loader copies them into this process's memory, so eager, torch.compile and a plan's deep copy
+    all read the same kind of memory (and huge pages where the CLI set them)."""
+    ckpt = tmp_path / "ckpt"
+    _write_checkpoint(llama.model, ckpt)
+    model = load_model(str(ckpt)).model
+    weights = str(ckpt / "model.safetensors")
+    maps = _mapped_files()
+    in_file = [name for name, p in model.named_parameters()
+               if any(a <= p.data_ptr() < b and path == weights for a, b, path in maps)]
+    assert in_file == []
+    if model.config.tie_word_embeddings:
+        assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
 def test_checkpoint_missing_weights_is_an_error(llama, tmp_path):
     ckpt = tmp_path / "partial"
     _write_checkpoint(llama.model, ckpt, drop=("model.layers.0.mlp.up_proj.weight",))

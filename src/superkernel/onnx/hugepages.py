@@ -23,31 +23,12 @@ import sys
 import tempfile
 from typing import Callable
 
-TUNABLE = "glibc.malloc.hugetlb=1"
+from ..hugepages import TUNABLE, glibc_supports_tunable, transparent_huge_pages_usable, tunable_set, with_tunable
+
+__all__ = ["TUNABLE", "glibc_supports_tunable", "transparent_huge_pages_usable", "tunable_set", "pair_sampler",
+           "ChildPairSampler", "should_use_child", "child_env", "model_bytes"]
+
 LARGE_MODEL_BYTES = 256 << 20  # a session of a model this large streams enough pages to matter
-
-
-def glibc_supports_tunable() -> bool:
-    """glibc >= 2.35 (the first with ``glibc.malloc.hugetlb``)."""
-    try:
-        name, version = os.confstr("CS_GNU_LIBC_VERSION").split()
-        major, minor = (int(x) for x in version.split(".")[:2])
-    except (AttributeError, ValueError, OSError, TypeError):
-        return False
-    return name == "glibc" and (major, minor) >= (2, 35)
-
-
-def transparent_huge_pages_usable() -> bool:
-    """THP is in ``always`` or ``madvise`` mode (``never``, or no such file: not usable)."""
-    try:
-        with open("/sys/kernel/mm/transparent_hugepage/enabled", encoding="ascii") as f:
-            return "[never]" not in f.read()
-    except OSError:
-        return False
-
-
-def tunable_set(env: dict | None = None) -> bool:
-    return TUNABLE in (env if env is not None else os.environ).get("GLIBC_TUNABLES", "")
 
 
 def model_bytes(path: str) -> int:
@@ -78,9 +59,7 @@ def child_env() -> dict:
     """This environment plus the tunable, with this superkernel first on the import path."""
     import superkernel
 
-    env = dict(os.environ)
-    if not tunable_set(env):
-        env["GLIBC_TUNABLES"] = ":".join(x for x in (env.get("GLIBC_TUNABLES", ""), TUNABLE) if x)
+    env = with_tunable(os.environ)
     src = os.path.dirname(os.path.dirname(os.path.abspath(superkernel.__file__)))
     env["PYTHONPATH"] = os.pathsep.join(x for x in (src, env.get("PYTHONPATH", "")) if x)
     return env

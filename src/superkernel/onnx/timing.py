@@ -295,11 +295,7 @@ def anon_huge_pages_kb() -> int | None:
     """This process's anonymous memory on transparent huge pages in kB (None where the kernel
     does not say: not Linux). 0 with a large model loaded means its weights sit on 4 KiB pages,
     where a session's speed depends on where they landed (see the module docstring)."""
-    try:
-        with open("/proc/self/smaps_rollup", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("AnonHugePages:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+    from ..hugepages import memory
+
+    got = memory()
+    return got["anon_huge_kb"] if got else None

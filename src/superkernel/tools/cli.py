@@ -406,6 +406,10 @@ def _no_result_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from superkernel import hugepages
+
+    # before torch's first allocation: weights on transparent huge pages (SUPERKERNEL_HUGEPAGES=0: off)
+    hugepages.enable_for_this_process()
     parser = build_parser()
     args = parser.parse_args(argv)
     args.argv = list(argv) if argv is not None else sys.argv[1:]  # --nproc starts ranks of the same command

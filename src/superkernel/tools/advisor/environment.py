@@ -22,9 +22,10 @@ def versions() -> dict[str, str]:
     import transformers
 
     import superkernel
+    from superkernel import hugepages
 
     return {"python": sys.version.split()[0], "torch": torch.__version__, "transformers": transformers.__version__,
-            "superkernel": superkernel.__version__, "platform": platform.platform()}
+            "superkernel": superkernel.__version__, "platform": platform.platform(), "pages": hugepages.describe()}
 
 
 def pick_device(name: str) -> torch.device:

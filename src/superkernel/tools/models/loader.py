@@ -176,11 +176,23 @@ def _load_checkpoint(path: Path, wanted: torch.dtype | None = None) -> LoadedMod
     if missing:
         raise ModelLoadError(f"checkpoint {str(path)!r} lacks {len(missing)} weight(s) the model needs, "
                              f"e.g. {', '.join(sorted(missing)[:3])}; it would run with random weights")
+    _own_memory(model)
     notes = [f"{len(weights)} safetensors file(s)"]
     if info.get("unexpected_keys"):
         notes.append(f"{len(info['unexpected_keys'])} unused tensor(s) in the checkpoint ignored")
     return LoadedModel(name=str(path), source="checkpoint", model=model, architecture=type(model).__name__, notes=notes,
                        dtype_source=dtype_source)
+
+
+def _own_memory(model: torch.nn.Module) -> None:
+    """Copy the weights out of the safetensors file mapping transformers leaves them in, into
+    this process's own memory: every peer (eager, torch.compile, a plan on its deep copy) then
+    reads weights from the same kind of memory, on the same page setting (huge pages where the CLI
+    set them: superkernel.hugepages). Tied weights stay tied (one Parameter, copied once)."""
+    with torch.no_grad():
+        for tensor in [*model.parameters(), *model.buffers()]:
+            if tensor.device.type == "cpu":
+                tensor.data = tensor.data.clone()
 
 
 def _is_tied(model: torch.nn.Module, key: str) -> bool:
