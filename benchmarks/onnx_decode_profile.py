@@ -32,7 +32,7 @@ import onnx_autofusion as OA  # noqa: E402
 from onnx_real_width import model_path  # noqa: E402
 
 from superkernel.onnx import realsuite  # noqa: E402
-from superkernel.util import atomic_write  # noqa: E402
+from superkernel.util import write_results  # noqa: E402
 
 TOOLS = ("P1", "P2", "P3", "GA")
 
@@ -156,9 +156,7 @@ def main(argv=None) -> int:
         print(f"qwen2_decode/{exp}: " + ", ".join(f"{t} {v['run_us'] / 1e3:.1f} ms"
                                                   for t, v in result["exporters"][exp]["tools"].items()), flush=True)
     result["load"] = [load0, os.getloadavg()[0]]
-    os.makedirs(a.out, exist_ok=True)
-    atomic_write(os.path.join(a.out, "onnx_real_width_decode_profile.json"), json.dumps(result, indent=1) + "\n")
-    atomic_write(os.path.join(a.out, "onnx_real_width_decode_profile.md"), markdown(result))
+    write_results(a.out, "onnx_real_width_decode_profile", result, markdown(result))
     print(markdown(result))
     return 0
 

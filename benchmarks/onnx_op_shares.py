@@ -31,7 +31,7 @@ sys.path.insert(0, HERE)
 from onnx_real_width import EXPORTERS, model_path  # noqa: E402
 
 from superkernel.onnx import realsuite  # noqa: E402
-from superkernel.util import atomic_write  # noqa: E402
+from superkernel.util import write_results  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results")
 GEMM = {"MatMul", "Gemm", "FusedMatMul", "FusedGemm"}
@@ -133,8 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"hardware": hardware(torch.device("cpu")).split(", torch threads")[0] + ")", "onnxruntime": ort.__version__, "runs": args.runs,
               "load": [load_start, os.getloadavg()[0]], "cases": rows,
               "geomean_bound": math.exp(sum(map(math.log, bounds)) / len(bounds)) if bounds else None}
-    atomic_write(os.path.join(args.out, "onnx_op_shares.json"), json.dumps(result, indent=2) + "\n")
-    atomic_write(os.path.join(args.out, "onnx_op_shares.md"), markdown(result))
+    write_results(args.out, "onnx_op_shares", result, markdown(result), indent=2)
     print(markdown(result))
     return 0
 

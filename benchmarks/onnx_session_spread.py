@@ -25,7 +25,7 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from superkernel.util import atomic_write  # noqa: E402
+from superkernel.util import write_results  # noqa: E402
 
 TUNABLE = "glibc.malloc.hugetlb=1"
 
@@ -115,9 +115,7 @@ def main(argv=None) -> int:
               "onnxruntime": ort.__version__, "model": f"{a.case}/{a.exporter}", "model_mb": size / 1e6,
               "sessions": a.sessions, "looks": a.looks, "rounds": a.rounds, "modes": modes,
               "load": [load0, os.getloadavg()[0]]}
-    os.makedirs(a.out, exist_ok=True)
-    atomic_write(os.path.join(a.out, "onnx_real_width_decode_sessions.json"), json.dumps(result, indent=1) + "\n")
-    atomic_write(os.path.join(a.out, "onnx_real_width_decode_sessions.md"), markdown(result))
+    write_results(a.out, "onnx_real_width_decode_sessions", result, markdown(result))
     print(markdown(result))
     return 0
 

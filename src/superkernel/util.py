@@ -211,6 +211,16 @@ def atomic_write(path: Path | str, data: str | bytes, inputs: Iterable[Path | st
 
 
 
+def write_results(out_dir: Path | str, stem: str, result: dict, markdown: str, *, indent: int = 1) -> None:
+    """A benchmark's results: ``stem.json`` and ``stem.md`` in ``out_dir`` (made if missing), each written
+    atomically."""
+    import json
+
+    os.makedirs(out_dir, exist_ok=True)
+    atomic_write(os.path.join(out_dir, f"{stem}.json"), json.dumps(result, indent=indent) + "\n")
+    atomic_write(os.path.join(out_dir, f"{stem}.md"), markdown)
+
+
 def exception_summary(exc: BaseException, limit: int = 300, *, first_line: bool = True) -> str:
     """``"TypeName: message"`` on one line, at most ``limit`` characters: the message's
     first line, or (``first_line=False``) the whole message with its whitespace collapsed."""
