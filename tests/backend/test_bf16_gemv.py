@@ -104,3 +104,23 @@ def test_a_frozen_bf16_compile_uses_the_whole_loads_and_gives_the_same_bits(monk
     assert torch.equal(outputs[True], outputs[False])  # the same arithmetic: the same bits
     reference = gm(x.float(), *[w.float() for w in weights])[0]
     torch.testing.assert_close(outputs[True].float(), reference, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not bf16_gemv.inductor_isa_is_avx2(), reason="the patched micro-kernel is Inductor's AVX2 one")
+def test_float32_weights_generate_the_same_source_either_way(monkeypatch, tmp_path):
+    from tests.backend.test_frozen_code import _layer_graph
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setattr(inductor_cpu, "GEMM_BACKENDS", "CPP")
+    gm, gen = _layer_graph(), torch.Generator().manual_seed(1)
+    x = torch.randn(1, 32, generator=gen)
+    weights = [torch.randn(s, generator=gen) for s in [(64, 32), (64,), (32, 64)]]
+    keys = set()
+    with torch.no_grad():
+        for setting in (False, True):
+            fn = inductor_cpu.compile_frozen(gm, [x, *weights], {1: weights[0], 2: weights[1], 3: weights[2]},
+                                             cpp_wrapper=True, autotune=True, gemm_templates=True,
+                                             gemm_timing="cache", bf16_gemv=setting)
+            keys.add(fn.source_key)
+    assert len(keys) == 1 and None not in keys  # float32 kernels are untouched by the setting
