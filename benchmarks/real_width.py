@@ -153,10 +153,12 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-#: ``--modes`` values: a superkernel mode, or max-autotune without freezing (weights stay inputs, so
-#: identical layers share one compiled kernel and the compile grows with distinct partitions only).
+#: ``--modes`` values: a superkernel mode, max-autotune without freezing (weights stay inputs, so
+#: identical layers share one compiled kernel and the compile grows with distinct partitions only), or
+#: max-autotune with ``inductor.bf16_gemv`` off (Inductor's bf16 micro-kernel as shipped, for A/B runs).
 MODES = {"reduce-overhead": {"mode": "reduce-overhead"}, "max-autotune": {"mode": "max-autotune"},
-         "max-autotune-unfrozen": {"mode": "max-autotune", "inductor": {"freezing": False}}}
+         "max-autotune-unfrozen": {"mode": "max-autotune", "inductor": {"freezing": False}},
+         "max-autotune-bf16-gemv-off": {"mode": "max-autotune", "inductor": {"bf16_gemv": False}}}
 
 
 def _superkernel(mode: str, run_eagerly: bool = False) -> Callable[[Callable], Callable]:

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/real_width_breakdown.py [--layers 24] [--threads 1] [--steps 12]
                                                         [--no-isolated] [--name real_width_breakdown]
 
-The model is benchmarks/real_width.py's Qwen2-0.5B-shaped ``Qwen2ForCausalLM`` (float32, seeded random
+The model is benchmarks/real_width.py's Qwen2-0.5B-shaped ``Qwen2ForCausalLM`` (float32 unless --dtype, seeded random
 weights), compiled once with superkernel ``max-autotune`` and one scope per decoder layer, with Inductor's
 C++ kernel profiling on (``cpp.enable_kernel_profile``: every generated kernel records itself for
 ``torch.profiler``; off when the profiler is off). Then, on the same process:
@@ -100,7 +100,7 @@ def partition_kind(name: str) -> str:
 
 def step_breakdown(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
-    model = build_model(args.layers, torch.float32, args.seed)
+    model = build_model(args.layers, getattr(torch, args.dtype), args.seed)
     session = prepare(model, prompt_len=args.prompt_len, steps=args.steps, warmup=args.warmup, seed=args.seed)
     scoped = copy.deepcopy(model)
     sk.apply_scopes(scoped, plan_for("decoder_layer", analyze_structure(scoped)).scopes)
@@ -241,9 +241,10 @@ def isolated_gemms(args: argparse.Namespace, read_bw: float) -> list[dict[str, A
 def markdown(result: dict[str, Any]) -> str:
     s = result["step"]
     bw = result["bandwidth_read_GBps"]
+    item = 2 if result.get("dtype") == "bfloat16" else 4   # bytes per weight
     roof = s["weight_bytes"] / (bw * 1e9) * 1e3
     lines = [f"# Where the real-width max-autotune decode step goes (Qwen2-0.5B-shaped, {result['layers']} layers, "
-             f"float32, {result['threads']} thread(s))", "",
+             f"{result.get('dtype', 'float32')}, {result['threads']} thread(s))", "",
              f"Hardware: {result['hardware']}; torch {result['torch']}, transformers {result['transformers']}. "
              f"Load: {result['load_start']} at the start, {result['load_end']} at the end. Inductor cache: cold (fresh dir).",
              f"Read bandwidth {bw:.1f} GB/s (best of sum / W@x / x@W, 512 MiB); weights {s['weight_bytes'] / 1e9:.3f} GB "
@@ -263,8 +264,8 @@ def markdown(result: dict[str, Any]) -> str:
     if layer_ms:
         lines += ["", f"Per decoder layer: median {statistics.median(layer_ms):.3f} ms, min {min(layer_ms):.3f}, "
                       f"max {max(layer_ms):.3f} ({len(layer_ms)} layers); a layer's weights are "
-                      f"{(896 * 896 * 2 + 128 * 896 * 2 + 4864 * 896 * 3) * 4 / 1e6:.1f} MB -> "
-                      f"{(896 * 896 * 2 + 128 * 896 * 2 + 4864 * 896 * 3) * 4 / (bw * 1e9) * 1e3:.3f} ms at {bw:.1f} GB/s."]
+                      f"{(896 * 896 * 2 + 128 * 896 * 2 + 4864 * 896 * 3) * item / 1e6:.1f} MB -> "
+                      f"{(896 * 896 * 2 + 128 * 896 * 2 + 4864 * 896 * 3) * item / (bw * 1e9) * 1e3:.3f} ms at {bw:.1f} GB/s."]
     lines += ["", f"## Kernels and operators (torch.profiler, self CPU per step over {s['profiled_steps']} steps; "
                   "identical layers share kernel names, so a row sums all layers)", "",
               "| kernel / operator | self ms / step | calls / step |", "|---|---|---|"]
@@ -273,7 +274,7 @@ def markdown(result: dict[str, Any]) -> str:
     if s.get("autotuned"):
         lines += ["", f"## GEMM choices Inductor timed during the compile (inductor.gemm_timing = {s['gemm_timing']}; "
                       "ms per call at the real shape; effective GB/s = weight bytes / time)", "",
-                  "| GEMM (x, packed W, W) | C++ template ms | MKL packed ms | kept | kept GB/s | times seen |",
+                  "| GEMM (x, packed W, W) | C++ template ms | ATen / MKL ms | kept | kept GB/s | times seen |",
                   "|---|---|---|---|---|---|"]
         seen: dict[tuple[str, str, str], int] = {}
         for a in s["autotuned"]:  # every lowering reports, cache hits (the next identical layer) included
@@ -285,9 +286,9 @@ def markdown(result: dict[str, Any]) -> str:
                 continue
             count = seen.pop(key)
             tmpl = [t for n, t in a["ms"].items() if n.startswith("cpp_")]
-            mkl = [t for n, t in a["ms"].items() if "mkl" in n]
+            mkl = [t for n, t in a["ms"].items() if not n.startswith("cpp_")]
             dims = a["inputs"].split(" x ")[-1].strip("()").split(",")
-            wbytes = 4
+            wbytes = item
             for d in dims:
                 wbytes *= int(d) if d.strip() else 1
             kept_ms = a["ms"].get(a["kept"])
@@ -296,7 +297,7 @@ def markdown(result: dict[str, Any]) -> str:
                          f"{'template' if a['kept'].startswith('cpp_') else a['kept']} | {gbps} | {count} |")
     if result.get("isolated"):
         names = list(dict.fromkeys(n for r in result["isolated"] for n in r["ms"]))
-        lines += ["", "## GEMMs in isolation (x of one row, rotating weight copies >= 256 MiB, median of interleaved "
+        lines += ["", "## GEMMs in isolation (float32 weights, x of one row, rotating weight copies >= 256 MiB, median of interleaved "
                       "rounds): ms and effective read GB/s", "",
                   "| GEMM | N x K | MB | roofline ms | " + " | ".join(names) + " |",
                   "|---|---|---|---|" + "---|" * len(names)]
@@ -312,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=3)
@@ -338,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
     bw = memory_bandwidth()
     result: dict[str, Any] = {"pages": {**hugepages.settings(), "switch": PAGES}, "hardware": describe_hardware(torch.device("cpu")), "torch": torch.__version__,
-                              "transformers": transformers.__version__, "layers": args.layers, "threads": args.threads,
+                              "transformers": transformers.__version__, "layers": args.layers, "threads": args.threads, "dtype": args.dtype,
                               "load_start": load_start, "kernel_profile": args.kernel_profile}
     if args.step:
         result["step"] = step_breakdown(args)

@@ -160,6 +160,10 @@ class InductorConfig(Section):
                                        "choices; 'memory': every timed call with the weights evicted from the CPU "
                                        "caches, as a decode step reads them; 'cache': Inductor's repeated calls "
                                        "(weights cache-hot)", choices=("memory", "cache")),
+        "bf16_gemv": Field("auto", "CPU max-autotune with frozen weights: Inductor's fp32 C++ GEMM micro-kernel loads "
+                                   "bf16/fp16 weights whole and prefetches ahead (same results); 'auto': where the "
+                                   "CPU has no native bf16 (no avx512_bf16/AMX) and Inductor's ISA is AVX2; True: "
+                                   "wherever the ISA is AVX2; False: never", choices=("auto", True, False)),
         "autofusion": Field(False, "CPU max-autotune with frozen weights: run the autofusion planner on each segment's "
                                    "graph before Inductor (horizontal GEMM fusion where measured faster; decisions in "
                                    "explain()); 'on'/True or 'off'/False", choices=(False, True, "off", "on")),

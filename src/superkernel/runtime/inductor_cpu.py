@@ -158,14 +158,16 @@ def _has_weight_op(gm: fx.GraphModule, frozen: dict[int, torch.Tensor]) -> bool:
 
 def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[int, torch.Tensor], *,
                    cpp_wrapper: bool, autotune: bool, gemm_templates: bool = True, gemm_timing: str = "memory",
-                   rewrite: Callable[[fx.GraphModule], Any] | None = None) -> Callable[..., Any]:
+                   rewrite: Callable[[fx.GraphModule], Any] | None = None, bf16_gemv: Any = "auto") -> Callable[..., Any]:
     """``gm`` with the ``frozen`` inputs as constants, through Inductor's freezing passes
     (weight prepacking, constant folding), compiled as one unit; called with all inputs.
 
     ``gemm_templates``: Inductor times its C++ GEMM templates (micro-kernels on the packed
     weights) against ATen/MKL for every GEMM at its real shape and keeps the faster.
     ``rewrite(gm)``: a graph rewrite run once the weights are constants, before Inductor's freezing
-    passes (the autofusion planner, :mod:`superkernel.autofusion`)."""
+    passes (the autofusion planner, :mod:`superkernel.autofusion`).
+    ``bf16_gemv``: Inductor's fp32 micro-kernel loads bf16/fp16 weights whole and prefetches ahead on CPUs
+    without native bf16 (:mod:`superkernel.runtime.bf16_gemv`)."""
     from torch._functorch.compile_utils import fx_graph_cse
     from torch._inductor import config as inductor_config
     from torch._inductor.constant_folding import constant_fold, replace_node_with_constant
@@ -174,6 +176,7 @@ def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[i
     from torch._inductor.fx_passes.post_grad import view_to_reshape
 
     from superkernel.runtime.autotune_builds import template_builds_use_pch
+    from superkernel.runtime.bf16_gemv import bf16_weight_loads
     from superkernel.runtime.frozen_code import (
         FROZEN_PATCHES, canonical_graph, parsed_index_expressions_reused, parsed_templates_reused,
         value_free_constant_comments,
@@ -191,7 +194,7 @@ def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[i
         patches.update({"max_autotune_gemm": True, "max_autotune_gemm_backends": GEMM_BACKENDS})
     with enter_freezing(), inductor_config.patch(patches), parsed_templates_reused(), \
             parsed_index_expressions_reused(), template_builds_use_pch(None if gemm_templates else False), \
-            weights_from_memory(gemm_templates and gemm_timing == "memory"):
+            weights_from_memory(gemm_templates and gemm_timing == "memory"), bf16_weight_loads(bf16_gemv):
         for i, tensor in frozen.items():
             replace_node_with_constant(gm, placeholders[i], tensor)
         gm.recompile()
@@ -292,7 +295,8 @@ def time_variants(variants: dict[str, Callable[..., Any]], args: list[Any], roun
 def choose(module: Any, parent: fx.GraphModule, parent_reals: list[Any] | None, static_indices: Sequence[int],
            compile_plain: Callable[[], Callable[..., Any]], *, freezing: Any, cpp_wrapper: bool,
            autotune: bool, gemm_templates: bool = True, gemm_timing: str = "memory",
-           rewrite: Callable[[fx.GraphModule], Any] | None = None, background_build: bool = False) -> Choice:
+           rewrite: Callable[[fx.GraphModule], Any] | None = None, background_build: bool = False,
+           bf16_gemv: Any = "auto") -> Choice:
     """Compile the segment plainly and (when allowed) frozen; keep the faster (see the module doc).
 
     ``background_build``: the plain variant's C++ is built on a worker thread while the frozen one is
@@ -303,14 +307,15 @@ def choose(module: Any, parent: fx.GraphModule, parent_reals: list[Any] | None, 
         plain = compile_plain()
     try:
         return _choose(module, parent, parent_reals, static_indices, plain, freezing=freezing, cpp_wrapper=cpp_wrapper,
-                       autotune=autotune, gemm_templates=gemm_templates, gemm_timing=gemm_timing, rewrite=rewrite)
+                       autotune=autotune, gemm_templates=gemm_templates, gemm_timing=gemm_timing, rewrite=rewrite,
+                       bf16_gemv=bf16_gemv)
     finally:
         wait_all(pending)  # a failed plain build fails the compile, as before
 
 
 def _choose(module: Any, parent: fx.GraphModule, parent_reals: list[Any] | None, static_indices: Sequence[int],
             plain: Callable[..., Any], *, freezing: Any, cpp_wrapper: bool, autotune: bool, gemm_templates: bool,
-            gemm_timing: str, rewrite: Callable[[fx.GraphModule], Any] | None) -> Choice:
+            gemm_timing: str, rewrite: Callable[[fx.GraphModule], Any] | None, bf16_gemv: Any = "auto") -> Choice:
     if freezing is False:
         return Choice(plain, "", {})
     frozen = frozen_inputs(module.gm, module.inputs, parent, parent_reals, static_indices)
@@ -318,7 +323,8 @@ def _choose(module: Any, parent: fx.GraphModule, parent_reals: list[Any] | None,
         return Choice(plain, "", {})
     try:
         frozen_fn = compile_frozen(module.gm, module.example_inputs, frozen, cpp_wrapper=cpp_wrapper, autotune=autotune,
-                                   gemm_templates=gemm_templates, gemm_timing=gemm_timing, rewrite=rewrite)
+                                   gemm_templates=gemm_templates, gemm_timing=gemm_timing, rewrite=rewrite,
+                                   bf16_gemv=bf16_gemv)
     except Exception:  # noqa: BLE001 - freezing is an optimization: the plain compile stays
         return Choice(plain, "", {})
     if freezing is True:

@@ -121,7 +121,8 @@ class InductorCpu(Inductor):
         if autofusion_enabled(self.config):
             return None
         i = self.config.inductor
-        options = ("choice", self.context.device, i.cpp_wrapper, i.autotune, str(i.freezing), i.gemm_templates, i.gemm_timing)
+        options = ("choice", self.context.device, i.cpp_wrapper, i.autotune, str(i.freezing), i.gemm_templates, i.gemm_timing,
+                   str(i.bf16_gemv))
         return structural_key(job.module.gm, job.module.example_inputs, options)
 
     def _best(self, job: Job, compile_plain: Callable[[], Program], key: Any = None) -> Any:
@@ -147,7 +148,7 @@ class InductorCpu(Inductor):
         choice = choose(module, parent, reals, static, compile_plain, freezing=freezing,
                         cpp_wrapper=inductor.cpp_wrapper, autotune=inductor.autotune,
                         gemm_templates=inductor.gemm_templates, gemm_timing=inductor.gemm_timing, rewrite=rewrite,
-                        background_build=not self.context.static.enabled)
+                        background_build=not self.context.static.enabled, bf16_gemv=inductor.bf16_gemv)
         if choice.label:
             self.counters["partitions_frozen"] += 1
             self._count_shared_frozen_code(choice.fn)
