@@ -93,7 +93,7 @@ def markdown(result: dict) -> str:
          f"per case (fresh sessions per look, random creation order); ratios = median over looks of each look's "
          f"median paired ratio, [range over looks]. Load (1 min) at start / end: {r0['load'][0]:.2f} / "
          f"{r0['load'][1]:.2f} (2 cores shared with other jobs). Both GA models calibrated and end-to-end checked "
-         "in this run, one calibration cache.", "",
+         f"in this run, one calibration cache. Run: `{r0.get('command', '')}`.", "",
          f"| case | P1 ms | GA-{r0['rule']} ms | GA ms | **GA / GA-{r0['rule']}** | GA / P1 | GA-{r0['rule']} / P1 | "
          "rule kept | GA end-to-end check | max abs diff GA |", "|---|---:|---:|---:|---:|---:|---:|---|---|---:|"]
     for r in r0["cases"]:
@@ -157,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"benchmark": "onnx_rule_ab", "rule": a.rule, "hardware": f"{OA.cpu_name()}, {os.cpu_count()} cores",
               "onnxruntime": ort.__version__, "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
               "looks": a.looks, "rounds": a.rounds, "load": [load0, os.getloadavg()[0]], "cases": rows,
+              "command": " ".join(["benchmarks/onnx_rule_ab.py", *(argv if argv is not None else sys.argv[1:])]),
               "summary": {"geomean_ga_vs_ga_without": gm("ga_vs_ga_without"), "geomean_ga_vs_p1": gm("ga_vs_p1"),
                           "geomean_ga_without_vs_p1": gm("ga_without_vs_p1")}}
     md = markdown(result)
