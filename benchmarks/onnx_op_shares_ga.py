@@ -184,7 +184,7 @@ def markdown(result: dict) -> str:
          "MultiHeadAttention, GroupQueryAttention, Softmax (the packed `Attention` op holds its Q/K/V GEMM too); "
          "rest = everything else. **Bound** = median over rounds of (GA kernel time - GA rest) / P1 kernel time: the "
          "GA/P1 a case reaches if every remaining non-GEMM, non-attention kernel of GA's output vanished and nothing "
-         "else changed - optimistic, not a target.", "",
+         "else changed - optimistic, not a target." + (f" Run: `{result['command']}`." if result.get("command") else ""), "",
          "| case | GA/P1 (kernel) [range] | GA (GEMM+attention) / P1 (GEMM+attention) | P1 rest | GA GEMM | "
          "GA attention | GA rest | bound | GA's largest rest types (share of GA kernel time) | GA kinds kept |",
          "|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
@@ -265,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"benchmark": args.name, "hardware": hardware(torch.device("cpu")).split(", torch threads")[0] + ")",
               "onnxruntime": ort.__version__, "runs": args.runs, "ga_version": args.ga_version or "this checkout",
               "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
+              "command": " ".join(["benchmarks/onnx_op_shares_ga.py", *(argv if argv is not None else sys.argv[1:])]),
               "load": [load_start, os.getloadavg()[0]], "summary": summary, "cases": rows}
     write_results(args.out, args.name, result, markdown(result), indent=1)
     print(markdown(result))
