@@ -209,7 +209,8 @@ class SumLayerNorm(FusionPattern):
 
     Not a fusion but the opposite: ONNX Runtime's optimizer fuses Add + LayerNormalization into
     its ``SkipLayerNormalization``, and on CPU that kernel measured several times slower than
-    the two separate ops (ORT 1.32, 1 thread, [1, 128, 768]: ~600 us against ~150 us). Its
+    the two separate ops (ORT 1.32, 1 thread, [1, 128, 768]: 580 us against 107 us,
+    benchmarks/results/onnx_kernel_alternatives.md). Its
     fusion looks for ``Add``; the same sum written as ``Sum`` is left alone. Calibration
     measures exactly that (the unfused micro-model runs under ORT_ENABLE_ALL, so it is the
     fused kernel), so where the fused kernel is faster this rule is not kept."""
@@ -229,7 +230,7 @@ class SumLayerNorm(FusionPattern):
         if any(o.uses() or o.is_graph_output() for o in node.outputs[1:]):
             return _fail("mean / inv_std_dev outputs of the normalization are used", node)
         if U.rank(a) != 3 or not _same_shape(a, b):
-            # ONNX Runtime fuses only equal [B, S, D] operands: anything else stays unfused anyway
+            # the residual form ONNX Runtime fuses; a broadcast operand is a bias add, not a residual
             return _fail(QUIET + f"residual operands {U.dims(a)} and {U.dims(b)} are not one [B, S, D] shape", b)
         if self.params["sum_out"] and not (resid.is_graph_output() or any(u is not node for u, _ in resid.uses())):
             return _fail(QUIET + "the sum is not used elsewhere (the single-output variant applies)")
