@@ -272,10 +272,17 @@ def markdown(result: dict) -> str:
     L = ["# graph-autofusion vs ONNX Runtime baselines (tiny Hugging Face models)", "",
          f"Hardware: {hw['cpu']}, {hw['cores']} cores (shared); onnxruntime {hw['onnxruntime']}, "
          f"onnxscript {hw['onnxscript']}, torch {hw['torch']}, transformers {hw['transformers']}. "
-         f"1 intra-op thread, median of {result['repeat']} interleaved rounds after {result['warmup']} warm-up rounds, "
-         "all in one process run, warmed by a throw-away session, sessions created in a random order; ratios are "
-         "medians of per-round paired ratios with their 95 % interval [lo-hi]. "
-         f"Load (1-min average) at start / end: {result.get('load', ['?', '?'])[0]} / {result.get('load', ['?', '?'])[1]}. P1 ORT_ENABLE_ALL on the original, P2 ORT transformers optimizer, P3 onnxscript "
+         + (f"1 intra-op thread, median of {result['repeat']} interleaved rounds after {result['warmup']} warm-up rounds, "
+            "all in one process run, warmed by a throw-away session, sessions created in a random order; ratios are "
+            "medians of per-round paired ratios with their 95 % interval [lo-hi]. "
+            if result.get("looks", 1) <= 1 else
+            f"1 intra-op thread, {result['repeat']} interleaved rounds per case split over {result['looks']} looks, each "
+            f"with fresh sessions created in its own random order (after {result['warmup']} warm-up rounds), all in one "
+            "process run warmed by a throw-away session; ratios are medians over looks of each look's median "
+            "per-round paired ratio, [lo-hi] the sign-test interval over looks (with up to 8 looks, their range): the "
+            "session created first in a look runs a few % slower even after the warm-up "
+            "(onnx_session_order.md), and looks spread that over the tools. ")
+         + f"Load (1-min average) at start / end: {result.get('load', ['?', '?'])[0]} / {result.get('load', ['?', '?'])[1]}. P1 ORT_ENABLE_ALL on the original, P2 ORT transformers optimizer, P3 onnxscript "
          "optimize_for_ort, GA graph-autofusion (calibrated, end-to-end checked, verified).", "",
          "| case | P1 ms | P2 ms | P3 ms | GA ms | GA/P1 | GA/best(P2,P3) | max abs diff P2 / P3 / GA | "
          "P2 kinds | P3 kinds | GA kinds kept | GA rules found, not kept (measured slower) | GA dropped end-to-end |",
@@ -327,6 +334,9 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="30 rounds, 5 warm-up (smoke test)")
     p.add_argument("--cases", default="", help="comma-separated families (default: all)")
     p.add_argument("--exporters", default="legacy,dynamo")
+    p.add_argument("--looks", type=int, default=1,
+                   help="split each case's rounds over this many looks, each with fresh sessions created in their own "
+                        "random order; ratios are then medians over looks (default 1: one session per tool)")
     p.add_argument("--out", default=RESULTS)
     a = p.parse_args(argv)
     repeat, warmup = (30, 5) if a.quick else (a.repeat, a.warmup)
@@ -347,7 +357,7 @@ def main(argv=None) -> int:
             for exp in exporters:
                 t0 = time.perf_counter()
                 try:
-                    row = run_case(fam, exp, tmp, repeat, warmup, seed=len(rows))
+                    row = run_case(fam, exp, tmp, repeat, warmup, seed=len(rows), looks=a.looks)
                 except Exception as e:  # noqa: BLE001
                     traceback.print_exc()
                     row = {"case": f"{fam}/{exp}", "error": f"{type(e).__name__}: {str(e)[:200]}"}
@@ -371,6 +381,7 @@ def main(argv=None) -> int:
         "seconds": time.perf_counter() - t_start,
     }
     result = {"benchmark": "onnx_autofusion", "hardware": hw, "repeat": repeat, "warmup": warmup, "threads": 1,
+              "looks": a.looks,
               "load": [round(load0, 2), round(os.getloadavg()[0], 2)],
               "summary": summary, "cases": rows}
     os.makedirs(a.out, exist_ok=True)

@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = [
         ["decode_latency.py"] + (["--steps", "16", "--warmup", "4", "--repeats", "1"] if args.quick else []),
         ["cold_start.py"] + (["--runs", "1"] if args.quick else ["--runs", "5"]),
-        ["onnx_autofusion.py"] + (["--quick"] if args.quick else []),
+        ["onnx_autofusion.py", "--looks", "6"] + (["--quick"] if args.quick else []),  # looks: no first-session bias
         ["hf_sweep.py"] + (["--quick"] if args.quick else []),  # >= 20 transformers architectures
         ["tp_cpu.py"] + (["--quick"] if args.quick else []),  # tensor parallelism on CPU vs one process
         ["hf_registry_sweep.py"] + (["--quick"] if args.quick else ["--jobs", "2"]),  # every registered causal LM

@@ -365,7 +365,7 @@ def test_softmax_over_the_query_axis_is_not_attention(export_module, fuse):
 
 def test_catalog_lists_every_rule_with_level_and_fused_op():
     names = [r.name for r in catalog.CATALOG]
-    assert len(names) == len(set(names)) == 19
+    assert len(names) == len(set(names)) == 20
     assert {r.opt_level for r in catalog.CATALOG} == {1, 2, 3}
     for r in catalog.CATALOG:
         assert r.pattern and r.fused_op and r.description

@@ -94,6 +94,11 @@ CATALOG: tuple[RuleSpec, ...] = (
     RuleSpec("skip_layernorm", "Add,LayerNormalization", "com.microsoft SkipLayerNormalization", 1, 20,
              "Residual add followed by LayerNorm; the sum stays available when it is used later.",
              _v(R.SkipNorm, kind=("ln", "ln_nobias"), sum_out=(True, False))),
+    RuleSpec("sum_layernorm", "Add,LayerNormalization (equal [B, S, D] operands)", "Sum + LayerNormalization", 1, 20,
+             "Residual Add then LayerNorm written as Sum then LayerNorm, so ONNX Runtime does not fuse them into "
+             "its SkipLayerNormalization, whose CPU kernel can be several times slower than the two ops; kept "
+             "only when calibration measures it faster (not applied by the static estimate).",
+             _v(R.SumLayerNorm, kind=("ln", "ln_nobias"), sum_out=(True, False))),
     RuleSpec("skip_rmsnorm", "Add,SimplifiedLayerNormalization|RMSNormalization",
              "com.microsoft SkipSimplifiedLayerNormalization", 1, 20,
              "Residual add followed by RMSNorm; the sum stays available when it is used later.",

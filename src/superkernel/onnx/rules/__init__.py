@@ -11,7 +11,7 @@ ONNX Runtime's CPU execution provider runs (see docs/graph_autofusion.md).
 from __future__ import annotations
 
 from superkernel.onnx.rules.base import FusionPattern, MS, QUIET, _fail, _opset  # noqa: F401
-from superkernel.onnx.rules.norms import LayerNormDecomposed, RMSNormDecomposed, SkipNorm, SkipRMSNorm, _same_shape  # noqa: F401
+from superkernel.onnx.rules.norms import LayerNormDecomposed, RMSNormDecomposed, SkipNorm, SkipRMSNorm, SumLayerNorm, _same_shape  # noqa: F401
 from superkernel.onnx.rules.activations import GeluErf, GeluTanh, QuickGelu, SiLU, _close, _half_times  # noqa: F401
 from superkernel.onnx.rules.matmul import BiasGelu, Gemm, MatMulConcat, MatMulScale, MatMulTranspose, _bias_ok  # noqa: F401
 from superkernel.onnx.rules.rotary import Rotary, _cos_sin_source, _through_identity, rotary_cache  # noqa: F401
