@@ -35,7 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 from onnx_op_shares import ATTENTION, GEMM  # noqa: E402
-from onnx_real_width import EXPORTERS, model_path  # noqa: E402
+from onnx_real_width import EXPORTERS, model_path, selection  # noqa: E402
 
 from superkernel.onnx import realsuite  # noqa: E402
 from superkernel.util import write_results  # noqa: E402
@@ -232,13 +232,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from superkernel.tools.advisor.environment import hardware
 
-    cases = [c for c in args.cases.split(",") if c]
-    unknown = sorted(set(cases) - set(realsuite.CASES))
-    if unknown:
-        raise SystemExit(f"unknown case(s) {', '.join(unknown)}: choose from {', '.join(realsuite.CASES)}")
-    exporters = [e for e in args.exporters.split(",") if e]
-    if set(exporters) - set(EXPORTERS):
-        raise SystemExit(f"unknown exporter in {args.exporters!r}: choose from {', '.join(EXPORTERS)}")
+    cases, exporters = selection(args.cases, args.exporters)
     if args.runs < 1:
         raise SystemExit(f"--runs must be at least 1, got {args.runs}")
     load_start = os.getloadavg()[0]

@@ -40,6 +40,20 @@ from superkernel.util import atomic_write  # noqa: E402
 EXPORTERS = ("legacy", "dynamo")
 
 
+def selection(cases: str, exporters: str) -> tuple[list[str], list[str]]:
+    """The comma-separated ``--cases`` and ``--exporters`` as lists; an unknown name exits naming the choices."""
+    from superkernel.onnx import realsuite
+
+    chosen = [c for c in cases.split(",") if c]
+    unknown = sorted(set(chosen) - set(realsuite.CASES))
+    if unknown:
+        raise SystemExit(f"unknown case(s) {', '.join(unknown)}: choose from {', '.join(realsuite.CASES)}")
+    tools = [e for e in exporters.split(",") if e]
+    if set(tools) - set(EXPORTERS):
+        raise SystemExit(f"unknown exporter in {exporters!r}: choose from {', '.join(EXPORTERS)}")
+    return chosen, tools
+
+
 def model_path(models: str, case: str, exporter: str) -> str:
     """The cached export of ``case`` (made now when missing)."""
     p = os.path.join(models, f"{case}_{exporter}.onnx")
@@ -260,8 +274,7 @@ def main(argv=None) -> int:
     p.add_argument("--calibration-cache", default="", help=argparse.SUPPRESS)  # internal: to one run
     p.add_argument("--one-run", default="", help=argparse.SUPPRESS)  # internal: one run, JSON to this path
     a = p.parse_args(argv)
-    cases = [c for c in (a.cases.split(",") if a.cases else realsuite.CASES) if c]
-    exporters = [e for e in a.exporters.split(",") if e]
+    cases, exporters = selection(a.cases or ",".join(realsuite.CASES), a.exporters)
     runs, repeat = (1, 20) if a.quick else (a.runs, a.repeat)
     if a.one_run:
         return one_run(cases, exporters, a.models, repeat, a.warmup, a.max_seconds, a.one_run, a.calibration_cache,

@@ -27,7 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import onnx_autofusion as OA  # noqa: E402 - the shared harness
-from onnx_real_width import EXPORTERS, model_path  # noqa: E402
+from onnx_real_width import EXPORTERS, model_path, selection  # noqa: E402
 
 from superkernel.onnx import catalog, realsuite  # noqa: E402
 from superkernel.util import write_results  # noqa: E402
@@ -132,12 +132,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if a.rule not in catalog.BY_NAME:
         raise SystemExit(f"unknown rule {a.rule!r}: choose from {', '.join(catalog.BY_NAME)}")
-    cases = [c for c in a.cases.split(",") if c]
-    if set(cases) - set(realsuite.CASES):
-        raise SystemExit(f"unknown case in {a.cases!r}: choose from {', '.join(realsuite.CASES)}")
-    exporters = [e for e in a.exporters.split(",") if e]
-    if set(exporters) - set(EXPORTERS):
-        raise SystemExit(f"unknown exporter in {a.exporters!r}: choose from {', '.join(EXPORTERS)}")
+    cases, exporters = selection(a.cases, a.exporters)
     load0 = os.getloadavg()[0]
     rows = []
     for case in cases:
