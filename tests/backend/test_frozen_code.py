@@ -45,8 +45,12 @@ class _Builds:
 
 @pytest.mark.slow
 def test_identical_frozen_layers_share_one_build_and_keep_their_own_weights(monkeypatch, tmp_path):
-    # an empty Inductor cache: on a warm one (an earlier run) even the first layer loads without g++
+    # an empty Inductor cache: on a warm one (an earlier run) even the first layer loads without g++; and
+    # none in memory either (another test in this process may have built the same source: test_bf16_gemv)
+    from torch._inductor.utils import clear_caches
+
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    clear_caches()
     # the C++ GEMM template only: it blocks each weight into a new constant while lowering (the weight
     # a wrong reuse would take from the first layer)
     monkeypatch.setattr(inductor_cpu, "GEMM_BACKENDS", "CPP")
