@@ -42,15 +42,13 @@ class Lottery:
 
 
 @pytest.fixture
-def lottery(monkeypatch):
-    lot = Lottery([50.0, 50.0, 49.0])
-    monkeypatch.setattr(T.time, "perf_counter", lambda: lot.now)
-    return lot
+def lottery():
+    return Lottery([50.0, 50.0, 49.0])
 
 
 def test_time_looks_draws_fresh_sessions_every_look(lottery):
     make = [lottery.maker(i) for i in range(3)]
-    per = T.time_looks(make, {}, looks=5, rounds=4, warmup=1, seed=1)
+    per = T.time_looks(make, {}, looks=5, rounds=4, warmup=1, seed=1, clock=lambda: lottery.now)
     assert len(per) == 5 and all(len(look) == 3 and all(len(x) == 4 for x in look) for look in per)
     # one throw-away session of model 0, then 3 fresh sessions per look
     assert len(lottery.created) == 1 + 5 * 3 and lottery.created[0] == 0
@@ -61,7 +59,7 @@ def test_time_looks_draws_fresh_sessions_every_look(lottery):
 
 def test_time_looks_stops_after_max_seconds_but_keeps_min_looks(lottery):
     make = [lottery.maker(i) for i in range(2)]
-    per = T.time_looks(make, {}, looks=10, rounds=3, seed=0, max_seconds=1e-9, min_looks=3)
+    per = T.time_looks(make, {}, looks=10, rounds=3, seed=0, max_seconds=1e-9, min_looks=3, clock=lambda: lottery.now)
     assert len(per) == 3
 
 
@@ -83,13 +81,8 @@ def test_looks_cover_the_true_ratio_where_one_look_does_not():
     trials = 30
     for seed in range(trials):
         lot = Lottery([50.0, 49.0], spread=0.08, noise=0.005, seed=seed)
-        real = T.time.perf_counter
-        T.time.perf_counter = lambda: lot.now
-        try:
-            make = [lot.maker(0), lot.maker(1)]
-            per = T.time_looks(make, {}, looks=9, rounds=20, warmup=0, seed=seed)
-        finally:
-            T.time.perf_counter = real
+        make = [lot.maker(0), lot.maker(1)]
+        per = T.time_looks(make, {}, looks=9, rounds=20, warmup=0, seed=seed, clock=lambda: lot.now)
         truth = 49.0 / 50.0
         first = T.ratio_estimate(list(zip(per[0][0], per[0][1])))
         one_hits += first.lo <= truth <= first.hi

@@ -141,10 +141,12 @@ def create_in_order(make: Sequence[Callable[[], object]], seed: int | None) -> t
     return sessions, order
 
 
-def time_interleaved(runs: Sequence[tuple[object, dict]], rounds: int, warmup: int = 0) -> list[list[float]]:
+def time_interleaved(runs: Sequence[tuple[object, dict]], rounds: int, warmup: int = 0, *,
+                     clock: Callable[[], float] = time.perf_counter) -> list[list[float]]:
     """Seconds of each ``(session, feeds)`` run per round, after ``warmup`` untimed rounds.
     Every round runs each once, the order rotated by one each round (with two runs, who
-    runs first alternates), so that drift in machine load affects all alike."""
+    runs first alternates), so that drift in machine load affects all alike. ``clock``: seconds
+    (a test passes a synthetic one)."""
     for _ in range(warmup):
         for s, feeds in runs:
             s.run(None, feeds)
@@ -153,9 +155,9 @@ def time_interleaved(runs: Sequence[tuple[object, dict]], rounds: int, warmup: i
         first = r % len(runs)
         for i in [*range(first, len(runs)), *range(first)]:
             s, feeds = runs[i]
-            t0 = time.perf_counter()
+            t0 = clock()
             s.run(None, feeds)
-            xs[i].append(time.perf_counter() - t0)
+            xs[i].append(clock() - t0)
     return xs
 
 
@@ -176,9 +178,10 @@ class PairSampler:
     benchmarks/results/onnx_session_order.md). Otherwise one session each, random order."""
 
     def __init__(self, a, b, feeds: dict, *, threads: int = 1, warmup: int = 5, seed: int | None = None,
-                 feeds_b: dict | None = None, balanced: bool = True):
+                 feeds_b: dict | None = None, balanced: bool = True, clock: Callable[[], float] = time.perf_counter):
         import onnxruntime as ort
 
+        self.clock = clock
         level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         fb = feeds if feeds_b is None else feeds_b
         make = [lambda: session(a, level, threads), lambda: session(b, level, threads)]
@@ -194,10 +197,10 @@ class PairSampler:
         self.seconds = 0.0
 
     def sample(self, rounds: int) -> list[tuple[float, float]]:
-        t0 = time.perf_counter()
-        xs = time_interleaved(self.runs, rounds, self._warmup)
+        t0 = self.clock()
+        xs = time_interleaved(self.runs, rounds, self._warmup, clock=self.clock)
         self._warmup = 0
-        self.seconds += time.perf_counter() - t0
+        self.seconds += self.clock() - t0
         out = []
         for r in range(rounds):
             per = ([], [])
@@ -254,24 +257,26 @@ def across_looks(looks: Sequence[Decision]) -> RatioEstimate:
 
 
 def time_looks(make: Sequence[Callable[[], object]], feeds: dict, *, looks: int, rounds: int, warmup: int = 2,
-               seed: int | None = None, max_seconds: float | None = None, min_looks: int = 3) -> list[list[list[float]]]:
+               seed: int | None = None, max_seconds: float | None = None, min_looks: int = 3,
+               clock: Callable[[], float] = time.perf_counter) -> list[list[list[float]]]:
     """Seconds per round of every model, look by look: ``result[look][model]`` is that look's
     list of per-round times. Each look warms the process with a throw-away session of
     ``make[0]`` (first look only), creates one fresh session per model in a seeded random
     order (another order every look), times ``rounds`` interleaved rounds after ``warmup``,
     and drops the sessions before the next look, so every look draws new sessions (see the
     module docstring: at real width a session's speed is a draw that lasts its lifetime).
-    With ``max_seconds``, stops after the look that passes it (at least ``min_looks``)."""
-    t0 = time.perf_counter()
+    With ``max_seconds``, stops after the look that passes it (at least ``min_looks``).
+    ``clock``: seconds (a test passes a synthetic one)."""
+    t0 = clock()
     out: list[list[list[float]]] = []
     base = 0 if seed is None else seed
     for k in range(looks):
         if k == 0:
             warm_process(make[0], feeds)
         sessions, _order = create_in_order(make, base + 7919 * k)
-        out.append(time_interleaved([(s, feeds) for s in sessions], rounds, warmup))
+        out.append(time_interleaved([(s, feeds) for s in sessions], rounds, warmup, clock=clock))
         del sessions
-        if max_seconds is not None and k + 1 >= min_looks and time.perf_counter() - t0 > max_seconds:
+        if max_seconds is not None and k + 1 >= min_looks and clock() - t0 > max_seconds:
             break
     return out
 
