@@ -195,3 +195,20 @@ def test_a_model_that_cannot_be_captured_exits_nonzero(monkeypatch, tmp_path):
     assert result.code == 1
     lines = error_lines(result.err)
     assert len(lines) == 1 and "model cannot be captured" in lines[0] and "simulated capture failure" in lines[0]
+
+
+def test_where_the_run_time_went_is_in_the_results_and_the_report(e2e):
+    """Every progress task's wall time (quiet runs too), and what ran outside them, add up to the run's wall."""
+    _, out, data = e2e
+    rt = data["run_time"]
+    names = [p["task"] for p in rt["phases"]]
+    assert names[0] == "loading llama-tiny"
+    assert "compiling torch.compile" in names and "compiling attention / max-autotune" in names
+    assert all(p["seconds"] >= 0 for p in rt["phases"]) and rt["outside_tasks_s"] >= 0
+    assert sum(p["seconds"] for p in rt["phases"]) + rt["outside_tasks_s"] == pytest.approx(rt["wall_s"], rel=1e-6)
+    compiled = next(p for p in rt["phases"] if p["task"] == "compiling attention / max-autotune")
+    max_autotune = next(r for r in data["results"] if r["name"] == "attention / max-autotune")
+    assert compiled["seconds"] >= max_autotune["compile_s"]   # the task holds the compile and the timed run
+    report = (out / "superkernel_optimization_report.md").read_text()
+    section = report.split("## Where this run's time went", 1)[1]
+    assert "| compiling attention / max-autotune |" in section and "| (outside the tasks above) |" in section

@@ -129,7 +129,8 @@ def run_plan(session: DecodeSession, plan: ScopePlan, modes: tuple[str, ...], ea
             return results
         for r in results:
             try:
-                step, backend = compile_superkernel(session, r.mode, **kept)
+                with reporter.phase(f"building {r.name}"):  # reduce-overhead: built here; others: at their first step
+                    step, backend = compile_superkernel(session, r.mode, **kept)
                 _fill_timing(r, _run(session, step, r.name, reporter))
                 r.compile_s += getattr(step, "build_seconds", 0.0)  # a precompiled step compiles before its 1st call
                 _explain_into(r, backend)

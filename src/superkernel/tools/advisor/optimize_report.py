@@ -104,7 +104,7 @@ def render(*, analysis: Analysis, model_name: str, model_source: str, notes: lis
            recommended: RunResult | None, settings: dict[str, Any], hardware: str, versions: dict[str, str],
            tolerance: float, plan_yaml: str | None, prefill_ms: float, eager_drift: float | None = None,
            decision: Any = None, profile: Any = None, plan_profiles: list | None = None,
-           search: dict | None = None) -> str:
+           search: dict | None = None, run_time: dict | None = None) -> str:
     eager = next((r for r in results if r.name == "eager"), None)
     inductor = next((r for r in results if r.name == "torch.compile"), None)
     plans = [r for r in results if r.kind == "plan"]
@@ -196,7 +196,25 @@ def render(*, analysis: Analysis, model_name: str, model_source: str, notes: lis
         lines.append(f"- Machine drift: eager was timed again after all plans, {eager_drift:+.1%} against its first "
                      f"median ({verdict}).")
     lines.append("- Decode steps use a preallocated StaticCache; prefill is never scoped or compiled.")
+    lines += run_time_section(run_time)
     return "\n".join(lines) + "\n"
+
+
+def run_time_section(run_time: dict | None) -> list[str]:
+    """Where this run's wall time went: each progress task, then what ran outside them."""
+    if not run_time or not run_time.get("phases"):
+        return []
+    total = run_time["wall_s"]
+    out = ["", "## Where this run's time went", "",
+           f"{total:.0f} s wall until the report was written. Each line is one progress task (a compile line "
+           "includes its timed decode run; a reduce-overhead step is built before its first call, in its building "
+           "line, the other modes compile in their first step); the search's interleaved re-timing rounds and showdown, Dynamo resets "
+           "and writing the outputs are the rest.", "", "| task | s | share |", "|---|---:|---:|"]
+    for name, seconds in run_time["phases"]:
+        out.append(f"| {name} | {seconds:.1f} | {seconds / total:.0%} |")
+    rest = run_time["outside_tasks_s"]
+    out.append(f"| (outside the tasks above) | {rest:.1f} | {rest / total:.0%} |")
+    return out
 
 
 def _profile_sections(profile: Any, plan_profiles: list, search: dict | None, eager: RunResult | None,

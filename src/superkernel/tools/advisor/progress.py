@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Callable, Iterator
 
 from rich.console import Console
@@ -17,6 +18,8 @@ class Reporter:
         # Bound to the terminal stream of now: while a run's log captures sys.stderr (compiler
         # output, see run_log), the progress display keeps writing to the terminal.
         self.console = console or Console(file=sys.stderr)
+        #: (task description, wall seconds) of every finished task, in order: where a run's time went
+        self.phases: list[tuple[str, float]] = []
 
     def note(self, text: str) -> None:
         if not self.quiet:
@@ -24,10 +27,30 @@ class Reporter:
 
     @contextlib.contextmanager
     def task(self, description: str, total: int | None = None) -> Iterator[Callable[..., None]]:
-        """Yield ``update(done=None, description=None)`` for one bar; a spinner when total is None."""
-        if self.quiet:
-            yield lambda *a, **k: None
-            return
+        """Yield ``update(done=None, description=None)`` for one bar; a spinner when total is None.
+        Its wall time is added to :attr:`phases` (quiet or not) under ``description``."""
+        start = time.perf_counter()
+        try:
+            if self.quiet:
+                yield lambda *a, **k: None
+                return
+            with self._bar(description, total) as update:
+                yield update
+        finally:
+            self.phases.append((description, time.perf_counter() - start))
+
+    @contextlib.contextmanager
+    def phase(self, description: str) -> Iterator[None]:
+        """Time a stretch of work into :attr:`phases` without a progress line (e.g. a build that is
+        sometimes instant: a bar would only flash)."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.phases.append((description, time.perf_counter() - start))
+
+    @contextlib.contextmanager
+    def _bar(self, description: str, total: int | None) -> Iterator[Callable[..., None]]:
         progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), console=self.console, transient=False, redirect_stderr=False)
         with progress:

@@ -7,6 +7,7 @@ number in the report was measured in the same run as its baselines.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -221,6 +222,7 @@ def optimize(opts: OptimizeOptions, reporter: Reporter | None = None) -> Outcome
 
 
 def _optimize(opts: OptimizeOptions, reporter: Reporter, log: RunLog) -> Outcome:
+    started = time.perf_counter()
     loaded, session = load_and_prepare(opts, reporter)
     structure = analyze_structure(loaded.model)
     plans = select_plans(opts.strategy, structure, opts.custom_scopes)
@@ -281,10 +283,17 @@ def _optimize(opts: OptimizeOptions, reporter: Reporter, log: RunLog) -> Outcome
 
     search = {"exhaustive": exhaustive, "prior_efficiency": prior, "base_ms": base_ms, "forecasts": forecasts}
     files = write_outputs(opts, loaded, session, analysis, results, decision, references, drift,
-                          profile=profile, search=search)
+                          profile=profile, search=search, run_time=time_spent(reporter, started))
     return Outcome(results=results, recommended=best, analysis=analysis, files=files,
                    message=outcome_message(results, decision), decision=decision, profile=profile,
                    forecasts=forecasts)
+
+
+def time_spent(reporter: Reporter, started: float) -> dict:
+    """The run's wall time so far and the progress tasks' share of it (results.json, the report)."""
+    wall = time.perf_counter() - started
+    phases = [(name, seconds) for name, seconds in reporter.phases]
+    return {"wall_s": wall, "phases": phases, "outside_tasks_s": max(0.0, wall - sum(s for _, s in phases))}
 
 
 def plans_summary(results: list[RunResult]) -> str:
@@ -348,7 +357,8 @@ def eager_drift(session: DecodeSession, eager: RunResult, reporter: Reporter) ->
 def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSession, analysis: Analysis,
                   results: list[RunResult], decision: Recommendation,
                   references: dict[str, torch.Tensor], drift: float | None = None, *,
-                  profile: StepProfile | None = None, search: dict | None = None) -> dict[str, Path]:
+                  profile: StepProfile | None = None, search: dict | None = None,
+                  run_time: dict | None = None) -> dict[str, Path]:
     from superkernel.tools.advisor.plan_file import TORCH_COMPILE
 
     out = Path(opts.output)
@@ -386,13 +396,16 @@ def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSes
                     versions=versions(), tolerance=opts.tolerance, plan_yaml=plan_yaml,
                     prefill_ms=session.prefill_seconds * 1e3, eager_drift=drift, decision=decision,
                     profile=profile, plan_profiles=[r.profile for r in results if r.profile is not None],
-                    search=search)
+                    search=search, run_time=run_time)
     files["report"] = atomic_write(out / REPORT_NAME, report, inputs)
     payload = {"model": loaded.name, "hardware": hardware(session.device), "versions": versions(),
                "settings": settings, "tolerance": opts.tolerance, "prefill_ms": session.prefill_seconds * 1e3,
                "recommended": decision.name, "recommendation": {"kind": decision.kind, "reason": decision.reason,
                                                                 "noise_threshold": decision.noise},
                "eager_drift": drift, "results": [r.to_dict() for r in results],
+               "run_time": None if run_time is None else {
+                   "wall_s": run_time["wall_s"], "outside_tasks_s": run_time["outside_tasks_s"],
+                   "phases": [{"task": name, "seconds": seconds} for name, seconds in run_time["phases"]]},
                "profile": profile.to_dict() if profile is not None else None,
                "search": None if search is None else {
                    "exhaustive": search["exhaustive"], "prior_efficiency": search["prior_efficiency"],
