@@ -208,8 +208,8 @@ def run_time_section(run_time: dict | None) -> list[str]:
     out = ["", "## Where this run's time went", "",
            f"{total:.0f} s wall until the report was written. Each line is one progress task (a compile line "
            "includes its timed decode run; a reduce-overhead step is built before its first call, in its building "
-           "line, the other modes compile in their first step); the search's interleaved re-timing rounds and showdown, Dynamo resets "
-           "and writing the outputs are the rest.", "", "| task | s | share |", "|---|---:|---:|"]
+           "line, the other modes compile in their first step); the search's interleaved re-timing rounds and "
+           "showdown, Dynamo resets and writing the outputs are the rest.", "", "| task | s | share |", "|---|---:|---:|"]
     for name, seconds in run_time["phases"]:
         out.append(f"| {name} | {seconds:.1f} | {seconds / total:.0%} |")
     rest = run_time["outside_tasks_s"]

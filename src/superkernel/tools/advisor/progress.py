@@ -29,15 +29,12 @@ class Reporter:
     def task(self, description: str, total: int | None = None) -> Iterator[Callable[..., None]]:
         """Yield ``update(done=None, description=None)`` for one bar; a spinner when total is None.
         Its wall time is added to :attr:`phases` (quiet or not) under ``description``."""
-        start = time.perf_counter()
-        try:
+        with self.phase(description):
             if self.quiet:
                 yield lambda *a, **k: None
                 return
             with self._bar(description, total) as update:
                 yield update
-        finally:
-            self.phases.append((description, time.perf_counter() - start))
 
     @contextlib.contextmanager
     def phase(self, description: str) -> Iterator[None]:
