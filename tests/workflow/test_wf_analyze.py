@@ -117,3 +117,26 @@ def test_scopes_that_reach_no_graph_are_flagged():
     assert trial.uncaptured == ["moe"]
     trial.error = "capture failed"
     assert trial.uncaptured == []  # an error is reported as such, not as a missing scope
+
+
+def test_a_trial_capture_with_reference_is_the_exactness_reference_bit_for_bit(llama_session):
+    """optimize keeps the trial's whole decode as the strategy's exactness reference instead of capturing the
+    same scopes again: it must be exactly what run_plan's own reference capture gives."""
+    from superkernel.tools.advisor.analysis import trial_capture
+    from superkernel.tools.advisor.compiling import compile_superkernel
+    from superkernel.tools.decode import run_decode
+
+    plan = plan_for("decoder_layer", analyze_structure(llama_session.model))
+    trial = trial_capture(llama_session, plan, reference=True)
+    assert trial.error is None and trial.reference_logits is not None
+    assert trial_capture(llama_session, plan).reference_logits is None  # analyze alone does not decode
+    superkernel.apply_scopes(llama_session.model, plan.scopes)
+    try:
+        step, _ = compile_superkernel(llama_session, "reduce-overhead", run_eagerly=True)
+        again = run_decode(llama_session, step).logits
+    finally:
+        superkernel.remove_scopes(llama_session.model)
+        llama_session.restore_cache()
+        torch._dynamo.reset()
+    assert trial.reference_logits.shape == (llama_session.total_steps, again.shape[-1])
+    assert torch.equal(trial.reference_logits, again)

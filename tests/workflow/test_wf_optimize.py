@@ -204,6 +204,9 @@ def test_where_the_run_time_went_is_in_the_results_and_the_report(e2e):
     names = [p["task"] for p in rt["phases"]]
     assert names[0] == "loading llama-tiny"
     assert "compiling torch.compile" in names and "compiling attention / max-autotune" in names
+    # the trial capture of the analysis is the strategy's exactness reference: not captured a second time
+    assert not any(n.startswith("compiling") and "exactness reference" in n for n in names)
+    assert any(n.startswith("analysing model structure") and "exactness reference" in n for n in names)
     assert all(p["seconds"] >= 0 for p in rt["phases"]) and rt["outside_tasks_s"] >= 0
     assert sum(p["seconds"] for p in rt["phases"]) + rt["outside_tasks_s"] == pytest.approx(rt["wall_s"], rel=1e-6)
     compiled = next(p for p in rt["phases"] if p["task"] == "compiling attention / max-autotune")

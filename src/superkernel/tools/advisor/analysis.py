@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch
 
-from superkernel.tools.decode import DecodeSession
+from superkernel.tools.decode import DecodeSession, run_decode
 from superkernel.tools.advisor.compiling import compile_superkernel
 from superkernel.tools.advisor.strategies import ScopePlan, applicable, auto_plans
 from superkernel.tools.advisor.structure import ModelStructure, analyze_structure
@@ -37,6 +37,9 @@ class TrialCapture:
     total_ops: int = 0
     seconds: float = 0.0
     error: str | None = None
+    #: the whole decode through the captured step (``trial_capture(..., reference=True)``): the strategy's
+    #: exactness reference, so ``optimize`` does not capture the same scopes a second time for it
+    reference_logits: torch.Tensor | None = None
 
     @property
     def uncaptured(self) -> list[str]:
@@ -225,8 +228,13 @@ def recompile_guards(session: DecodeSession, steps: int = 3) -> tuple[list[str],
     return guards, len(fixed), fixed
 
 
-def trial_capture(session: DecodeSession, plan: ScopePlan) -> TrialCapture:
-    """Apply the plan's scopes, capture one decode step with run_eagerly, read the explanation."""
+def trial_capture(session: DecodeSession, plan: ScopePlan, *, reference: bool = False) -> TrialCapture:
+    """Apply the plan's scopes, capture one decode step with run_eagerly, read the explanation.
+
+    ``reference``: also run the session's whole decode through that step and keep its logits
+    (``trial.reference_logits``): the capture is the one ``optimize`` compares reduce-overhead plans
+    against (:func:`~superkernel.tools.advisor.measure.run_plan`), with the same scopes and no options.
+    """
     import superkernel
 
     trial = TrialCapture(plan=plan)
@@ -245,6 +253,8 @@ def trial_capture(session: DecodeSession, plan: ScopePlan) -> TrialCapture:
         trial.cuts = list(ex.cuts)
         trial.unscoped_ops = sum(g.unscoped_ops for g in ex.graphs)
         trial.total_ops = sum(g.num_ops for g in ex.graphs)
+        if reference:
+            trial.reference_logits = run_decode(session, step, label=f"{plan.strategy} / exactness reference").logits
     except Exception as exc:  # a plan that cannot be captured is reported, not fatal for analysis
         trial.error = f"{exception_summary(exc, 340, first_line=False)}"
     finally:
@@ -256,10 +266,11 @@ def trial_capture(session: DecodeSession, plan: ScopePlan) -> TrialCapture:
 
 
 def analyze(model_name: str, session: DecodeSession, plans: list[ScopePlan] | None = None,
-            on_trial: Callable[[str], None] | None = None) -> Analysis:
+            on_trial: Callable[[str], None] | None = None, *, references: bool = False) -> Analysis:
     """Structure, prefill/decode and KV-cache facts, graph breaks, and one trial capture per plan.
 
-    ``plans`` defaults to every strategy that applies (bottom-up).
+    ``plans`` defaults to every strategy that applies (bottom-up). ``references``: each trial also
+    decodes the whole session and keeps its logits (see :func:`trial_capture`).
     """
     model = session.model
     structure = analyze_structure(model)
@@ -275,5 +286,5 @@ def analyze(model_name: str, session: DecodeSession, plans: list[ScopePlan] | No
     for plan in plans if plans is not None else auto_plans(structure):
         if on_trial is not None:
             on_trial(plan.strategy)
-        result.trials.append(trial_capture(session, plan))
+        result.trials.append(trial_capture(session, plan, reference=references))
     return result

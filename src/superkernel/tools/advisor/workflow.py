@@ -227,8 +227,10 @@ def _optimize(opts: OptimizeOptions, reporter: Reporter, log: RunLog) -> Outcome
     structure = analyze_structure(loaded.model)
     plans = select_plans(opts.strategy, structure, opts.custom_scopes)
     validate_scopes(loaded.model, plans, opts.options)
-    with reporter.task(f"analysing model structure, decode capture, trial capture of {len(plans)} plan(s)"):
-        analysis = analyze(loaded.name, session, plans=plans)
+    with reporter.task(f"analysing model structure, decode capture, trial capture of {len(plans)} plan(s)"
+                       + ("" if opts.options else " (each also its exactness reference)")):
+        # without scope options a trial capture is exactly a strategy's exactness reference: kept, not captured again
+        analysis = analyze(loaded.name, session, plans=plans, references=not opts.options)
     exhaustive = opts.exhaustive or opts.strategy != "auto"
     reporter.note(f"[bold]{loaded.name}[/]: {analysis.architecture}, {analysis.structure.num_layers} layers, "
                   f"{analysis.structure.attention_kind} attention, {len(analysis.structure.moe_paths)} MoE layer(s); "
@@ -248,7 +250,8 @@ def _optimize(opts: OptimizeOptions, reporter: Reporter, log: RunLog) -> Outcome
     forecasts = forecasts_for(plans, tuple(opts.modes), profile, loaded.model, analysis.trials)
     prior = PRIOR_EFFICIENCY
     base_ms = base_step_ms(eager.median_ms, inductor.median_ms if inductor is not None else None)
-    references: dict[str, torch.Tensor] = {}
+    references: dict[str, torch.Tensor] = {t.plan.strategy: t.reference_logits for t in analysis.trials
+                                           if t.reference_logits is not None}
 
     def measure(plan: ScopePlan, modes: tuple[str, ...]) -> list[RunResult]:
         """A plan's modes; with the timer (auto, a named strategy), on a session copy whose compiled steps are kept."""
