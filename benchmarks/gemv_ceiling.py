@@ -169,8 +169,7 @@ class Step:
         self.merged_packed = ([(torch.ops.mkl._mkl_reorder_linear_weight(w, 1), w) for w in self.merged]
                               if self.packed is not None else None)
         self.bytes = sum(w.numel() * w.element_size() for w in self.weights)
-        self.one_buffer = torch.empty(self.bytes, dtype=torch.uint8)
-        self.one_buffer.copy_(torch.randint(0, 255, (self.bytes,), dtype=torch.uint8, generator=gen))
+        self.one_buffer = torch.randint(0, 255, (self.bytes,), dtype=torch.uint8, generator=gen)
 
 
 def variants(torch, ext, step: Step) -> dict:
@@ -198,7 +197,7 @@ def variants(torch, ext, step: Step) -> dict:
     return out
 
 
-def check(torch, ext, step: Step) -> float:
+def check(ext, step: Step) -> float:
     """Max abs difference of every hand kernel against ATen on the first layer (a wrong kernel is not timed)."""
     worst = 0.0
     for w, p in zip(step.weights[:7], step.blocked[:7]):
@@ -211,7 +210,7 @@ def check(torch, ext, step: Step) -> float:
     return worst
 
 
-def time_rounds(torch, fns: dict, rounds: int) -> dict:
+def time_rounds(fns: dict, rounds: int) -> dict:
     names = list(fns)
     seconds = {n: [] for n in names}
     for r in range(rounds):
@@ -237,8 +236,8 @@ def run(args) -> dict:
     for name in args.dtypes:
         dtype = getattr(torch, name)
         step = Step(torch, dtype, args.layers)
-        diff = check(torch, ext, step)
-        seconds = time_rounds(torch, variants(torch, ext, step), args.rounds)
+        diff = check(ext, step)
+        seconds = time_rounds(variants(torch, ext, step), args.rounds)
         base = seconds["sum, one buffer"]
         rows = {}
         for n, s in seconds.items():

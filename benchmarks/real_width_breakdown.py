@@ -242,6 +242,7 @@ def markdown(result: dict[str, Any]) -> str:
     s = result["step"]
     bw = result["bandwidth_read_GBps"]
     item = 2 if result.get("dtype") == "bfloat16" else 4   # bytes per weight
+    layer_mb = (896 * 896 * 2 + 128 * 896 * 2 + 4864 * 896 * 3) * item / 1e6   # a decoder layer's weights
     roof = s["weight_bytes"] / (bw * 1e9) * 1e3
     lines = [f"# Where the real-width max-autotune decode step goes (Qwen2-0.5B-shaped, {result['layers']} layers, "
              f"{result.get('dtype', 'float32')}, {result['threads']} thread(s))", "",
@@ -264,8 +265,7 @@ def markdown(result: dict[str, Any]) -> str:
     if layer_ms:
         lines += ["", f"Per decoder layer: median {statistics.median(layer_ms):.3f} ms, min {min(layer_ms):.3f}, "
                       f"max {max(layer_ms):.3f} ({len(layer_ms)} layers); a layer's weights are "
-                      f"{(896 * 896 * 2 + 128 * 896 * 2 + 4864 * 896 * 3) * item / 1e6:.1f} MB -> "
-                      f"{(896 * 896 * 2 + 128 * 896 * 2 + 4864 * 896 * 3) * item / (bw * 1e9) * 1e3:.3f} ms at {bw:.1f} GB/s."]
+                      f"{layer_mb:.1f} MB -> {layer_mb / bw:.3f} ms at {bw:.1f} GB/s."]
     lines += ["", f"## Kernels and operators (torch.profiler, self CPU per step over {s['profiled_steps']} steps; "
                   "identical layers share kernel names, so a row sums all layers)", "",
               "| kernel / operator | self ms / step | calls / step |", "|---|---|---|"]

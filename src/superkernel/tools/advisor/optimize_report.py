@@ -210,8 +210,8 @@ def run_time_section(run_time: dict | None) -> list[str]:
            "includes its timed decode run; a reduce-overhead step is built before its first call, in its building "
            "line, the other modes compile in their first step); the search's interleaved re-timing rounds and "
            "showdown, Dynamo resets and writing the outputs are the rest.", "", "| task | s | share |", "|---|---:|---:|"]
-    for name, seconds in run_time["phases"]:
-        out.append(f"| {name} | {seconds:.1f} | {seconds / total:.0%} |")
+    for phase in run_time["phases"]:
+        out.append(f"| {phase['task']} | {phase['seconds']:.1f} | {phase['seconds'] / total:.0%} |")
     rest = run_time["outside_tasks_s"]
     out.append(f"| (outside the tasks above) | {rest:.1f} | {rest / total:.0%} |")
     return out

@@ -293,10 +293,10 @@ def _optimize(opts: OptimizeOptions, reporter: Reporter, log: RunLog) -> Outcome
 
 
 def time_spent(reporter: Reporter, started: float) -> dict:
-    """The run's wall time so far and the progress tasks' share of it (results.json, the report)."""
+    """The run's wall time so far and each progress task's (``run_time`` in results.json, the report)."""
     wall = time.perf_counter() - started
-    phases = [(name, seconds) for name, seconds in reporter.phases]
-    return {"wall_s": wall, "phases": phases, "outside_tasks_s": max(0.0, wall - sum(s for _, s in phases))}
+    return {"wall_s": wall, "outside_tasks_s": max(0.0, wall - sum(s for _, s in reporter.phases)),
+            "phases": [{"task": name, "seconds": seconds} for name, seconds in reporter.phases]}
 
 
 def plans_summary(results: list[RunResult]) -> str:
@@ -406,9 +406,7 @@ def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSes
                "recommended": decision.name, "recommendation": {"kind": decision.kind, "reason": decision.reason,
                                                                 "noise_threshold": decision.noise},
                "eager_drift": drift, "results": [r.to_dict() for r in results],
-               "run_time": None if run_time is None else {
-                   "wall_s": run_time["wall_s"], "outside_tasks_s": run_time["outside_tasks_s"],
-                   "phases": [{"task": name, "seconds": seconds} for name, seconds in run_time["phases"]]},
+               "run_time": run_time,
                "profile": profile.to_dict() if profile is not None else None,
                "search": None if search is None else {
                    "exhaustive": search["exhaustive"], "prior_efficiency": search["prior_efficiency"],
