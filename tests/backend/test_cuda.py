@@ -108,3 +108,27 @@ def test_hf_llama_decode_on_cuda_bit_exact():
     ro = run(ro_fn)
     assert all(torch.equal(a, b) for a, b in zip(ro, ref))
     assert [s.realization for s in sk.explain(ro_fn).segments] == ["cuda-graph"]
+
+
+def host_synced(x):
+    with sk.super_kernel("seg"):
+        h = torch.histc(x, bins=4)  # min = max = 0: the range is read from the data on the host (a sync)
+        return h * 2 + x.sum()
+
+
+def test_failed_capture_falls_back_alone_and_the_next_capture_works():
+    x, w = make_inputs()
+    bad = compile_plan(host_synced, "reduce-overhead")
+    ref = compile_plan(host_synced, "reduce-overhead", run_eagerly=True)
+    for _ in range(3):  # the failed capture's call and the later ones all give the reference's result
+        assert torch.equal(bad(x), ref(x))
+    ex = sk.explain(bad)
+    assert ex.fallbacks, "the capture should have failed (histc reads its range on the host)"
+    # the process and a new graph are healthy after the failed capture
+    good, good_ref = compile_plan(scoped, "reduce-overhead"), compile_plan(scoped, "reduce-overhead", run_eagerly=True)
+    ca, cb = torch.zeros(8, 64, device="cuda"), torch.zeros(8, 64, device="cuda")
+    for step in range(3):
+        pos = torch.tensor([step], device="cuda")
+        assert torch.equal(good(x, w, ca, pos), good_ref(x, w, cb, pos))
+    assert {s.realization for s in sk.explain(good).segments} == {"cuda-graph"}
+    torch.cuda.synchronize()
