@@ -48,9 +48,13 @@ LLAMA_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num
                 num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=4096,
                 rms_norm_eps=1e-5, tie_word_embeddings=True)
 
-ALL_PLANS = ("eager", "cudagraphs", "sk-ro-decoder_layer", "sk-ro-all_layers", "sk-ro-all_layers-precompiled",
-             "inductor", "inductor-reduce-overhead", "sk-ma-decoder_layer", "sk-ma-all_layers",
-             "inductor-max-autotune")
+ALL_PLANS = ("eager", "cudagraphs", "cudagraphs-static-params", "sk-ro-decoder_layer", "sk-ro-all_layers",
+             "sk-ro-all_layers-precompiled", "inductor", "inductor-reduce-overhead", "sk-ma-decoder_layer",
+             "sk-ma-all_layers", "sk-ma-all_layers-pdl", "inductor-max-autotune")
+
+#: vendor memory bandwidth (bytes/s) by card name, for the roofline the issue's targets use
+SPEC_BANDWIDTH = {"H200": 4.8e12, "H100 80GB HBM3": 3.35e12, "H100 SXM": 3.35e12, "H100 PCIe": 2.0e12,
+                  "H100 NVL": 3.9e12}
 
 
 def environment() -> dict[str, Any]:
@@ -118,6 +122,9 @@ class Plan:
         self.dynamo: dict[str, int] = {}
         self.realizations: list[str] = []
         self.counters: dict[str, int] = {}
+        self.warm: dict[str, Any] = {}          # after the warm-up round: captures, guard failures
+        self.after: dict[str, Any] = {}         # after the timed rounds
+        self.explain: str = ""
 
 
 def compile_plan(plan: Plan, model: torch.nn.Module, session: Any, scoped: dict[str, torch.nn.Module],
@@ -130,7 +137,7 @@ def compile_plan(plan: Plan, model: torch.nn.Module, session: Any, scoped: dict[
         strategy = name.split("-")[2]
         mode = {"ro": "reduce-overhead", "ma": "max-autotune"}[name.split("-")[1]]
         fn = own_code(make_step(scoped[strategy], session), name.replace("-", "_"))
-        cfg = sk.CompilerConfig.from_dict({"mode": mode})
+        cfg = sk.CompilerConfig.from_dict({"mode": mode, "cuda": {"pdl": name.endswith("-pdl")}})
         if name.endswith("precompiled"):
             plan.step = sk.precompile_step(fn, inputs[0], cfg)
             from superkernel.pipeline.backend import find_backend
@@ -145,6 +152,16 @@ def compile_plan(plan: Plan, model: torch.nn.Module, session: Any, scoped: dict[
         plan.step = make_step(model, session)
     elif name == "cudagraphs":
         plan.step = torch.compile(fn, backend="cudagraphs", dynamic=False)
+    elif name == "cudagraphs-static-params":
+        # torch's cudagraphs backend keeps only AOT-lifted parameters in place; with nn modules inlined (the
+        # default) the weights are graph inputs and are copied in on every replay. Not inlined, they are lifted.
+        with torch._dynamo.config.patch(inline_inbuilt_nn_modules=False):
+            compiled = torch.compile(fn, backend="cudagraphs", dynamic=False)
+
+            def step(*args: Any, _compiled: Any = compiled) -> Any:
+                with torch._dynamo.config.patch(inline_inbuilt_nn_modules=False):
+                    return _compiled(*args)
+        plan.step = step
     elif name == "inductor":
         plan.step = torch.compile(fn, dynamic=False)
     elif name == "inductor-reduce-overhead":
@@ -220,6 +237,26 @@ def dynamo_marks() -> tuple[int, int]:
     return (sum(len(r) for r in guard_failures.values()), int(counters["stats"]["unique_graphs"]))
 
 
+def plan_guard_failures(plan_name: str) -> int:
+    """Dynamo guard failures (recompiles) of this plan's own code object (each plan compiles its own copy)."""
+    from torch._dynamo.utils import guard_failures
+
+    tag = plan_name.replace("-", "_")
+    return sum(len(r) for code, r in guard_failures.items() if getattr(code, "co_name", "").endswith(tag))
+
+
+def capture_counts(backend: Any) -> dict[str, int]:
+    """Captures, recaptures, replays and uncaptured calls over the backend's CUDA graphs so far."""
+    import superkernel as sk
+
+    graphs = [g for info in sk.explain(backend).graphs for g in info.cuda_graphs]
+    return {"cuda_graphs": len(graphs), "captures": sum(g.captures for g in graphs),
+            "recaptures": sum(g.recaptures for g in graphs), "uncaptured_calls": sum(g.uncaptured_calls for g in graphs),
+            "copies_per_replay": sum(g.copies_per_replay for g in graphs),
+            "copied_bytes_per_replay": sum(g.copied_bytes_per_replay for g in graphs),
+            "uncaptured": sum(1 for g in graphs if g.status.startswith("uncaptured"))}
+
+
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     import superkernel as sk
     from superkernel.autofusion.machine import measure_bandwidth
@@ -270,6 +307,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 if device.type == "cuda":
                     plan.peak_GiB = (torch.cuda.max_memory_allocated() - base) / 2**30
                 outs[plan.name] = out
+                plan.warm = {"guard_failures": plan_guard_failures(plan.name),
+                             **(capture_counts(plan.backend) if plan.backend is not None else {})}
                 if plan.backend is not None:
                     ex = sk.explain(plan.backend)
                     plan.realizations = sorted({s.realization for s in ex.segments})
@@ -309,13 +348,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 plan.profile = profile_counts(plan.step, session, inputs)
             except Exception as exc:  # noqa: BLE001
                 plan.profile = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+            plan.after = {"guard_failures": plan_guard_failures(plan.name),
+                          **(capture_counts(plan.backend) if plan.backend is not None else {})}
             if plan.backend is not None:
                 plan.counters = dict(plan.backend.counters)
+                plan.explain = str(sk.explain(plan.step if plan.name.endswith("precompiled") else plan.backend))
     bandwidth = measure_bandwidth(1024, 10, device)
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     kv = sum(t.numel() * t.element_size() for layer in session.cache.layers
              for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(t, torch.Tensor))
     roofline_ms = (weights + kv) / bandwidth * 1e3
+    card = torch.cuda.get_device_properties(0).name if device.type == "cuda" else ""
+    spec = next((v for k, v in SPEC_BANDWIDTH.items() if k in card), None)
+    spec_roofline_ms = (weights + kv) / spec * 1e3 if spec else None
     med = lambda xs: statistics.median(xs) if xs else None  # noqa: E731
     by = {p.name: p for p in plans}
     rows = []
@@ -330,8 +375,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                    bit_exact_every_round=all(plan.exact_rounds) if plan.exact_rounds else None,
                    top1_min=min(plan.top1) if plan.top1 else None,
                    max_diff=max(plan.max_diff) if plan.max_diff else None,
-                   profile=plan.profile, realizations=plan.realizations, counters=plan.counters)
-        for peer in ("eager", "cudagraphs", "inductor", "inductor-reduce-overhead", "inductor-max-autotune"):
+                   profile=plan.profile, realizations=plan.realizations, counters=plan.counters,
+                   spec_roofline_x=med(plan.gpu_ms) / spec_roofline_ms if spec_roofline_ms else None,
+                   after_warmup={k: plan.after.get(k, 0) - plan.warm.get(k, 0) for k in
+                                 ("guard_failures", "captures", "recaptures", "uncaptured_calls")},
+                   capture=plan.after, explain=plan.explain)
+        for peer in ("eager", "cudagraphs", "cudagraphs-static-params", "inductor", "inductor-reduce-overhead",
+                     "inductor-max-autotune", "sk-ma-all_layers"):
             other = by.get(peer)
             if other is not None and other is not plan and other.gpu_ms and len(other.gpu_ms) == len(plan.gpu_ms):
                 row[f"vs_{peer}"] = statistics.median(a / b for a, b in zip(plan.gpu_ms, other.gpu_ms))
@@ -340,23 +390,29 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         rows.append(row)
     return {"model": args.model, "dtype": args.dtype, "steps": args.steps, "rounds": args.rounds,
             "environment": environment(), "copy_bandwidth_GBps": bandwidth / 1e9, "weight_bytes": weights,
-            "kv_bytes": kv, "roofline_ms": roofline_ms, "dynamo_after_warmup": {
+            "kv_bytes": kv, "roofline_ms": roofline_ms, "spec_bandwidth_GBps": spec / 1e9 if spec else None,
+            "spec_roofline_ms": spec_roofline_ms, "dynamo_after_warmup": {
                 "guard_failures": after[0] - marks[0], "new_graphs": after[1] - marks[1]},
             "wall_s": time.perf_counter() - t0, "rows": rows}
 
 
 def markdown(result: dict[str, Any]) -> str:
     env = result["environment"]
+    spec = (f"; at the card's spec {result['spec_bandwidth_GBps']:.0f} GB/s {result['spec_roofline_ms']:.3f} ms"
+            if result.get("spec_roofline_ms") else "")
     lines = [f"# GPU decode: {result['model']} ({result['dtype']}) on {env.get('card')}", "",
              f"torch {env['torch']} (CUDA {env['cuda']}), triton {env.get('triton')}, transformers "
-             f"{env.get('transformers')}, Python {env['python']}; {result['steps']} steps per round, "
-             f"{result['rounds']} interleaved rounds, CUDA events; roofline {result['roofline_ms']:.3f} ms "
-             f"({(result['weight_bytes'] + result['kv_bytes']) / 1e9:.2f} GB at a measured copy "
-             f"{result['copy_bandwidth_GBps']:.0f} GB/s). Dynamo after warm-up: {result['dynamo_after_warmup']}.", "",
+             f"{env.get('transformers')}, Python {env['python']}; {result['steps']} steps per round on one cache "
+             f"object, {result['rounds']} interleaved rounds, CUDA events around each round (no host sync inside); "
+             f"\"host ms\" is the time the host took to enqueue a step. Roofline {result['roofline_ms']:.3f} ms "
+             f"({(result['weight_bytes'] + result['kv_bytes']) / 1e9:.2f} GB of weights and KV cache at a measured "
+             f"copy {result['copy_bandwidth_GBps']:.0f} GB/s){spec}. Ratios are medians of per-round ratios "
+             "(below 1.00 is faster). Logits of every plan are compared with eager's on every round.", "",
              f"`{env.get('nvidia_smi', '')}`", "",
-             "| plan | GPU ms/step | host ms/step | vs eager | vs cudagraphs | vs inductor | vs inductor RO | "
-             "vs inductor MA | x roofline | bit-exact vs eager | top-1 min | max diff | compile s | peak GiB | "
-             "graphs/kernels/memcpy/copy_/clone per step | realization |",
+             "| plan | GPU ms/step | host ms/step | vs eager | vs cudagraphs | vs cudagraphs static-params | "
+             "vs inductor RO | vs inductor MA | x roofline (measured / spec) | bit-exact vs eager | top-1 min | max diff "
+             "| compile s | peak GiB | graphs/kernels/memcpy/copy_/clone per step | after warm-up: recompiles/recaptures "
+             "| realization |",
              "|---|" + "---|" * 16]
     f = lambda v, fmt: (fmt % v) if isinstance(v, (int, float)) else "-"  # noqa: E731
     for r in result["rows"]:
@@ -366,12 +422,19 @@ def markdown(result: dict[str, Any]) -> str:
         p = r.get("profile", {})
         prof = "/".join(f(p.get(k, 0), "%.0f") for k in ("graph_launches", "kernel_launches", "memcpy_calls",
                                                           "aten_copy", "aten_clone"))
+        late = r.get("after_warmup", {})
         lines.append(f"| {r['plan']} | {r['gpu_ms']:.3f} | {r['host_ms']:.3f} | {f(r.get('vs_eager'), '%.2f')} | "
-                     f"{f(r.get('vs_cudagraphs'), '%.2f')} | {f(r.get('vs_inductor'), '%.2f')} | "
+                     f"{f(r.get('vs_cudagraphs'), '%.2f')} | {f(r.get('vs_cudagraphs-static-params'), '%.2f')} | "
                      f"{f(r.get('vs_inductor-reduce-overhead'), '%.2f')} | {f(r.get('vs_inductor-max-autotune'), '%.2f')}"
-                     f" | {r['roofline_x']:.2f} | {r['bit_exact_every_round']} | {f(r['top1_min'], '%.3f')} | "
-                     f"{f(r['max_diff'], '%.2e')} | {f(r['compile_s'], '%.1f')} | {f(r['peak_GiB'], '%.2f')} | {prof} | "
+                     f" | {r['roofline_x']:.2f} / {f(r.get('spec_roofline_x'), '%.2f')} | {r['bit_exact_every_round']} | "
+                     f"{f(r['top1_min'], '%.3f')} | {f(r['max_diff'], '%.2e')} | {f(r['compile_s'], '%.1f')} | "
+                     f"{f(r['peak_GiB'], '%.2f')} | {prof} | {late.get('guard_failures', 0)}/{late.get('recaptures', 0)} | "
                      f"{', '.join(r['realizations'])[:200]} |")
+    explained = [r for r in result["rows"] if r.get("explain")]
+    if explained:
+        lines += ["", "## What each superkernel plan compiled (explain)", ""]
+        for r in explained:
+            lines += [f"### {r['plan']}", "", "```", r["explain"][:4000], "```", ""]
     return "\n".join(lines) + "\n"
 
 

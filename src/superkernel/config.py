@@ -183,6 +183,23 @@ class CpuConfig(Section):
     }
 
 
+def _positive_int(value: Any) -> str | None:
+    return None if isinstance(value, int) and not isinstance(value, bool) and value > 0 else "expected an int >= 1"
+
+
+class CudaConfig(Section):
+    _fields = {
+        "max_captures": Field(8, "CUDA graphs: input signatures (shapes, dtypes, addresses of in-place inputs) captured "
+                                 "per part of a step; a call with a further one runs uncaptured (warned once, counted)",
+                              check=_positive_int),
+        "sync_check": Field(True, "CUDA graphs: listen for host synchronizations during the warm-up call before a "
+                                  "capture; a part that synchronizes runs uncaptured instead of failing its capture",
+                            kind=bool),
+        "pdl": Field(False, "CUDA max-autotune: Triton programmatic dependent launch (each kernel's prologue overlaps "
+                            "the previous kernel's tail inside the step's graph; Hopper and newer)", kind=bool),
+    }
+
+
 def _regex_list(value: Any) -> str | None:
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v and "," not in v for v in value):
         return "expected a list of regular expressions over Dynamo source names (no commas), e.g. [\".*\\\\.step_int$\"]"
@@ -220,7 +237,7 @@ class CompilerConfig(Section):
         ),
     }
     _sections = {"debug": DebugConfig, "experimental_config": ExperimentalConfig, "inductor": InductorConfig,
-                 "cpu": CpuConfig, "dynamo": DynamoConfig}
+                 "cpu": CpuConfig, "dynamo": DynamoConfig, "cuda": CudaConfig}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "CompilerConfig":
@@ -231,4 +248,6 @@ class CompilerConfig(Section):
         d = self.to_dict()
         relevant = {"mode": d["mode"], "inductor": d["inductor"], "run_eagerly": d["debug"]["run_eagerly"],
                     "cpu": d["cpu"]}
+        if d["cuda"]["pdl"]:  # (only when on: fingerprints of earlier configs stay as they were)
+            relevant["pdl"] = True
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]

@@ -144,8 +144,9 @@ def test_failing_segment_under_strict_abort_raises():
 
 
 def test_cuda_realizations_are_wired_without_a_gpu():
-    """The CUDA rows of the realization table build their CUDA-graph callables (capture happens at the
-    first call, so construction runs anywhere); a wiring error would surface as a fallback."""
+    """The CUDA rows of the realization table build their segments' callables (the kernels back to back,
+    captured later with the whole step, at the first call), so construction runs anywhere; a wiring error
+    would surface as a fallback."""
     from collections import Counter
 
     from torch._functorch.aot_autograd import aot_module_simplified
@@ -153,7 +154,7 @@ def test_cuda_realizations_are_wired_without_a_gpu():
     from superkernel.pipeline.partition import split_partitions
     from superkernel.pipeline.realize import Realizer
     from superkernel.runtime.realizations import GraphContext
-    from superkernel.runtime.cuda_graph import CudaGraphSegment
+    from superkernel.pipeline.ir import SegmentInfo
     from superkernel.pipeline.segments import build_segments
 
     graphs = []
@@ -179,10 +180,11 @@ def test_cuda_realizations_are_wired_without_a_gpu():
     realizer = Realizer(GraphContext(cfg, "cuda", counters))  # the CUDA row, on a CPU graph
     with warnings.catch_warnings():
         warnings.simplefilter("error", SuperKernelFallbackWarning)
-        realized = [realizer.realize(m, None) for m in modules if m.partition.kind == "segment"]
-    assert len(realized) == 2 and all(isinstance(r, CudaGraphSegment) for r in realized)
-    assert counters["segments_cuda_graph"] == 2 and counters["segments_multi_stream"] == 1
-    assert counters["fallbacks"] == 0
+        infos = [SegmentInfo.of(m.partition) for m in modules if m.partition.kind == "segment"]
+        realized = [realizer.realize(m, i) for m, i in zip([m for m in modules if m.partition.kind == "segment"], infos)]
+    assert len(realized) == 2 and all(callable(r) for r in realized)
+    assert [i.realization for i in infos] == ["cuda-graph", "cuda-graph+2streams"]  # cos | exp, then add
+    assert counters["segments_multi_stream"] == 1 and counters["fallbacks"] == 0
 
 
 class Mlp(torch.nn.Module):

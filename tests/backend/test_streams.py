@@ -7,7 +7,7 @@ import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import superkernel as sk
-from superkernel.runtime.streams import assign_streams, num_streams
+from superkernel.runtime.cuda.streams import assign_streams, num_streams
 
 
 def qkv(x, wq, wk, wv):

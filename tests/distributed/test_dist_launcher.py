@@ -86,3 +86,17 @@ def test_ranks_end_when_the_launcher_is_killed(tmp_path):
     for pid in alive:  # do not leave them behind if the test fails
         os.kill(pid, signal.SIGKILL)
     assert not alive
+
+
+def test_nproc_on_cuda_needs_as_many_gpus():
+    from superkernel.tools.distributed.launcher import LaunchError, check_gpus
+
+    check_gpus(2, "cuda", device_count=lambda: 2)
+    check_gpus(2, "cpu", device_count=lambda: 0)  # gloo ranks on the CPU: no GPU needed
+    check_gpus(2, "auto", device_count=lambda: 0)  # auto without a GPU means the CPU
+    with pytest.raises(LaunchError, match=r"--nproc 2 on --device cuda needs 2 GPUs .* has 1\. Use --nproc 1"):
+        check_gpus(2, "cuda", device_count=lambda: 1)
+    with pytest.raises(LaunchError, match="has none visible"):
+        check_gpus(4, "cuda:0", device_count=lambda: 0)
+    with pytest.raises(LaunchError, match="needs 8 GPUs"):
+        check_gpus(8, "auto", device_count=lambda: 1)

@@ -60,6 +60,8 @@ class SuperKernelBackend:
         check_inductor_cache()  # TorchInductor loads compiled modules from it: private or refused
         self.counters: Counter[str] = Counter()
         self._graphs: list[GraphInfo] = []
+        #: what the realizations keep for the backend's lifetime (the CUDA graphs' shared memory pool)
+        self._shared: dict[str, Any] = {}
         # (scope the previous graph ended in, Dynamo's graph-break reason if it ended in one)
         self._previous: tuple[str, str | None] = ("", None)
         self._pending_break: str | None = None
@@ -93,7 +95,7 @@ class SuperKernelBackend:
         cfg = self.config
         self.static_kernels.observe_aten_graph(gm)  # a precompiled frame being built keeps this graph
         device = graph_device(gm)
-        context = GraphContext(cfg, device, self.counters, self.static_kernels, real_inputs)
+        context = GraphContext(cfg, device, self.counters, self.static_kernels, real_inputs, self._shared)
         row = realization_for(cfg, device)
         # A graph that starts in the scope the previous graph ended in, right after Dynamo
         # broke the previous graph, continues that scope: the break is a cut.
@@ -104,10 +106,12 @@ class SuperKernelBackend:
         if not cfg.debug.run_eagerly:  # the exactness reference keeps the graph as captured
             self.counters["inputs_updated_in_place"] += reinplace_input_updates(gm)
         segmentation = build_segments(gm, continues_scope=prev_scope if prev_break else None,
-                                      break_reason=prev_break, cut_rule=row.cut_reason)
+                                      break_reason=prev_break, cut_rule=row.cut_reason,
+                                      split_unscoped=row.splits_unscoped(cfg) and not cfg.debug.run_eagerly)
         num_ops = sum(1 for n in gm.graph.nodes if n.op == "call_function")
         info = GraphInfo(name=name, num_ops=num_ops, mode=cfg.mode, device=device, cuts=segmentation.cuts,
-                         unscoped_ops=sum(p.num_ops for p in segmentation.partitions if p.kind == "unscoped"))
+                         unscoped_ops=sum(p.num_ops for p in segmentation.partitions if p.kind == "unscoped"),
+                         step_cuts=segmentation.step_cuts)
         self._graphs.append(info)
         self.counters["graphs"] += 1
         self.counters["cuts"] += len(segmentation.cuts)
@@ -133,7 +137,7 @@ class SuperKernelBackend:
                 self.counters["segments"] += 1
             callables.append(named_callable(realizer.realize(module, seg_info), part.name))
         realizer.finish()  # the graph's native module is built now, inside compile_seconds
-        step = assemble(gm, modules, callables)
+        step = realizer.step(gm, modules, callables, info) or assemble(gm, modules, callables)
         self.static_kernels.finalize()  # end of this graph's build: write the package, release the lock
         if cfg.debug.graph_dump.type:
             dump_graph(step, cfg.debug.graph_dump, f"{name}_segmented", segmentation, modules)

@@ -197,6 +197,8 @@ class Partition:
 class Segmentation:
     partitions: list[Partition]
     cuts: list["Cut"]
+    #: unscoped operators that split a step's CUDA graph (host sync, CPU work...; asked for by the CUDA rows)
+    step_cuts: list["Cut"] = field(default_factory=list)
 
     @property
     def segments(self) -> list[Partition]:
@@ -217,7 +219,8 @@ class Cut:
 
     def describe(self) -> str:
         where = f" at {self.source}" if self.source else ""
-        return f"scope {self.scope!r}: {self.op} (node {self.node_index}){where}: {self.reason}"
+        owner = f"scope {self.scope!r}" if self.scope else "outside every scope"
+        return f"{owner}: {self.op} (node {self.node_index}){where}: {self.reason}"
 
 
 @dataclass
@@ -240,6 +243,29 @@ class SegmentInfo:
 
 
 @dataclass
+class CaptureInfo:
+    """One CUDA graph of a step: a run of partitions between cuts, captured and replayed as one launch."""
+
+    name: str
+    partitions: list[str]
+    status: str = "pending"              # "captured", or "uncaptured: <why>"
+    captures: int = 0                    # input signatures captured (the first and each recapture)
+    recaptures: int = 0
+    replays: int = 0
+    failed_captures: int = 0
+    uncaptured_calls: int = 0            # calls that ran without the graph (uncapturable, or past the bound)
+    copies_per_replay: int = 0           # inputs copied into the graph's private buffers on each replay
+    copied_bytes_per_replay: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        copies = f", {self.copies_per_replay} input copies ({self.copied_bytes_per_replay} B) per replay"
+        counts = (f"{self.captures} capture(s), {self.recaptures} recapture(s), {self.replays} replay(s)"
+                  + (f", {self.uncaptured_calls} uncaptured call(s)" if self.uncaptured_calls else ""))
+        return f"{self.name} [{' + '.join(self.partitions)}]: {self.status}; {counts}{copies}"
+
+
+@dataclass
 class GraphInfo:
     name: str
     num_ops: int
@@ -249,6 +275,10 @@ class GraphInfo:
     cuts: list[Cut] = field(default_factory=list)
     unscoped_ops: int = 0
     compile_seconds: float = 0.0
+    #: CUDA rows: the step's CUDA graphs, in order (one when nothing splits the step)
+    cuda_graphs: list[CaptureInfo] = field(default_factory=list)
+    #: CUDA rows: unscoped operators that split the step's CUDA graph
+    step_cuts: list[Cut] = field(default_factory=list)
 
     @property
     def scopes(self) -> list[str]:
@@ -313,4 +343,8 @@ class Explanation:
                     lines.extend(f"    autofusion {describe(d)}" for d in s.autofusion)
             for c in g.cuts:
                 lines.append(f"  cut: {c.describe()}")
+            if g.cuda_graphs:
+                lines.append(f"  CUDA graphs per call: {len(g.cuda_graphs)}")
+                lines.extend(f"    {c.describe()}" for c in g.cuda_graphs)
+                lines.extend(f"    splits the step: {c.describe()}" for c in g.step_cuts)
         return "\n".join(lines)

@@ -44,6 +44,20 @@ class Realizer:
         """Build what is still pending (the graph's native module), now rather than at the first call."""
         self.realization.finish()
 
+    def step(self, gm: Any, modules: list[PartitionModule], callables: list[Program], info: Any) -> Program | None:
+        """The graph's step when the row makes it itself (CUDA: its graphs), else None."""
+        return self.realization.step(gm, modules, callables, info, self.step_problem)
+
+    def step_problem(self, text: str, modules: list[PartitionModule]) -> None:
+        """Part of the step cannot run as planned (e.g. a CUDA graph that cannot be captured): one warning,
+        or an error when one of its segments says ``strict-scope-check=abort``."""
+        strict = [m.partition for m in modules if m.partition.kind == "segment" and m.partition.options.abort_on_cut]
+        if strict:
+            raise SuperKernelScopeError(f"strict-scope-check=abort: segment {strict[0].name!r} of scope "
+                                        f"{strict[0].scope!r}: {text}")
+        self.context.counters["step_fallbacks"] += 1
+        warnings.warn(f"superkernel: {text}", SuperKernelFallbackWarning, stacklevel=3)
+
     def fallback(self, module: PartitionModule, info: SegmentInfo | None, exc: BaseException,
                  realization: str = "eager") -> None:
         part = module.partition

@@ -105,19 +105,22 @@ def is_host_scalar(node: fx.Node) -> bool:
     return not tensor_values(val) and not isinstance(val, (list, tuple))
 
 
-def unfusable_reason(node: fx.Node, cut_rule: CutRule | None = None) -> str | None:
+def unfusable_reason(node: fx.Node, cut_rule: CutRule | None = None, *, user_rules: bool = True) -> str | None:
     """Why ``node`` cannot run inside a superkernel, or None when it can (``cut_rule``: the
-    realization's own rule, asked last)."""
+    realization's own rule, asked last; ``user_rules=False``: leave out what the user registered,
+    which is about fusing, not about whether a CUDA graph can hold the operator)."""
     if node.op != "call_function":
         return None
     target = node.target
     packet = _packet(target)
-    for key in (target, packet, getattr(packet, "_qualified_op_name", None)):  # op, all overloads, "aten::name"
-        if key is not None and key in _user_unfusable:
+    for key in (target, packet, getattr(packet, "_qualified_op_name", None)) if user_rules else ():
+        if key is not None and key in _user_unfusable:  # op, all overloads, "aten::name"
             return _user_unfusable[key]
     name = _op_name(target)
     if _packet(target) in _HOST_SYNC_OPS:
         return f"{HOST_SYNC}: {name} reads a device value on the host (.item() / assertion)"
+    if _packet(target) is getattr(_aten, "histc", None) and _histc_range(node)[0] == _histc_range(node)[1]:
+        return f"{HOST_SYNC}: {name} without a range (min == max) reads the data's minimum and maximum on the host"
     if _packet(target) in _DATA_DEPENDENT_OPS:
         return f"{DATA_DEPENDENT_SHAPE}: {name}'s output size depends on tensor values"
     if target is _aten.index.Tensor:
@@ -130,6 +133,12 @@ def unfusable_reason(node: fx.Node, cut_rule: CutRule | None = None) -> str | No
     if val is not None and _has_unbacked_symbols(val):
         return f"{DATA_DEPENDENT_SHAPE}: {name} produces a shape only known at run time"
     return cut_rule(node) if cut_rule is not None else None
+
+
+def _histc_range(node: fx.Node) -> tuple[Any, Any]:
+    lo = node.kwargs.get("min", node.args[2] if len(node.args) > 2 else 0)
+    hi = node.kwargs.get("max", node.args[3] if len(node.args) > 3 else 0)
+    return lo, hi
 
 
 # --- partitions ---------------------------------------------------------------------
@@ -155,6 +164,7 @@ def build_segments(
     continues_scope: str | None = None,
     break_reason: str | None = None,
     cut_rule: CutRule | None = None,
+    split_unscoped: bool = False,
 ) -> Segmentation:
     """Partition ``gm``'s operators into segments, unscoped runs and cut operators.
 
@@ -162,11 +172,14 @@ def build_segments(
     with a graph break (``break_reason``); if this graph starts in the same scope, the
     break split the scope, which is recorded as a cut. ``cut_rule``: the graph's realization's extra
     rule (``Realization.cut_reason``; the backend passes its row's), e.g. no CPU work in a
-    CUDA-graph segment.
+    CUDA-graph segment. ``split_unscoped``: an unscoped operator a CUDA graph cannot hold (the same
+    rules but the user's registry) also runs alone, as a ``"cut"`` partition outside every scope,
+    recorded in :attr:`Segmentation.step_cuts` (the CUDA rows capture the whole step, glue included).
     ``strict-scope-check=abort`` raises :class:`SuperKernelScopeError`.
     """
     partitions: list[Partition] = []
     cuts: list[Cut] = []
+    step_cuts: list[Cut] = []
     owner: dict[fx.Node, Partition] = {}
     current: Partition | None = None
     seen_first_op = False
@@ -200,9 +213,16 @@ def build_segments(
             if scope and continues_scope == scope:
                 reason = GRAPH_BREAK + (f": {break_reason}" if break_reason else "")
                 record_cut(Cut(scope, index, _op_name(node.target), reason, source_line(node)), options)
-        reason = unfusable_reason(node, cut_rule) if scope else None
+        if scope:
+            reason = unfusable_reason(node, cut_rule)
+        else:
+            reason = unfusable_reason(node, cut_rule, user_rules=False) if split_unscoped else None
         if reason is not None:
-            record_cut(Cut(scope, index, _op_name(node.target), reason, source_line(node)), options)
+            cut = Cut(scope, index, _op_name(node.target), reason, source_line(node))
+            if scope:
+                record_cut(cut, options)
+            else:
+                step_cuts.append(cut)
             current = Partition("cut", scope, options, [node], [index])
             partitions.append(current)
             owner[node] = current
@@ -217,7 +237,7 @@ def build_segments(
         owner[node] = current
 
     _name_partitions(partitions)
-    return Segmentation(partitions, cuts)
+    return Segmentation(partitions, cuts, step_cuts)
 
 
 def _name_partitions(partitions: list[Partition]) -> None:
@@ -233,7 +253,7 @@ def _name_partitions(partitions: list[Partition]) -> None:
         if p.kind == "segment":
             p.name = p.scope if per_scope[p.scope] == 1 else f"{p.scope}_split_{p.first}_{p.last}"
         elif p.kind == "cut":
-            p.name = f"{p.scope}_cut_{p.first}"
+            p.name = f"{p.scope}_cut_{p.first}" if p.scope else f"step_cut_{p.first}"
         else:
             p.name = f"unscoped_{p.first}_{p.last}"
 

@@ -9,16 +9,20 @@ import torch
 import torch.fx as fx
 
 
-def inductor_patches(device: str, *, cpp_wrapper: bool = True, autotune: bool = False) -> dict[str, Any]:
-    """TorchInductor options for one partition (static kernel builds use the same ones)."""
+def inductor_patches(device: str, *, cpp_wrapper: bool = True, autotune: bool = False,
+                     pdl: bool = False) -> dict[str, Any]:
+    """TorchInductor options for one partition (static kernel builds use the same ones). ``pdl``: Triton
+    programmatic dependent launch on CUDA (``cuda.pdl``)."""
     patches: dict[str, Any] = {"triton.cudagraphs": False, "cpp_wrapper": bool(cpp_wrapper and device == "cpu")}
     if autotune:
         patches.update({"max_autotune": True, "coordinate_descent_tuning": True})
+    if pdl and device == "cuda":
+        patches["triton.enable_pdl"] = True
     return patches
 
 
 def compile_partition(gm: fx.GraphModule, example_inputs: list[Any], *, device: str,
-                      cpp_wrapper: bool = True, autotune: bool = False) -> Callable[..., Any]:
+                      cpp_wrapper: bool = True, autotune: bool = False, pdl: bool = False) -> Callable[..., Any]:
     """Compile ``gm`` as one unit and return a plain ``fn(*args)``.
 
     Called inside AOTAutograd's compile step, so ``example_inputs`` are the FakeTensors
@@ -31,7 +35,7 @@ def compile_partition(gm: fx.GraphModule, example_inputs: list[Any], *, device: 
     from torch._inductor.utils import BoxedBool
 
     use_cpp_wrapper = bool(cpp_wrapper and device == "cpu")
-    patches = inductor_patches(device, cpp_wrapper=cpp_wrapper, autotune=autotune)
+    patches = inductor_patches(device, cpp_wrapper=cpp_wrapper, autotune=autotune, pdl=pdl)
     patches.pop("cpp_wrapper")  # compile_fx_inner takes it as an argument
     # Inductor reports a graph's output strides to AOTAutograd through the tracing
     # context, once per graph; a partition is not the graph's output, so it reports none.

@@ -279,6 +279,15 @@ def serializable_guard_filter() -> Callable[[Any], list[bool]]:
     return keep
 
 
+def _aot_compile_enabled() -> Any:
+    """``torch._dynamo.config.enable_aot_compile`` on where this torch has the switch."""
+    import contextlib
+
+    if hasattr(torch._dynamo.config, "enable_aot_compile"):
+        return torch._dynamo.config.patch(enable_aot_compile=True)
+    return contextlib.nullcontext()
+
+
 def precompile(fn: Any, backend: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Trace ``fn`` once with Dynamo (fullgraph) and compile it with ``backend``; an ``AOTCompiledFunction``.
 
@@ -286,11 +295,14 @@ def precompile(fn: Any, backend: Any, args: tuple[Any, ...], kwargs: dict[str, A
     cannot be one frame (a graph break, an unserializable guard, ...).
     """
     try:
-        compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=FrameBackend(backend),
-                                 options={"guard_filter_fn": serializable_guard_filter()})
+        # torch 2.11 attaches ``aot_compile`` only with this switch on (2.13 always does)
+        with _aot_compile_enabled():
+            compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=FrameBackend(backend),
+                                     options={"guard_filter_fn": serializable_guard_filter()})
         if not hasattr(compiled, "aot_compile"):
             raise FrameUnsupported(f"torch {torch.__version__} has no AOT precompile (torch.compile(...).aot_compile)")
-        return compiled.aot_compile((tuple(args), dict(kwargs)))
+        with _aot_compile_enabled():
+            return compiled.aot_compile((tuple(args), dict(kwargs)))
     except FrameUnsupported:
         raise
     except Exception as exc:  # noqa: BLE001 - any reason: the normal path traces it

@@ -76,7 +76,8 @@ def inductor_patches(compiler_config: CompilerConfig, device_kind: str) -> dict[
     from superkernel.runtime.inductor import inductor_patches as partition_patches
 
     inductor = compiler_config.inductor
-    patches = partition_patches(device_kind, cpp_wrapper=bool(inductor.cpp_wrapper), autotune=bool(inductor.autotune))
+    patches = partition_patches(device_kind, cpp_wrapper=bool(inductor.cpp_wrapper), autotune=bool(inductor.autotune),
+                                pdl=bool(compiler_config.cuda.pdl))
     patches["cpp_cache_precompile_headers"] = False
     return patches
 

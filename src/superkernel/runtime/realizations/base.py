@@ -69,6 +69,8 @@ class GraphContext:
     #: the real example inputs Dynamo gave the backend for this graph (None when not known,
     #: e.g. a precompiled frame); matched to the ATen graph's placeholders before any use
     real_inputs: list[Any] | None = None
+    #: what outlives one graph and belongs to the backend (e.g. the CUDA graph memory pool its graphs share)
+    shared: dict[str, Any] = field(default_factory=dict)
 
     @staticmethod
     def inference_graph() -> bool:
@@ -126,6 +128,12 @@ class Realization:
         """An extra reason ``node`` cannot run inside a segment of this realization (None: no objection)."""
         return None
 
+    @classmethod
+    def splits_unscoped(cls, config: CompilerConfig) -> bool:
+        """Whether unscoped operators that break this row's step (host syncs, CPU work in a CUDA graph)
+        are cut out of the unscoped runs too (rows that capture the whole step)."""
+        return False
+
     # -- one callable per partition ----------------------------------------------------------------
     def segment(self, job: Job) -> Program:
         """A scope segment (the one unit superkernel fuses)."""
@@ -140,6 +148,14 @@ class Realization:
     def cut(self, job: Job) -> Program:
         """An operator cut out of its scope: alone, operator by operator."""
         return job.flat()
+
+    def step(self, gm: fx.GraphModule, modules: list[Any], callables: list[Program], info: Any,
+             problem: Callable[[str, list[Any]], None]) -> Program | None:
+        """The graph's whole step from its partitions' callables, when this row makes it itself (the CUDA
+        rows: one CUDA graph per run between cuts); None: the pipeline assembles the calls in order.
+        ``problem(text, modules)``: report that these partitions cannot run as planned (a warning, or an
+        error under ``strict-scope-check=abort``)."""
+        return None
 
     def finish(self) -> None:
         """Build what is still pending for the graph, now rather than at the first call."""

@@ -1,6 +1,14 @@
-"""CUDA rows: a segment is replayed as one CUDA graph, in both modes."""
+"""CUDA rows: the decode step replays as one CUDA graph (several when cuts split it), in both modes.
+
+A segment's callable is its kernels back to back (reduce-overhead: the flat ATen program, or with
+``stream-fusion=1`` its multi-stream program; max-autotune: the Inductor-compiled segment). The
+row then makes the graph's whole step itself (:meth:`Realization.step`): every run of partitions
+between cuts, glue included, is captured as one CUDA graph (:mod:`superkernel.runtime.cuda.step_graph`).
+"""
 
 from __future__ import annotations
+
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
@@ -15,7 +23,7 @@ CPU_IN_CUDA = "CPU work inside a CUDA scope"
 
 def cpu_in_cuda_reason(node: fx.Node) -> str | None:
     """A CUDA graph would bake a CPU value in at capture time: an operator computing on the CPU, or
-    reading a CPU tensor, cannot run inside a CUDA-graph segment."""
+    reading a CPU tensor, cannot run inside a CUDA graph."""
     if node.op != "call_function":
         return None
     target = node.target
@@ -29,64 +37,85 @@ def cpu_in_cuda_reason(node: fx.Node) -> str | None:
 
 
 def cuda_cut_reason(node: fx.Node) -> str | None:
-    """What cuts a CUDA-graph segment: CPU work, or a collective the graph cannot capture (not NCCL)."""
+    """What cuts a CUDA graph: CPU work, or a collective the graph cannot capture (not NCCL)."""
     return cpu_in_cuda_reason(node) or collective_cut_reason(node)
 
 
-def cuda_graph(job: Job, fn: Program, fallback: Program) -> Program:
-    """``fn`` captured as CUDA graphs at the first call; ``fallback`` (the flat program) runs if capture fails."""
-    from superkernel.runtime.cuda_graph import CudaGraphSegment
+class _StepGraphs:
+    """What both CUDA rows share: the cut rules, and the step made of CUDA graphs."""
 
-    return CudaGraphSegment(fn, job.module.partition.name, job.module.mutated_inputs,
-                            on_failure=lambda exc: job.fallback(exc), fallback=fallback)
-
-
-class CudaGraphReplay(Realization):
-    """reduce-overhead on CUDA: the segment's flat program (or, with ``stream-fusion=1``, its
-    multi-stream program) captured once and replayed as one CUDA graph. Same kernels: bit-exact."""
-
-    summary = "one CUDA graph per segment, replayed (cuda-graph[+Nstreams])"
+    counters: Any
+    context: Any
+    config: Any
 
     @classmethod
     def cut_reason(cls, node: fx.Node) -> str | None:
         return cuda_cut_reason(node)
 
+    @classmethod
+    def splits_unscoped(cls, config: Any) -> bool:
+        return True
+
+    def step(self, gm: fx.GraphModule, modules: list[Any], callables: list[Program], info: Any,
+             problem: Callable[[str, list[Any]], None]) -> Program:
+        from superkernel.runtime.cuda.driver import current_driver
+        from superkernel.runtime.cuda.step_graph import build_step_graphs
+
+        driver = current_driver()
+        device = _graph_device(gm)
+        pool_key = f"cuda_graph_pool:{device}"
+        if pool_key not in self.context.shared:
+            self.context.shared[pool_key] = driver.new_pool(device)
+        by_name = {m.partition.name: m for m in modules}
+        step, graphs = build_step_graphs(
+            gm, modules, callables, static_indices=self.context.static_input_indices(), device=device,
+            pool=self.context.shared[pool_key], driver=driver, graph_name=info.name,
+            on_problem=lambda text, names: problem(text, [by_name[n] for n in names if n in by_name]),
+            max_captures=self.config.cuda.max_captures, check_syncs=self.config.cuda.sync_check)
+        info.cuda_graphs = graphs
+        self.counters["cuda_graphs"] += len(graphs)
+        return step
+
+
+def _graph_device(gm: fx.GraphModule) -> torch.device:
+    """The CUDA device the graph's tensors live on (the first one found; cuda:current when none says)."""
+    for node in gm.graph.nodes:
+        for t in tensor_values(node.meta.get("val")):
+            if t.device.type != "cpu":
+                return t.device
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cuda")
+
+
+class CudaGraphReplay(_StepGraphs, Realization):
+    """reduce-overhead on CUDA: each segment its flat ATen program (or, with ``stream-fusion=1``, its
+    multi-stream program), the step captured as one CUDA graph. Same kernels as eager: bit-exact."""
+
+    summary = "the step as one CUDA graph; a segment is its kernels back to back (cuda-graph[+Nstreams])"
+
     def segment(self, job: Job) -> Program:
-        flat = job.flat()  # replayed as a CUDA graph, and the fallback if capture fails
-        program, label = flat, "cuda-graph"
-        if job.module.partition.options.stream_fusion:
-            program, label = self._multi_stream(job.module.gm)
+        if not job.module.partition.options.stream_fusion:
+            if job.info is not None:
+                job.info.realization = "cuda-graph"
+            return job.flat()
 
         def build() -> tuple[Program, str]:
-            self.counters["segments_cuda_graph"] += 1
-            return cuda_graph(job, program, flat), label
+            return self._multi_stream(job.module.gm)
 
-        return job.guarded(build, lambda: flat)
+        return job.guarded(build, job.flat)
 
     def _multi_stream(self, gm: fx.GraphModule) -> tuple[Program, str]:
-        from superkernel.runtime.streams import assign_streams, multi_stream_program, num_streams
+        from superkernel.runtime.cuda.streams import assign_streams, multi_stream_program, num_streams
 
         assignment = assign_streams(gm)
         self.counters["segments_multi_stream"] += 1
         return multi_stream_program(gm, assignment), f"cuda-graph+{num_streams(assignment)}streams"
 
 
-class InductorCudaGraph(Inductor):
-    """max-autotune on CUDA: Inductor compiles the segment (Triton), superkernel captures the
-    compiled segment as one CUDA graph (Inductor's own CUDA graphs stay off)."""
+class InductorCudaGraph(_StepGraphs, Inductor):
+    """max-autotune on CUDA: Inductor compiles each segment and each unscoped run (Triton; Inductor's own
+    CUDA graphs stay off, ``cuda.pdl``: programmatic dependent launch), the step captured as one CUDA graph."""
 
-    summary = "TorchInductor (Triton) per segment, then one CUDA graph"
+    summary = "TorchInductor (Triton) per segment, the step as one CUDA graph"
 
-    @classmethod
-    def cut_reason(cls, node: fx.Node) -> str | None:
-        return cuda_cut_reason(node)
-
-    def segment(self, job: Job) -> Program:
-        def build() -> tuple[Program, str]:
-            compiled, suffix = self.compile(job)
-            self.counters["segments_cuda_graph"] += 1
-            return cuda_graph(job, compiled, job.flat()), "inductor-triton+cuda-graph" + suffix
-
-        return job.guarded(build, job.flat)
-
-
+    def segment_label(self) -> str:
+        return "inductor-triton+cuda-graph"

@@ -55,15 +55,16 @@ class Inductor(Realization):
         from superkernel.runtime.shared_kernels import structural_key
 
         module, inductor, device = job.module, self.config.inductor, self.context.device
+        pdl = self.config.cuda.pdl
 
         def compile_plain() -> Program:
-            key = structural_key(module.gm, module.example_inputs, (device, inductor.cpp_wrapper, inductor.autotune))
+            key = structural_key(module.gm, module.example_inputs, (device, inductor.cpp_wrapper, inductor.autotune, pdl))
             shared = self.__dict__.setdefault("_shared_kernels", {})
             if key is not None and key in shared:
                 self.counters["partitions_reused"] += 1
                 return shared[key]
             fn = compile_partition(module.gm, module.example_inputs, device=device,
-                                   cpp_wrapper=inductor.cpp_wrapper, autotune=inductor.autotune)
+                                   cpp_wrapper=inductor.cpp_wrapper, autotune=inductor.autotune, pdl=pdl)
             self.counters["partitions_inductor_compiles"] += 1
             if key is not None:
                 shared[key] = fn

@@ -60,10 +60,12 @@ def bench(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace, opts, *, write_files: bool) -> int:
     from superkernel.tools.advisor.workflow import check_options
-    from superkernel.tools.distributed.launcher import check_nproc, in_job
+    from superkernel.tools.distributed.launcher import check_gpus, check_nproc, in_job
     from superkernel.tools.distributed.optimize import DistOptions, load_tp_plan, run
 
     check_nproc(args.nproc)
+    if not in_job():
+        check_gpus(args.nproc, getattr(args, "device", None))
     plan = load_tp_plan(args.tp_plan) if args.tp_plan is not None else None
     if not in_job():
         check_options(opts)  # a bad input is one line here, before any rank starts
@@ -77,13 +79,15 @@ def _run(args: argparse.Namespace, opts, *, write_files: bool) -> int:
 def static_compile(args: argparse.Namespace) -> int:
     """``superkernel static-compile --nproc N``: launch (parent) or build/load this rank's part (child)."""
     from superkernel.static_kernel.settings import resolve_build_dir
-    from superkernel.tools.distributed.launcher import LaunchError, check_nproc, in_job
+    from superkernel.tools.distributed.launcher import LaunchError, check_gpus, check_nproc, in_job
     from superkernel.tools.distributed.optimize import load_tp_plan
     from superkernel.tools.distributed.static_build import StaticBuildOptions, build_rank, check_mode
     from superkernel.tools.static_session import check_cache_len, check_plan
 
     try:
         check_nproc(args.nproc)
+        if not in_job():
+            check_gpus(args.nproc, getattr(args, "device", None))
     except LaunchError as exc:
         sys.stderr.write(f"superkernel static-compile: error: {exc}\n")
         return 2

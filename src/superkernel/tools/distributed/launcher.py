@@ -24,6 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 #: A rank whose heartbeat file is older than this is considered hung.
 HEARTBEAT_STALE_S = 30.0
@@ -83,6 +84,28 @@ def rank_env() -> RankEnv:
         raise LaunchError(f"inconsistent job layout: RANK={rank} WORLD_SIZE={world} LOCAL_RANK={local_rank} "
                           f"LOCAL_WORLD_SIZE={local_world}")
     return RankEnv(rank, world, local_rank, local_world)
+
+
+def check_gpus(nproc: int | None, device: str | None, device_count: Any = None) -> None:
+    """``--nproc N`` on CUDA runs one rank per GPU: refuse when this machine has fewer than N GPUs
+    (``--device auto`` means CUDA where a GPU is visible). ``device_count``: for tests."""
+    if nproc is None or device is None:
+        return
+    spec = str(device)
+    if spec == "auto" or spec.startswith("cuda"):
+        import torch
+
+        if device_count is None:
+            device_count = torch.cuda.device_count if torch.cuda.is_available() else (lambda: 0)
+        count = device_count()
+        if spec == "auto" and count == 0:
+            return  # auto -> cpu: gloo ranks on the CPU
+        if nproc > count:
+            raise LaunchError(f"--nproc {nproc} on --device {spec} needs {nproc} GPUs (one rank per GPU); this machine "
+                              f"has {count}. Use --nproc {count} or fewer, or --device cpu (gloo ranks on the CPU)"
+                              if count else
+                              f"--nproc {nproc} on --device {spec} needs {nproc} GPUs; this machine has none "
+                              "visible. Use --device cpu (gloo ranks on the CPU)")
 
 
 def check_nproc(nproc: int | None) -> None:
