@@ -50,7 +50,8 @@ LLAMA_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num
 
 ALL_PLANS = ("eager", "cudagraphs", "cudagraphs-static-params", "sk-ro-decoder_layer", "sk-ro-all_layers",
              "sk-ro-all_layers-precompiled", "inductor", "inductor-reduce-overhead", "sk-ma-decoder_layer",
-             "sk-ma-all_layers", "sk-ma-all_layers-pdl", "inductor-max-autotune")
+             "sk-ma-all_layers", "sk-ma-all_layers-pdl", "sk-ma-all_layers-autotune", "sk-ma-all_layers-autotune-pdl",
+             "inductor-max-autotune")
 
 #: vendor memory bandwidth (bytes/s) by card name, for the roofline the issue's targets use
 SPEC_BANDWIDTH = {"H200": 4.8e12, "H100 80GB HBM3": 3.35e12, "H100 SXM": 3.35e12, "H100 PCIe": 2.0e12,
@@ -137,8 +138,10 @@ def compile_plan(plan: Plan, model: torch.nn.Module, session: Any, scoped: dict[
         strategy = name.split("-")[2]
         mode = {"ro": "reduce-overhead", "ma": "max-autotune"}[name.split("-")[1]]
         fn = own_code(make_step(scoped[strategy], session), name.replace("-", "_"))
-        cfg = sk.CompilerConfig.from_dict({"mode": mode, "cuda": {"pdl": name.endswith("-pdl")}})
-        if name.endswith("precompiled"):
+        flags = set(name.split("-")[3:])  # precompiled, pdl, autotune
+        cfg = sk.CompilerConfig.from_dict({"mode": mode, "cuda": {"pdl": "pdl" in flags},
+                                           "inductor": {"autotune": "autotune" in flags}})
+        if "precompiled" in flags:
             plan.step = sk.precompile_step(fn, inputs[0], cfg)
             from superkernel.pipeline.backend import find_backend
 

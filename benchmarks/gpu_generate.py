@@ -32,11 +32,12 @@ from gpu_decode import ROOT, build_model, environment  # noqa: E402
 
 
 def timed_generate(model: Any, prompt: torch.Tensor, new_tokens: int, **kwargs: Any) -> tuple[torch.Tensor, float]:
-    torch.cuda.synchronize()
+    sync = torch.cuda.synchronize if prompt.is_cuda else (lambda: None)
+    sync()
     start = time.perf_counter()
     with torch.no_grad():
         out = model.generate(prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, **kwargs)
-    torch.cuda.synchronize()
+    sync()
     return out, time.perf_counter() - start
 
 
@@ -49,13 +50,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--plans", default="all_layers:reduce-overhead,all_layers:max-autotune")
     parser.add_argument("--out", type=Path, default=ROOT / "results")
+    parser.add_argument("--device", default="cuda", help="cuda; cpu only dry-runs the instrument itself")
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_generate needs a CUDA GPU; none is visible here", file=sys.stderr)
         return 2
     import superkernel
+    from superkernel.tools.generate import remove_for_generate
 
-    device = torch.device("cuda")
+    device = torch.device(args.device)
     model = build_model(args.model, getattr(torch, args.dtype), device)
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, model.config.vocab_size, (1, args.prompt_len), generator=gen).to(device)
@@ -66,11 +69,13 @@ def main(argv: list[str] | None = None) -> int:
     for label, strategy, mode in plans:
         row: dict[str, Any] = {"plan": label}
         try:
-            superkernel.remove_for_generate(model)
+            remove_for_generate(model)
             kwargs: dict[str, Any] = {}
             if label == "eager":
                 kwargs = {"cache_implementation": "static", "disable_compile": True}
             elif label == "hf-static-compile":
+                if device.type != "cuda":
+                    raise RuntimeError("transformers compiles generate() by itself on GPUs only")
                 kwargs = {"cache_implementation": "static"}
             else:
                 superkernel.apply_for_generate(model, strategy, mode=mode)
@@ -88,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             print(traceback.format_exc()[-2000:], flush=True)
         print(row, flush=True)
         rows.append(row)
-    superkernel.remove_for_generate(model)
+    remove_for_generate(model)
     hf = next((r for r in rows if r["plan"] == "hf-static-compile" and "median_s" in r), None)
     for r in rows:
         if hf is not None and "median_s" in r:

@@ -1,22 +1,38 @@
 #!/usr/bin/env bash
 # The prepared GPU run (issue 36), for a bare, offline GPU machine (torch with CUDA, transformers, pytest there):
 #   OUT=/some/dir bash benchmarks/gpu_run.sh
-# 1. `pytest -m cuda` (the CUDA rows, a deliberate failed capture followed by a healthy one);
-# 2. the decode comparison (benchmarks/gpu_decode.py) on llama-tiny (float32) and on a Llama-3.2-1B-shaped
-#    bfloat16 model; each writes gpu_decode_<model>_<card>.{json,md} and a log under $OUT.
-# Each part has its own time limit so a hang in one still leaves the others' results.
+# In order of importance, each part with its own time limit (a hang in one still leaves the others):
+# 1. `pytest -m cuda` (the CUDA rows on the card: one graph per step, a sync heard, a deliberate failed capture
+#    followed by a healthy one) and the CPU bookkeeping tests of the step graphs under the machine's versions;
+# 2. the decode comparison (benchmarks/gpu_decode.py) on a Llama-3.2-1B-shaped bfloat16 model, then llama-tiny;
+# 3. generate() tokens/s against Hugging Face's static-cache recipe (benchmarks/gpu_generate.py).
+# Everything lands in $OUT: gpu_run.log (all output), gpu_decode_*.{json,md}, gpu_generate_*.{json,md}.
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 OUT=${OUT:-benchmarks/results}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
-TINY_BUDGET=${TINY_BUDGET:-50}
-BIG_BUDGET=${BIG_BUDGET:-120}
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,power.limit --format=csv || true
-timeout ${PYTEST_LIMIT:-100} $PY -m pytest -m cuda tests/backend/test_cuda.py tests/backend/test_streams.py -q \
-    -p no:cacheprovider -rs --durations=10 2>&1 | tee "$OUT/pytest_cuda.log"
-timeout $((TINY_BUDGET + 60)) $PY benchmarks/gpu_decode.py --model llama-tiny --budget $TINY_BUDGET --out "$OUT" \
-    2>&1 | tee "$OUT/gpu_decode_llama-tiny.log"
-timeout $((BIG_BUDGET + 90)) $PY benchmarks/gpu_decode.py --model llama-1b --dtype bfloat16 --budget $BIG_BUDGET \
-    --out "$OUT" ${BIG_PLANS:+--plans $BIG_PLANS} 2>&1 | tee "$OUT/gpu_decode_llama-1b.log"
+BIG_BUDGET=${BIG_BUDGET:-130}
+TINY_BUDGET=${TINY_BUDGET:-40}
+BIG_PLANS=${BIG_PLANS:-eager,cudagraphs,cudagraphs-static-params,sk-ro-all_layers,sk-ro-decoder_layer,sk-ro-all_layers-precompiled,inductor-reduce-overhead,sk-ma-all_layers,sk-ma-all_layers-pdl,inductor-max-autotune}
+TINY_PLANS=${TINY_PLANS:-eager,cudagraphs,cudagraphs-static-params,sk-ro-decoder_layer,sk-ro-all_layers,sk-ro-all_layers-precompiled,inductor-reduce-overhead,sk-ma-all_layers,sk-ma-all_layers-pdl}
+{
+    date -u
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,power.limit --format=csv || true
+    echo "== pytest -m cuda"
+    timeout ${PYTEST_LIMIT:-90} $PY -m pytest -m cuda tests/backend/test_cuda.py tests/backend/test_streams.py -q \
+        -p no:cacheprovider -p no:logging -rs -s --durations=10
+    echo "== step-graph bookkeeping (CPU, recording fake) under this machine's versions"
+    timeout 40 $PY -m pytest tests/backend/test_step_graphs.py -q -p no:cacheprovider -p no:logging
+    echo "== decode llama-1b"
+    timeout $((BIG_BUDGET + 100)) $PY benchmarks/gpu_decode.py --model llama-1b --dtype bfloat16 \
+        --budget $BIG_BUDGET --out "$OUT" --plans $BIG_PLANS
+    echo "== decode llama-tiny"
+    timeout $((TINY_BUDGET + 60)) $PY benchmarks/gpu_decode.py --model llama-tiny --budget $TINY_BUDGET --out "$OUT" \
+        --plans $TINY_PLANS
+    echo "== generate llama-1b"
+    timeout ${GEN_LIMIT:-90} $PY benchmarks/gpu_generate.py --model llama-1b --repeats 2 --out "$OUT" \
+        --plans ${GEN_PLANS:-all_layers:reduce-overhead}
+    date -u
+} 2>&1 | tee "$OUT/gpu_run.log"
