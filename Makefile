@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[tools,onnx,dev]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[tools,onnx,quant,dev]"
 	touch $(STAMP)
 
 demo: $(STAMP)

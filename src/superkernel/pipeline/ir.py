@@ -236,6 +236,8 @@ class SegmentInfo:
     fallback: str | None = None  # cause when the segment fell back to eager
     #: the autofusion planner's decisions (superkernel.autofusion.decision.record); empty when it did not run
     autofusion: list[dict[str, Any]] = field(default_factory=list)
+    #: what superkernel rewrote in the segment before Inductor compiled it (e.g. a quantized GEMV)
+    rewrites: list[str] = field(default_factory=list)
 
     @classmethod
     def of(cls, part: Partition, realization: str = "pending") -> "SegmentInfo":
@@ -341,6 +343,7 @@ class Explanation:
                     from superkernel.autofusion.decision import describe
 
                     lines.extend(f"    autofusion {describe(d)}" for d in s.autofusion)
+                lines.extend(f"    rewrite: {r}" for r in s.rewrites)
             for c in g.cuts:
                 lines.append(f"  cut: {c.describe()}")
             if g.cuda_graphs:

@@ -45,6 +45,11 @@ def compile_partition(gm: fx.GraphModule, example_inputs: list[Any], *, device: 
     if context is not None:
         context.output_strides = None
     gm = _copy(gm)  # Inductor's passes rewrite the graph in place; identical partitions must stay identical
+    rewrites: list[str] = []
+    if device == "cpu":
+        from superkernel.runtime.quant_gemv import rewrite_int8_weight_gemv
+
+        rewrites = rewrite_int8_weight_gemv(gm)
     try:
         with inductor_config.patch(patches):
             compiled = compile_fx_inner(
@@ -59,6 +64,7 @@ def compile_partition(gm: fx.GraphModule, example_inputs: list[Any], *, device: 
 
     #: the key of the generated source in Inductor's code cache (equal keys: one build, shared)
     run.source_key = getattr(compiled, "cache_key", None)  # type: ignore[attr-defined]
+    run.rewrites = rewrites  # type: ignore[attr-defined]  # what superkernel rewrote before Inductor (explain)
     return run
 
 

@@ -37,13 +37,11 @@ class CudaDriver:
 
     # -- memory pools ------------------------------------------------------------------------
     def new_pool(self, device: torch.device) -> Any:
-        """A private memory pool every graph of one owner shares. A ``torch.cuda.MemPool`` holds its
-        pool alive for as long as the owner does (a bare ``graph_pool_handle()`` does not: once its
-        last graph is gone the pool is freed, and the next capture into it fails an internal assert
-        of the caching allocator — seen on the H200 run of 2026-11-27)."""
+        """A memory pool every graph of one owner (a backend) shares. The owner keeps it: a pool lives
+        while a graph captured into it does, so a handle kept in a process-wide cache outlives its graphs
+        and the next capture into it fails an internal assert of the caching allocator (seen on the H200
+        run of 2026-11-27, when a test's graphs were gone and the next test captured into their pool)."""
         with torch.cuda.device(device):
-            if hasattr(torch.cuda, "MemPool"):
-                return torch.cuda.MemPool()
             return torch.cuda.graph_pool_handle()
 
     @staticmethod

@@ -47,6 +47,9 @@ class _StepGraphs:
     counters: Any
     context: Any
     config: Any
+    #: listen for host syncs in the warm-up call (off where the warm-up itself may legitimately sync:
+    #: Triton kernels with several configs autotune at their first call and synchronize to time them)
+    sync_check = True
 
     @classmethod
     def cut_reason(cls, node: fx.Node) -> str | None:
@@ -71,7 +74,7 @@ class _StepGraphs:
             gm, modules, callables, static_indices=self.context.static_input_indices(), device=device,
             pool=self.context.shared[pool_key], driver=driver, graph_name=info.name,
             on_problem=lambda text, names: problem(text, [by_name[n] for n in names if n in by_name]),
-            max_captures=self.config.cuda.max_captures, check_syncs=self.config.cuda.sync_check)
+            max_captures=self.config.cuda.max_captures, check_syncs=self.config.cuda.sync_check and self.sync_check)
         info.cuda_graphs = graphs
         self.counters["cuda_graphs"] += len(graphs)
         return step
@@ -116,6 +119,7 @@ class InductorCudaGraph(_StepGraphs, Inductor):
     CUDA graphs stay off, ``cuda.pdl``: programmatic dependent launch), the step captured as one CUDA graph."""
 
     summary = "TorchInductor (Triton) per segment, the step as one CUDA graph"
+    sync_check = False
 
     def segment_label(self) -> str:
         return "inductor-triton+cuda-graph"

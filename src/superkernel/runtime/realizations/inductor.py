@@ -42,6 +42,11 @@ class Inductor(Realization):
     def compile(self, job: Job) -> tuple[Program, str]:
         """(the partition compiled by Inductor, a label suffix such as ``+frozen``)."""
         fn, suffix = self._compile(job, self._compile_fn(job))
+        rewrites = list(getattr(fn, "rewrites", None) or [])
+        if rewrites:
+            self.counters["int8_gemv_rewrites"] += len(rewrites)
+            if job.info is not None:
+                job.info.rewrites = rewrites
         self.counters["partitions_compiled"] += 1
         if job.module.partition.kind == "segment":
             self.counters["segments_compiled"] += 1

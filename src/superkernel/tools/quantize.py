@@ -1,0 +1,172 @@
+"""Quantized models: one call quantizes a loaded model's linear layers with torchao (``superkernel[quant]``).
+
+    from superkernel.tools.quantize import quantize_model
+    info = quantize_model(model, "w8a8")      # or "int8-weight", "int4-weight"
+
+The quantization itself is torchao's (``quantize_`` with its configs); superkernel's part is what comes after:
+scopes, both modes, static packages, ``generate()`` and the workflow on the quantized model, and reports that
+show what quantization costs beside what fusion gains (DESIGN.md §5a). torchao's own global Inductor settings
+(``set_inductor_config``) are never applied: they would change every later compile in the process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+#: scheme name -> what it is (``--quantize`` choices, plan files, reports)
+SCHEMES: dict[str, str] = {
+    "int8-weight": "int8 weight-only: int8 weights with one scale per output channel; activations stay float",
+    "w8a8": "int8 dynamic activation (one scale per token) + int8 weight (one scale per output channel): the "
+            "seed's quantized matmul",
+    "int4-weight": "int4 weight-only: int4 weights in groups (scale and zero point per group), CPU packed layout "
+                   "(torchao's Int4OpaqueTensor, ATen's _weight_int4pack_mm_for_cpu)",
+}
+INT4_GROUP_SIZES = (32, 64, 128, 256)
+DEFAULT_INT4_GROUP = 128
+
+
+class QuantizationError(ValueError):
+    """A quantization that cannot be applied (unknown scheme, not on this device, nothing to quantize)."""
+
+
+@dataclass
+class Quantization:
+    """What :func:`quantize_model` did, for reports and plan files."""
+
+    scheme: str
+    group_size: int | None = None
+    layers: int = 0                                     # linear layers quantized
+    skipped: list[str] = field(default_factory=list)    # "name: why" of linear layers left in float
+    weight_bytes_before: int = 0                        # parameters in bytes, before and after
+    weight_bytes_after: int = 0
+    library: str = ""                                   # "torchao 0.18.0"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def plan_entry(self) -> dict[str, Any]:
+        """What a plan file records to reproduce it."""
+        entry: dict[str, Any] = {"scheme": self.scheme}
+        if self.group_size is not None:
+            entry["group_size"] = self.group_size
+        return entry
+
+
+def check_scheme(scheme: Any, group_size: Any = None) -> tuple[str, int | None]:
+    """``(scheme, group_size)`` validated; a :class:`QuantizationError` naming what is allowed otherwise."""
+    if scheme not in SCHEMES:
+        raise QuantizationError(f"unknown quantization {scheme!r}; allowed: {', '.join(SCHEMES)}")
+    if scheme != "int4-weight":
+        if group_size is not None:
+            raise QuantizationError(f"group_size applies to int4-weight only, not to {scheme}")
+        return scheme, None
+    group = DEFAULT_INT4_GROUP if group_size is None else group_size
+    if group not in INT4_GROUP_SIZES:
+        raise QuantizationError(f"int4-weight group_size {group_size!r} is not supported; allowed: "
+                                f"{', '.join(map(str, INT4_GROUP_SIZES))}")
+    return scheme, group
+
+
+def _torchao() -> Any:
+    """torchao, imported without its import-time log lines (its CUDA kernel libraries that do not load on a
+    CPU-only install, torch's deprecation note on its enums): they say nothing about the user's model."""
+    import logging
+
+    quiet = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
+    levels = [q.level for q in quiet]
+    try:
+        for q in quiet:
+            q.setLevel(logging.ERROR)
+        import torchao
+    except ImportError:
+        raise QuantizationError("quantization needs torchao: pip install 'superkernel[quant]' (or torchao>=0.18)") \
+            from None
+    finally:
+        for q, level in zip(quiet, levels):
+            q.setLevel(level)
+    return torchao
+
+
+def _config(scheme: str, group_size: int | None, device: torch.device) -> Any:
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig
+
+    if scheme == "int8-weight":
+        return Int8WeightOnlyConfig(set_inductor_config=False)
+    if scheme == "w8a8":
+        return Int8DynamicActivationInt8WeightConfig(set_inductor_config=False)
+    if device.type != "cpu":
+        raise QuantizationError(f"int4-weight runs on the CPU here (torchao's CPU layout); on {device.type} torchao "
+                                "needs its mslk kernels, which this install does not have. Use int8-weight or w8a8")
+    from torchao.prototype.quantization.int4.inference_workflow import PrototypeInt4WeightOnlyConfig
+
+    return PrototypeInt4WeightOnlyConfig(group_size=group_size, set_inductor_config=False)
+
+
+def _param_bytes(model: torch.nn.Module) -> int:
+    total = 0
+    for p in model.parameters():
+        inner = getattr(p, "qdata", None)
+        if isinstance(inner, torch.Tensor):  # a torchao tensor: its packed data and scales
+            total += sum(t.numel() * t.element_size() for t in _tensor_parts(p))
+        else:
+            total += p.numel() * p.element_size()
+    return total
+
+
+def _tensor_parts(t: torch.Tensor) -> list[torch.Tensor]:
+    names = getattr(t, "tensor_data_names", None) or [n for n in ("qdata", "scale", "zero_point") if hasattr(t, n)]
+    return [getattr(t, n) for n in names if isinstance(getattr(t, n, None), torch.Tensor)]
+
+
+def is_quantized(model: torch.nn.Module) -> bool:
+    """Whether any parameter of ``model`` is a torchao quantized tensor."""
+    return any(hasattr(p, "qdata") for p in model.parameters())
+
+
+def quantize_model(model: torch.nn.Module, scheme: str, *, group_size: int | None = None) -> Quantization:
+    """Quantize ``model``'s linear layers in place with torchao (``scheme``: a key of :data:`SCHEMES`).
+
+    Embeddings and norms stay float. A layer whose shape the scheme cannot take (int4: input features
+    not a multiple of the group size) stays float and is listed in ``skipped``; a model with no
+    linear layer it can quantize is an error. Returns what was done.
+    """
+    scheme, group_size = check_scheme(scheme, group_size)
+    torchao = _torchao()
+    if is_quantized(model):
+        raise QuantizationError("the model is quantized already; quantize the float model once")
+    from torchao.quantization import quantize_
+
+    device = next(model.parameters()).device
+    config = _config(scheme, group_size, device)
+    info = Quantization(scheme=scheme, group_size=group_size, library=f"torchao {torchao.__version__}",
+                        weight_bytes_before=_param_bytes(model))
+    chosen: list[str] = []
+
+    def take(module: torch.nn.Module, name: str) -> bool:
+        if not isinstance(module, torch.nn.Linear):
+            return False
+        if module.weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            info.skipped.append(f"{name}: weight dtype {module.weight.dtype}")
+            return False
+        if group_size is not None and module.in_features % group_size:
+            info.skipped.append(f"{name}: {module.in_features} input features are not a multiple of the group "
+                                f"size {group_size}")
+            return False
+        chosen.append(name)
+        return True
+
+    quantize_(model, config, filter_fn=take)
+    if not chosen:
+        raise QuantizationError(f"{scheme}: the model has no linear layer it can quantize"
+                                + (f" ({'; '.join(info.skipped[:3])})" if info.skipped else ""))
+    info.layers = len(chosen)
+    info.weight_bytes_after = _param_bytes(model)
+    return info
+
+
+__all__ = ["DEFAULT_INT4_GROUP", "INT4_GROUP_SIZES", "Quantization", "QuantizationError", "SCHEMES", "check_scheme",
+           "is_quantized", "quantize_model"]

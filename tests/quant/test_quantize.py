@@ -1,0 +1,116 @@
+"""Quantized models through superkernel: schemes, both modes, the int8 GEMV rewrite, the seed's example."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+import superkernel as sk
+from superkernel.tools.quantize import QuantizationError, SCHEMES, check_scheme, is_quantized, quantize_model
+
+pytest.importorskip("torchao")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_schemes_are_validated_with_what_is_allowed():
+    assert set(SCHEMES) == {"int8-weight", "w8a8", "int4-weight"}
+    with pytest.raises(QuantizationError, match="unknown quantization 'int3'; allowed: int8-weight, w8a8, int4-weight"):
+        check_scheme("int3")
+    with pytest.raises(QuantizationError, match="group_size applies to int4-weight only"):
+        check_scheme("w8a8", 64)
+    with pytest.raises(QuantizationError, match="allowed: 32, 64, 128, 256"):
+        check_scheme("int4-weight", 48)
+    assert check_scheme("int4-weight") == ("int4-weight", 128)
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self, d=128, h=384):
+        super().__init__()
+        self.gate, self.up = torch.nn.Linear(d, h, bias=False), torch.nn.Linear(d, h, bias=False)
+        self.down = torch.nn.Linear(h, d, bias=False)
+
+    def forward(self, x):
+        with sk.super_kernel("sp1"):
+            return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_quantize_model_reports_what_it_did_and_refuses_twice(scheme):
+    torch.manual_seed(0)
+    model = Mlp().eval()
+    x = torch.randn(1, 1, 128)
+    with torch.no_grad():
+        before = model(x)
+    info = quantize_model(model, scheme)
+    assert info.layers == 3 and is_quantized(model) and info.library.startswith("torchao")
+    assert info.weight_bytes_after < info.weight_bytes_before / (3 if scheme != "int4-weight" else 5)
+    with torch.no_grad():
+        after = model(x)
+    rel = float((after - before).norm() / before.norm())
+    assert 0 < rel < (0.2 if scheme == "int4-weight" else 0.05), rel  # quantization's own error, bounded
+    with pytest.raises(QuantizationError, match="quantized already"):
+        quantize_model(model, scheme)
+
+
+def test_a_model_without_quantizable_layers_is_an_error():
+    model = torch.nn.Sequential(torch.nn.Linear(100, 8))  # 100 input features: no int4 group size divides it
+    with pytest.raises(QuantizationError, match="no linear layer it can quantize .*not a multiple of the group size"):
+        quantize_model(model, "int4-weight", group_size=32)
+
+
+def compiled(fn, mode, run_eagerly=False):
+    return sk.compile(fn, sk.CompilerConfig.from_dict({"mode": mode, "debug": {"run_eagerly": run_eagerly}}))
+
+
+@pytest.mark.parametrize("scheme", list(SCHEMES))
+def test_reduce_overhead_is_bit_identical_on_every_scheme(scheme):
+    torch.manual_seed(0)
+    model = Mlp().eval()
+    quantize_model(model, scheme)
+    ro, ref = compiled(model, "reduce-overhead"), compiled(model, "reduce-overhead", run_eagerly=True)
+    with torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(1, 1, 128)
+            out = ro(x)
+            assert torch.equal(out, ref(x))
+            assert torch.equal(out, model(x))  # and the quantized eager module's result
+    (seg,) = sk.explain(ro).segments
+    assert seg.realization == "cpu-native" and seg.fallback is None
+
+
+def test_max_autotune_reads_int8_weights_once_in_float32():
+    torch.manual_seed(0)
+    model = Mlp().eval()
+    quantize_model(model, "int8-weight")
+    ma, ref = compiled(model, "max-autotune"), compiled(model, "max-autotune", run_eagerly=True)
+    with torch.no_grad():
+        x = torch.randn(1, 1, 128)
+        torch.testing.assert_close(ma(x), ref(x), rtol=1e-4, atol=1e-5)
+    (seg,) = sk.explain(ma).segments
+    assert len(seg.rewrites) == 3 and all("reading int8" in r for r in seg.rewrites), seg.rewrites
+    assert "rewrite: int8 weight-only GEMV (1, 128) x (384, 128)^T" in str(sk.explain(ma))
+
+
+def test_the_rewrite_leaves_large_left_operands_and_bfloat16_to_inductor():
+    from superkernel.runtime.quant_gemv import MAX_ROWS
+
+    torch.manual_seed(0)
+    model = Mlp().eval()
+    quantize_model(model, "int8-weight")
+    ma = compiled(model, "max-autotune")
+    with torch.no_grad():
+        ma(torch.randn(MAX_ROWS + 1, 128))  # a prefill-sized GEMM: Inductor's own choice
+    assert not sk.explain(ma).segments[0].rewrites
+
+
+def test_the_seeds_example_is_bit_identical_in_reduce_overhead_and_close_in_max_autotune():
+    spec = importlib.util.spec_from_file_location("seed_example", ROOT / "examples" / "quantized_superkernel.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert example.run("reduce-overhead", m=8, k=256, n=128)
+    torch._dynamo.reset()
+    assert example.run("max-autotune", m=8, k=256, n=128)
