@@ -1,0 +1,149 @@
+"""The int8 weight-only GEMV at a Qwen2-0.5B step's real shapes: what each way of running it costs on this CPU.
+
+    .venv/bin/python benchmarks/quant_gemv.py [--threads 1] [--rounds 7]
+
+For every projection shape of the step (q/o 896x896, k/v 128x896, gate/up 4864x896, down 896x4864,
+lm_head 151936x896), batch 1, in float32 and in bfloat16:
+
+* float GEMV: ``F.linear`` on the dequantized weight, compiled by Inductor (what the float model runs);
+* ATen ``_weight_int8pack_mm`` (Inductor's own weight-only pattern rewrites to it, for bfloat16 only);
+* Inductor's compile of the graph torchao's int8 weight-only linear produces (``mm(x, float(w_int8).T) * s``);
+* superkernel's rewrite (``superkernel.runtime.quant_gemv``): the same graph as a reduction reading int8.
+
+Each is checked against a float64 reference first, then timed in interleaved rounds (median of per-round
+medians). The weight bytes read at the measured copy bandwidth give the roofline. Writes
+``benchmarks/results/quant_gemv.{json,md}``: the measurement behind the rewrite's rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from superkernel.util import atomic_write
+
+RESULTS = Path(__file__).resolve().parent / "results"
+SHAPES = {"q_proj/o_proj": (896, 896), "k_proj/v_proj": (128, 896), "gate/up": (4864, 896), "down": (896, 4864),
+          "lm_head": (151936, 896)}
+
+
+def woq_graph(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """What torchao's Int8WeightOnlyConfig linear decomposes to."""
+    return torch.mm(x, w.to(x.dtype).t()) * s
+
+
+def float_gemv(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.linear(x, dense)
+
+
+def compile_rewritten(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> Callable[..., Any]:
+    """``woq_graph`` through superkernel's rewrite, compiled by Inductor (the max-autotune CPU path)."""
+    from superkernel.runtime.quant_gemv import rewrite_int8_weight_gemv
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        from torch._functorch.aot_autograd import aot_module_simplified
+        from torch._inductor.compile_fx import compile_fx_inner
+        from torch._inductor.decomposition import select_decomp_table
+
+        def fw(g: torch.fx.GraphModule, inputs: list[Any]) -> Any:
+            rewrite_int8_weight_gemv(g)
+            return compile_fx_inner(g, inputs, is_inference=True)
+
+        return aot_module_simplified(gm, example_inputs, fw_compiler=fw, decompositions=select_decomp_table())
+
+    return torch.compile(_own(woq_graph), backend=backend, dynamic=False)
+
+
+def _own(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with a code object of its own: Dynamo caches per code object, and a shared one would hit
+    its recompile limit over the shapes and dtypes here and silently run the rest uncompiled."""
+    from superkernel.tools.advisor.compiling import own_code
+
+    return own_code(fn, f"v{next(_COUNTER)}")
+
+
+_COUNTER = iter(range(10**6))
+
+
+def timed(fn: Callable[[], Any], reps: int) -> float:
+    samples = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples) * 1e3
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    from superkernel.autofusion.machine import measure_bandwidth
+
+    bandwidth = measure_bandwidth(256, 5)
+    rows = []
+    for dtype in (torch.float32, torch.bfloat16):
+        for name, (n, k) in SHAPES.items():
+            g = torch.Generator().manual_seed(0)
+            w = torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=g)
+            s32 = torch.rand(n, generator=g) * 1e-2 + 1e-3
+            x = torch.randn(1, k, generator=g).to(dtype)
+            s = s32.to(dtype)
+            dense = (w.double() * s.double()[:, None]).to(dtype)
+            ref = x.double() @ (w.double() * s.double()[:, None]).t()
+            plans: dict[str, Callable[[], Any]] = {
+                "float GEMV (Inductor)": (lambda f=torch.compile(_own(float_gemv), dynamic=False): f(x, dense)),
+                "ATen _weight_int8pack_mm": lambda: torch._weight_int8pack_mm(x, w, s),
+                "Inductor, torchao's graph": (lambda f=torch.compile(_own(woq_graph), dynamic=False): f(x, w, s)),
+                "superkernel rewrite": (lambda f=compile_rewritten(x, w, s): f(x, w, s)),
+            }
+            errors = {}
+            with torch.no_grad():
+                for label, fn in plans.items():
+                    out = fn().double()
+                    errors[label] = float((out - ref).abs().max() / ref.abs().max())
+                times: dict[str, list[float]] = {label: [] for label in plans}
+                reps = max(3, args.reps // (20 if n > 100000 else 1))
+                for r in range(args.rounds):
+                    order = list(plans)[r % len(plans):] + list(plans)[:r % len(plans)]
+                    for label in order:
+                        times[label].append(timed(plans[label], reps))
+            roofline_ms = (n * k + n * s.element_size()) / bandwidth * 1e3
+            row = {"dtype": str(dtype).replace("torch.", ""), "shape": name, "n": n, "k": k,
+                   "roofline_int8_ms": roofline_ms, "plans": {}}
+            for label in plans:
+                median = statistics.median(times[label])
+                row["plans"][label] = {"ms": median, "rel_error": errors[label], "x_roofline": median / roofline_ms}
+            rows.append(row)
+            print(dtype, name, {k: round(v["ms"], 3) for k, v in row["plans"].items()}, flush=True)
+    result = {"threads": args.threads, "rounds": args.rounds, "copy_bandwidth_GBps": bandwidth / 1e9,
+              "torch": torch.__version__, "rows": rows}
+    labels = list(rows[0]["plans"])
+    lines = ["# int8 weight-only GEMV at a Qwen2-0.5B step's shapes (batch 1)", "",
+             f"torch {torch.__version__}, {args.threads} thread(s), {args.rounds} interleaved rounds (median of per-round "
+             f"medians); roofline = int8 weight bytes at the measured copy bandwidth {bandwidth / 1e9:.1f} GB/s. "
+             "Relative error: max |out - float64 reference| / max |reference|.", "",
+             "| dtype | shape (N x K) | roofline ms | " + " | ".join(f"{label} ms (err)" for label in labels) + " |",
+             "|---|---|---|" + "---|" * len(labels)]
+    for row in rows:
+        cells = " | ".join(f"{row['plans'][label]['ms']:.3f} ({row['plans'][label]['rel_error']:.0e})" for label in labels)
+        lines.append(f"| {row['dtype']} | {row['shape']} {row['n']}x{row['k']} | {row['roofline_int8_ms']:.3f} | {cells} |")
+    args.output.mkdir(parents=True, exist_ok=True)
+    atomic_write(args.output / "quant_gemv.json", json.dumps(result, indent=2) + "\n")
+    atomic_write(args.output / "quant_gemv.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
