@@ -67,9 +67,15 @@ def _counted(calls):
 
 
 def _own_frame(k):
-    """A function with a code object of its own (a lambda made in a loop shares one)."""
+    """A function with a code object of its own (a lambda made in a loop shares one). Its source is
+    registered with linecache: torch 2.11 wraps a function without a source file in one shared code
+    object (``external_utils.wrap_inline``), which would give all of them one recompile limit."""
+    import linecache
+
     scope: dict = {}
-    exec(compile(f"def times_{k}(t):\n    return t * {k}\n", f"<frame {k}>", "exec"), scope)
+    text = f"def times_{k}(t):\n    return t * {k}\n"
+    linecache.cache[f"<frame {k}>"] = (len(text), None, text.splitlines(True), f"<frame {k}>")
+    exec(compile(text, f"<frame {k}>", "exec"), scope)
     return scope[f"times_{k}"]
 
 

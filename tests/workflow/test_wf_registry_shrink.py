@@ -54,6 +54,10 @@ def test_mla_head_and_alias_couplings():
     ("lfm2", lambda c: c.num_hidden_layers == 2),  # full_attn_idxs [0..31] names layers: no 32-layer stack
 ])
 def test_generated_configs_keep_their_couplings(model_type, check):
+    from transformers import CONFIG_MAPPING
+
+    if model_type not in CONFIG_MAPPING:
+        pytest.skip(f"{model_type} is not in this transformers ({__import__('transformers').__version__})")
     config = tiny_config(model_type)
     assert check(config), config
 
