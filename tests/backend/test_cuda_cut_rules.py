@@ -67,8 +67,8 @@ from tests.backend.fake_cuda_trace import (
 
 MODEL_TYPES = sorted({*registry.CI_SUBSET, *(archs.ARCHS[name].model_type for name in archs.CI_SUBSET), "llama"})
 
-CPU_LIFT = "CPU work inside a CUDA scope: aten::lift_fresh_copy computes on the CPU"
-CPU_COPY = "CPU work inside a CUDA scope: aten::_to_copy reads the CPU tensor {} (host-to-device transfer)"
+CPU_LIFT = "CPU work inside a CUDA graph: aten::lift_fresh_copy computes on the CPU"
+CPU_COPY = "CPU work inside a CUDA graph: aten::_to_copy reads the CPU tensor {} (host-to-device transfer)"
 SLIDING_INDEX = "cache_utils.py"  # StaticSlidingWindowLayer.update: index = torch.tensor([-1], device=self.device)
 
 

@@ -245,3 +245,36 @@ def test_hf_llama_decode_one_graph_per_step_weights_and_cache_in_place(fake_cuda
     # copied per replay: the token id, the position and what the step builds from them outside Dynamo's
     # static inputs — never a weight or the cache (those would be hundreds of bytes here, gigabytes in a 1B model)
     assert cg.status == "captured" and cg.copied_bytes_per_replay < 64, cg.describe()
+
+
+def test_a_constant_cpu_scalar_stays_in_the_graph_a_changing_one_cuts_it():
+    """``x * torch.tensor(0.5)``: a pointwise CUDA kernel takes a 0-dim CPU operand by value, and a constant
+    has the same value at every replay; a 0-dim CPU *input* may change between calls, so it cuts."""
+    import torch.fx as fx
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from superkernel.runtime.realizations.cuda import cpu_in_cuda_reason
+
+    mode = FakeTensorMode()
+
+    def fake(shape, device):  # a fake tensor that says it is on a GPU: no GPU needed to label one
+        return FakeTensor(mode, torch.empty(shape, device="meta"), torch.device(device))
+
+    aten = torch.ops.aten
+    g = fx.Graph()
+    x, s = g.placeholder("x"), g.placeholder("s")
+    x.meta["val"], s.meta["val"] = fake((3,), "cuda:0"), fake((), "cpu")
+    c = g.get_attr("_tensor_constant0")
+    c.meta["val"] = fake((), "cpu")
+    lift = g.call_function(aten.lift_fresh_copy.default, (c,))
+    lift.meta["val"] = fake((), "cpu")
+    by_constant = g.call_function(aten.mul.Tensor, (x, lift))
+    by_input = g.call_function(aten.mul.Tensor, (x, s))
+    by_constant.meta["val"] = by_input.meta["val"] = fake((3,), "cuda:0")
+    copy_in = g.call_function(aten._to_copy.default, (lift,), {"device": torch.device("cuda", 0)})
+    copy_in.meta["val"] = fake((), "cuda:0")
+    g.output((by_constant, by_input, copy_in))
+    assert cpu_in_cuda_reason(by_constant) is None
+    assert "reads the CPU scalar s, which a capture would bake in" in cpu_in_cuda_reason(by_input)
+    assert "(host-to-device transfer)" in cpu_in_cuda_reason(copy_in)  # not pointwise: a real copy
+    assert "computes on the CPU" in cpu_in_cuda_reason(lift)  # its users include the copy

@@ -18,21 +18,53 @@ from superkernel.runtime.realizations.base import Job, Program, Realization
 from superkernel.runtime.realizations.collectives import collective_cut_reason
 from superkernel.runtime.realizations.inductor import Inductor
 
-CPU_IN_CUDA = "CPU work inside a CUDA scope"
+CPU_IN_CUDA = "CPU work inside a CUDA graph"
+
+
+def _constant_cpu_scalar(node: fx.Node) -> bool:
+    """A 0-dim CPU tensor computed from constants only (``torch.tensor(0.5)`` in model code): the same value
+    at every replay, so a CUDA graph may bake it in."""
+    vals = tensor_values(node.meta.get("val"))
+    if len(vals) != 1 or vals[0].device.type != "cpu" or vals[0].dim() != 0:
+        return False
+    if node.op == "get_attr":
+        return True
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    if torch.Tag.nondeterministic_seeded in node.target.tags or node.target._schema.is_mutable:
+        return False
+    return all(_constant_cpu_scalar(a) for a in node.all_input_nodes)
+
+
+def _takes_cpu_scalars_by_value(node: fx.Node) -> bool:
+    """A pointwise CUDA operator: TensorIterator reads a 0-dim CPU operand on the host and passes it to the
+    kernel by value (no host-to-device copy; a capture records the value)."""
+    return (node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+            and torch.Tag.pointwise in node.target.tags
+            and all(t.device.type == "cuda" for t in tensor_values(node.meta.get("val"))))
 
 
 def cpu_in_cuda_reason(node: fx.Node) -> str | None:
     """A CUDA graph would bake a CPU value in at capture time: an operator computing on the CPU, or
-    reading a CPU tensor, cannot run inside a CUDA graph."""
+    reading a CPU tensor, cannot run inside a CUDA graph — unless the value is a 0-dim constant that a
+    pointwise CUDA kernel takes by value (the same at every replay)."""
     if node.op != "call_function":
         return None
+    if _constant_cpu_scalar(node) and node.users and all(
+            _takes_cpu_scalars_by_value(u) or _constant_cpu_scalar(u) for u in node.users):
+        return None  # computed once, at capture, from constants
     target = node.target
     name = target.name() if isinstance(target, torch._ops.OpOverload) else getattr(target, "__name__", str(target))
     if any(t.device.type == "cpu" for t in tensor_values(node.meta.get("val"))):
         return f"{CPU_IN_CUDA}: {name} computes on the CPU"
-    for arg in node.all_input_nodes:
-        if any(t.device.type == "cpu" for t in tensor_values(arg.meta.get("val"))):
-            return f"{CPU_IN_CUDA}: {name} reads the CPU tensor {arg.name} (host-to-device transfer)"
+    cpu_inputs = [a for a in node.all_input_nodes if any(t.device.type == "cpu" for t in tensor_values(a.meta.get("val")))]
+    if cpu_inputs and _takes_cpu_scalars_by_value(node) and all(_constant_cpu_scalar(a) for a in cpu_inputs):
+        return None  # the constant is baked in at capture
+    if cpu_inputs and _takes_cpu_scalars_by_value(node):
+        return (f"{CPU_IN_CUDA}: {name} reads the CPU scalar {cpu_inputs[0].name}, which a capture would bake in "
+                "(it may change between calls)")
+    if cpu_inputs:
+        return f"{CPU_IN_CUDA}: {name} reads the CPU tensor {cpu_inputs[0].name} (host-to-device transfer)"
     return None
 
 

@@ -1,0 +1,193 @@
+"""Quantized decode at real width: a Qwen2-0.5B-shaped step, float32 and torchao int8 / int4, through superkernel.
+
+    .venv/bin/python benchmarks/quant_decode.py [--schemes int8-weight,w8a8,int4-weight] [--threads 1]
+                                               [--steps 16] [--warmup 3] [--rounds 3] [--layers 24]
+
+Per scheme, on the same quantized model (torchao ``quantize_``, ``superkernel.tools.quantize``): eager,
+``torch.compile`` (default Inductor), superkernel ``reduce-overhead`` (checked bit for bit against its
+exactness reference) and ``max-autotune`` with the ``all_layers`` scope; beside them the float32 model in
+eager and superkernel max-autotune (the targets of issue 37 are ratios to float32 superkernel
+max-autotune). Each plan is compiled once (compile time = its first step, cold Inductor cache), then all
+are timed in rotating rounds on one cache restored in place; every round's logits are checked against the
+eager run of the same model (a wrong peer is marked). Quantization's own error is reported against the
+float32 model fed the same tokens: greedy-token agreement, max logit difference, mean KL(float || quant).
+The roofline is the weight bytes a step reads (quantized) over the copy bandwidth measured here. Writes
+benchmarks/results/quant_decode.{json,md}. Slow: a max-autotune compile of 24 layers takes minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="sk-quant-decode-"))  # cold compiles
+
+import torch  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def build(layers: int) -> torch.nn.Module:
+    from real_width import QWEN2_05B
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(**{**QWEN2_05B, "num_hidden_layers": layers})
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(config).eval().requires_grad_(False)
+
+
+def quant_error(float_logits: torch.Tensor, quant_logits: torch.Tensor) -> dict[str, float]:
+    f, q = float_logits.double(), quant_logits.double()
+    kl = torch.nn.functional.kl_div(q.log_softmax(-1), f.log_softmax(-1), log_target=True, reduction="none").sum(-1)
+    return {"top1_agreement": float((f.argmax(-1) == q.argmax(-1)).double().mean()),
+            "max_abs_diff": float((f - q).abs().max()), "mean_kl": float(kl.mean()),
+            "cosine": float(torch.nn.functional.cosine_similarity(f, q, dim=-1).mean())}
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    from superkernel.tools.quantize import _param_bytes
+
+    return _param_bytes(model)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--schemes", default="int8-weight,w8a8,int4-weight")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--layers", type=int, default=24)
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    import superkernel as sk
+    from superkernel.autofusion.machine import measure_bandwidth
+    from superkernel.tools.advisor.compiling import own_code
+    from superkernel.tools.advisor.strategies import plan_for
+    from superkernel.tools.advisor.structure import analyze_structure
+    from superkernel.tools.decode import prepare, run_decode
+    from superkernel.tools.quantize import quantize_model
+
+    base = build(args.layers)
+    schemes = [s for s in args.schemes.split(",") if s]
+    models: dict[str, torch.nn.Module] = {"float32": base}
+    infos: dict[str, Any] = {}
+    for scheme in schemes:
+        models[scheme] = copy.deepcopy(base)
+        infos[scheme] = quantize_model(models[scheme], scheme).to_dict()
+    scopes = plan_for("all_layers", analyze_structure(base)).scopes
+    plans: list[dict[str, Any]] = []
+    for name, model in models.items():
+        session = prepare(model, prompt_len=32, steps=args.steps, warmup=args.warmup)
+        scoped = copy.deepcopy(model)
+        sk.apply_scopes(scoped, scopes)
+        kinds = ["eager", "superkernel max-autotune"] if name == "float32" else \
+            ["eager", "torch.compile", "superkernel reduce-overhead", "superkernel max-autotune"]
+        for kind in kinds:
+            plans.append({"model": name, "kind": kind, "session": session, "scoped": scoped})
+    reference: dict[str, Any] = {}
+
+    def step_of(plan: dict[str, Any], run_eagerly: bool = False) -> Any:
+        session, kind = plan["session"], plan["kind"]
+        tag = f"{plan['model']}_{kind}_{run_eagerly}".replace(" ", "_").replace("-", "_").replace(".", "_")
+        if kind == "eager":
+            return session.step_fn()
+        if kind == "torch.compile":
+            return torch.compile(own_code(session.step_fn(), tag), dynamic=False)
+        model, session.model = session.model, plan["scoped"]
+        try:
+            fn = own_code(session.step_fn(), tag)
+        finally:
+            session.model = model
+        mode = kind.split()[-1]
+        cfg = sk.CompilerConfig.from_dict({"mode": mode, "debug": {"run_eagerly": run_eagerly}})
+        return sk.compile(fn, cfg)
+
+    with torch.no_grad():
+        for plan in plans:
+            session = plan["session"]
+            plan["step"] = step_of(plan)
+            start = time.perf_counter()
+            with session.dynamo_config():
+                first = run_decode(session, plan["step"])
+            plan["compile_s"] = time.perf_counter() - start
+            plan["logits"] = first.logits
+            if plan["kind"] == "eager":
+                reference[plan["model"]] = first.logits
+            if plan["kind"] == "superkernel reduce-overhead":
+                ref = run_decode(session, step_of(plan, run_eagerly=True))
+                plan["bit_exact_vs_reference"] = bool(torch.equal(first.logits, ref.logits))
+            print(f"compiled {plan['model']:<12} {plan['kind']:<28} {plan['compile_s']:7.1f} s", flush=True)
+        times: dict[int, list[float]] = {i: [] for i in range(len(plans))}
+        wrong: dict[int, int] = {i: 0 for i in range(len(plans))}
+        for r in range(args.rounds):
+            order = list(range(len(plans)))
+            order = order[r % len(order):] + order[:r % len(order)]
+            for i in order:
+                plan = plans[i]
+                with plan["session"].dynamo_config():
+                    run = run_decode(plan["session"], plan["step"])
+                times[i].append(run.median_ms)
+                ref = reference[plan["model"]]
+                if plan["kind"] != "eager" and float((run.logits - ref).abs().max()) > 0.05 * float(ref.abs().max()):
+                    wrong[i] += 1
+            print(f"round {r + 1}/{args.rounds}", flush=True)
+    bandwidth = measure_bandwidth(512, 3)
+    float_ma = next(i for i, p in enumerate(plans) if p["model"] == "float32" and p["kind"] == "superkernel max-autotune")
+    rows = []
+    for i, plan in enumerate(plans):
+        name = plan["model"]
+        wb = weight_bytes(models[name])
+        row = {"model": name, "kind": plan["kind"], "median_ms": statistics.median(times[i]),
+               "compile_s": plan["compile_s"], "weight_bytes": wb, "roofline_ms": wb / bandwidth * 1e3,
+               "wrong_rounds": wrong[i],
+               "vs_float32_superkernel_max_autotune": statistics.median(a / b for a, b in zip(times[i], times[float_ma]))}
+        if "bit_exact_vs_reference" in plan:
+            row["bit_exact_vs_reference"] = plan["bit_exact_vs_reference"]
+        if name != "float32" and plan["kind"] == "eager":
+            fsession = plans[0]["session"]  # the float model, fed this scheme's tokens
+            fsession_tokens, fsession.tokens = fsession.tokens, plan["session"].tokens
+            try:
+                float_logits = run_decode(fsession, fsession.step_fn()).logits
+            finally:
+                fsession.tokens = fsession_tokens
+            row["quantization_error"] = quant_error(float_logits, plan["logits"])
+        rows.append(row)
+    result = {"threads": args.threads, "layers": args.layers, "steps": args.steps, "rounds": args.rounds,
+              "copy_bandwidth_GBps": bandwidth / 1e9, "torch": torch.__version__, "quantization": infos, "rows": rows}
+    lines = ["# Quantized decode at real width (Qwen2-0.5B shape)", "",
+             f"torch {torch.__version__}, {args.threads} thread(s), {args.layers} layers, {args.steps} timed steps x "
+             f"{args.rounds} rotating rounds; roofline = weight bytes / {bandwidth / 1e9:.1f} GB/s measured copy. "
+             "Ratios are medians of per-round ratios to float32 superkernel max-autotune.", "",
+             "| model | plan | ms/step | vs float32 sk max-autotune | x roofline | compile s | correct | quantization's own error |",
+             "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        err = row.get("quantization_error")
+        err_text = (f"top-1 {err['top1_agreement']:.3f}, max diff {err['max_abs_diff']:.3g}, KL {err['mean_kl']:.2e}"
+                    if err else "")
+        exact = {True: ", bit-exact", False: ", NOT bit-exact"}.get(row.get("bit_exact_vs_reference"), "")
+        lines.append(f"| {row['model']} | {row['kind']} | {row['median_ms']:.2f} | "
+                     f"{row['vs_float32_superkernel_max_autotune']:.2f} | {row['median_ms'] / row['roofline_ms']:.2f} | "
+                     f"{row['compile_s']:.1f} | {'WRONG' if row['wrong_rounds'] else 'yes'}{exact} | {err_text} |")
+    args.output.mkdir(parents=True, exist_ok=True)
+    from superkernel.util import atomic_write
+
+    stem = f"quant_decode_t{args.threads}" if args.layers == 24 else f"quant_decode_{args.layers}l_t{args.threads}"
+    atomic_write(args.output / f"{stem}.json", json.dumps(result, indent=2) + "\n")
+    atomic_write(args.output / f"{stem}.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
