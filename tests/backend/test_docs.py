@@ -1,4 +1,4 @@
-"""Every ```python block of README.md and docs/api.md runs."""
+"""Every ```python block of README.md, docs/api.md and docs/quantization.md runs."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def blocks(name: str) -> list[tuple[str, str]]:
     return [(f"{name}#{i}", code) for i, code in enumerate(BLOCK.findall(text))]
 
 
-CASES = blocks("README.md") + blocks("docs/api.md")
+CASES = blocks("README.md") + blocks("docs/api.md") + blocks("docs/quantization.md")
 
 
 @pytest.mark.parametrize("name, code", CASES, ids=[c[0] for c in CASES])
