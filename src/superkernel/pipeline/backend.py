@@ -84,19 +84,21 @@ class SuperKernelBackend:
         self._pending_break = break_text(reason) if getattr(reason, "graph_break", False) else None
         row = realization_for(self.config, device_kind(example_inputs))
         # the real inputs travel with the graph (CPU freezing matches them to the ATen graph's inputs)
-        return capture(gm, example_inputs, functools.partial(self.compile_aten, name=name, real_inputs=example_inputs),
+        return capture(gm, example_inputs,
+                       functools.partial(self.compile_aten, name=name, real_inputs=example_inputs, row=row),
                        decompositions=row.decompositions(self.config))
 
     # -- ATen graph -> one step ----------------------------------------------------
     def compile_aten(self, gm: fx.GraphModule, example_inputs: list[Any], *, name: str,
-                     real_inputs: list[Any] | None = None) -> Callable[..., Any]:
-        """``real_inputs``: the real example inputs Dynamo gave :meth:`__call__` (None when unknown)."""
+                     real_inputs: list[Any] | None = None, row: Any = None) -> Callable[..., Any]:
+        """``real_inputs``: the real example inputs Dynamo gave :meth:`__call__` (None when unknown); ``row``: the
+        graph's row of the realization table, chosen once in :meth:`__call__` (looked up here when not given)."""
         start = time.perf_counter()
         cfg = self.config
         self.static_kernels.observe_aten_graph(gm)  # a precompiled frame being built keeps this graph
         device = graph_device(gm)
         context = GraphContext(cfg, device, self.counters, self.static_kernels, real_inputs, self._shared)
-        row = realization_for(cfg, device)
+        row = row or realization_for(cfg, device)
         # A graph that starts in the scope the previous graph ended in, right after Dynamo
         # broke the previous graph, continues that scope: the break is a cut.
         prev_scope, prev_break = self._previous
