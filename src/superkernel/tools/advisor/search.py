@@ -25,6 +25,7 @@ from typing import Callable, Protocol
 
 import torch
 
+from superkernel.timing import paired_ratios
 from superkernel.tools.advisor.predict import CHEAP_COMPILE, Forecast, efficiency, next_decision, predict_ms
 from superkernel.tools.advisor.results import NOISE_FLOOR, RunResult, recommendable
 from superkernel.tools.advisor.strategies import ScopePlan
@@ -171,7 +172,7 @@ class _Timing:
         raw = self.timer.retime(names, rounds)
         base = raw[BASELINE]
         self.base_rounds += [b for b in base if b > 0]
-        got = {n: [c / b for c, b in zip(raw.get(n, []), base) if b > 0 and c > 0] for n in names}
+        got = {n: paired_ratios(base, raw.get(n, [])) for n in names}
         for n, ratios in got.items():
             self.samples.setdefault(n, []).extend(ratios)
             self.timed[n] = self.timed.get(n, 0) + len(ratios)
