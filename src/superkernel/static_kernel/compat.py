@@ -71,15 +71,6 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: list[Any], conf
     return fn(gm, example_inputs, **kwargs)
 
 
-def inductor_cache_dir() -> str:
-    """The TorchInductor cache directory of this process (created if missing)."""
-    try:
-        from torch._inductor.runtime.cache_dir_utils import cache_dir
-    except ImportError:  # pragma: no cover - older layout
-        from torch._inductor.utils import cache_dir  # type: ignore[no-redef,attr-defined]
-    return cache_dir()
-
-
 @contextlib.contextmanager
 def inductor_cache_dir_at(directory: str) -> Iterator[None]:
     """Point TorchInductor's on-disk caches at ``directory`` (in-memory caches cleared on entry and exit)."""
