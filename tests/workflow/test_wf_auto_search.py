@@ -193,7 +193,7 @@ def test_the_report_shows_own_run_rounds_and_why_a_plan_was_timed_again():
     own = {"all_layers / reduce-overhead": 14.4, "decoder_layer / reduce-overhead": 0.8,
            "attention / reduce-overhead": 0.9}
     calls, results, by = _search(forecasts, plans, own, timer)
-    text = "\n".join(search_lines(forecasts, 2.0, PRIOR_EFFICIENCY, False, 1.0, results))
+    text = "\n".join(search_lines(forecasts, 2.0, PRIOR_EFFICIENCY, "predicted", 1.0, results))
     row = next(line for line in text.splitlines() if line.startswith("| `all_layers / reduce-overhead`"))
     assert "14.400 ms / 17 / 0.2" in row  # 3 + 6 again + 3 beside decoder_layer + 5 showdown and "timed again: its own run read 14.400 ms" in row
     assert "interleaved with plain torch.compile" in text
