@@ -79,6 +79,7 @@ def interleaved(model_spec: str, picks: list[dict], steps: int, warmup: int, rou
     import torch
 
     import superkernel
+    from superkernel.timing import interleave
     from superkernel.tools.advisor.compiling import compile_superkernel, guard_path_of
     from superkernel.tools.decode import prepare, run_decode
     from superkernel.tools.models import load_model
@@ -97,12 +98,7 @@ def interleaved(model_spec: str, picks: list[dict], steps: int, warmup: int, rou
         run_decode(session, step)  # compile
         pick["retime_guard_path"] = guard_path_of(step, session)[0]
         runs.append((session, step))
-    medians: list[list[float]] = [[] for _ in picks]
-    for r in range(rounds):
-        order = list(range(len(picks)))
-        order = order[r % len(order):] + order[:r % len(order)]
-        for i in order:
-            medians[i].append(run_decode(runs[i][0], runs[i][1]).median_ms)
+    medians = interleave([lambda run=run: run_decode(*run).median_ms for run in runs], rounds)
     return [sorted(m)[len(m) // 2] for m in medians]
 
 

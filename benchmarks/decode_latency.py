@@ -45,6 +45,7 @@ from typing import Any, Callable
 import torch
 
 import superkernel as sk
+from superkernel.timing import rotation
 from superkernel.tools.advisor.compiling import guard_path_of, own_code
 from superkernel.tools.advisor.environment import choose_threads
 from superkernel.tools.advisor.environment import hardware as describe_hardware
@@ -144,7 +145,7 @@ def time_rounds(session: DecodeSession, live: list[Plan], rounds: int, reference
         plan.check = PeerCheck(tolerance)
     eager = next(p for p in live if p.label == "eager")
     for r in range(rounds):
-        order = live[r % len(live):] + live[:r % len(live)]
+        order = [live[i] for i in rotation(len(live), r)]
         logits = {}
         seed = 1000 + r  # another prompt every round: a step holding on to an old cache shows
         for plan in order:

@@ -40,6 +40,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "src"))
 
 from superkernel import hugepages  # noqa: E402
+from superkernel.timing import rotation  # noqa: E402
 
 # as in real_width.py (whose roofline this bounds): weights on transparent huge pages unless
 # SUPERKERNEL_HUGEPAGES=0, set before torch's first allocation
@@ -214,7 +215,7 @@ def time_rounds(fns: dict, rounds: int) -> dict:
     names = list(fns)
     seconds = {n: [] for n in names}
     for r in range(rounds):
-        order = names[r % len(names):] + names[:r % len(names)]
+        order = [names[i] for i in rotation(len(names), r)]
         for n in order:
             fns[n]()  # one untimed pass: the same state for every variant (its tensors just left the caches)
             t = time.perf_counter()

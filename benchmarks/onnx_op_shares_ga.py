@@ -38,6 +38,7 @@ from onnx_op_shares import ATTENTION, GEMM  # noqa: E402
 from onnx_real_width import EXPORTERS, model_path, selection  # noqa: E402
 
 from superkernel.onnx import realsuite  # noqa: E402
+from superkernel.timing import rotation  # noqa: E402
 from superkernel.util import write_results  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results")
@@ -115,7 +116,7 @@ def profile_pair(p1: str, ga: str, rounds: int, seed: int) -> list[tuple[dict[st
             for sess in sessions.values():
                 sess.run(None, feeds)
         for r in range(rounds):
-            for tag in (("P1", "GA") if r % 2 == 0 else ("GA", "P1")):
+            for tag in (("P1", "GA")[i] for i in rotation(2, r)):
                 sessions[tag].run(None, feeds)
         per = {tag: per_run_kernel_us(sess.end_profiling())[-rounds:] for tag, sess in sessions.items()}
     return list(zip(per["P1"], per["GA"]))

@@ -35,6 +35,7 @@ sys.path.insert(0, HERE)
 import onnx_autofusion as OA  # noqa: E402 - the shared harness
 
 from superkernel.onnx import realsuite  # noqa: E402
+from superkernel.timing import rotation  # noqa: E402
 from superkernel.util import atomic_write  # noqa: E402
 
 EXPORTERS = ("legacy", "dynamo")
@@ -304,7 +305,7 @@ def main(argv=None) -> int:
     tmp = a.runs_dir
 
     def launch(i: int):
-        order = cases[i % len(cases):] + cases[:i % len(cases)] if a.rotate else cases
+        order = [cases[j] for j in rotation(len(cases), i)] if a.rotate else cases
         return subprocess.Popen([sys.executable, os.path.abspath(__file__), "--one-run",
                                  os.path.join(tmp, f"run{i}.json"), "--cases", ",".join(order),
                                  "--exporters", ",".join(exporters), "--models", a.models, "--repeat", str(repeat),

@@ -92,6 +92,8 @@ def verdicts(rows: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
+    from superkernel.timing import rotation
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="")
     p.add_argument("--fused", default="")
@@ -111,7 +113,7 @@ def main(argv=None) -> int:
         ma, mb = (a.model, a.fused) if a.model and a.fused else default_models(tmp)
         for i in range(a.pairs):
             for way in a.ways.split(","):
-                for first in ("A", "B") if i % 2 == 0 else ("B", "A"):
+                for first in (("A", "B")[j] for j in rotation(2, i)):
                     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", ma, mb, first, way,
                                           str(a.rounds)], capture_output=True, text=True, check=True).stdout
                     rows.append(json.loads(out.strip().splitlines()[-1]))

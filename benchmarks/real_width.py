@@ -46,6 +46,7 @@ PAGES = hugepages.enable_for_this_process()
 import torch  # noqa: E402
 
 import superkernel as sk
+from superkernel.timing import rotation
 from superkernel.tools.advisor.compiling import own_code
 from superkernel.tools.advisor.environment import hardware as describe_hardware
 from superkernel.tools.advisor.strategies import plan_for
@@ -222,7 +223,7 @@ def run_config(dtype_name: str, threads: int, args: argparse.Namespace, bandwidt
     for p in live:
         p.check = PeerCheck(tolerance)
     for r in range(args.rounds):
-        order = live[r % len(live):] + live[:r % len(live)]
+        order = [live[i] for i in rotation(len(live), r)]
         logits = {}
         for peer in order:
             out = run(peer, fresh_cache(session, model, seed=1000 + r))   # a new cache, another prompt

@@ -33,6 +33,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import superkernel as sk  # noqa: E402
+from superkernel.timing import rotation  # noqa: E402
 from real_width import RESULTS, build_model, cpu_seconds, memory_bandwidth  # noqa: E402
 from superkernel.tools.advisor.compiling import own_code  # noqa: E402
 from superkernel.tools.advisor.environment import hardware as describe_hardware  # noqa: E402
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     same_kernels = kept["memory"] == kept["cache"]
     medians: dict[str, list[float]] = {t: [] for t in TIMINGS}
     for r in range(args.rounds):
-        order = TIMINGS if r % 2 == 0 else TIMINGS[::-1]
+        order = [TIMINGS[i] for i in rotation(len(TIMINGS), r)]
         for timing in order:
             out = run_decode(scoped_session, steps[timing], label=timing)
             medians[timing].append(out.median_ms)

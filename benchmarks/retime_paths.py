@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
                                                      superkernel_backend)
     from superkernel.tools.advisor.strategies import plan_for
     from superkernel.tools.advisor.structure import analyze_structure
+    from superkernel.timing import rotation
     from superkernel.tools.decode import prepare, run_decode
     from superkernel.tools.models import load_model
     from superkernel.tools.models.archs import save_checkpoint
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                       "guard_cost_us": cost, "recompiles_first": first.dynamo.recompiles_first, "rounds_ms": []}
     names = list(variants)
     for r in range(args.rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in (names[i] for i in rotation(len(names), r)):
             rows[name]["rounds_ms"].append(run_decode(*variants[name]).median_ms)
     for row in rows.values():
         row["median_ms"] = statistics.median(row["rounds_ms"])

@@ -64,10 +64,6 @@ def with_tunable(env: dict) -> dict:
     return env
 
 
-def with_torch_switch(env: dict) -> dict:
-    return {**env, TORCH_SWITCH: "1"}
-
-
 def memory(path: str = "/proc/self/smaps_rollup") -> dict[str, int] | None:
     """This process's anonymous memory and the part of it on transparent huge pages, in kB
     (``anon_kb``, ``anon_huge_kb``; None where the kernel does not say: not Linux)."""

@@ -3,7 +3,7 @@
 Layers, bottom first (a module belongs to the layer of the longest prefix listed):
 
 0. records and settings everything shares: ``config``, ``util``, ``cache_dir``, ``hugepages``, ``userkey``, ``scope``,
-   ``scope_apply``, ``pipeline.ir``, ``autofusion.decision``
+   ``scope_apply``, ``timing``, ``pipeline.ir``, ``autofusion.decision``
 1. ``runtime``: what a partition runs as, and the realization table; ``autofusion`` (the planner it runs)
 2. ``static_kernel``: ahead-of-time kernels (implements the runtime's static-compiler seam)
 3. ``pipeline``: the torch.compile backend
@@ -23,7 +23,7 @@ from tests.layout.test_imports import PACKAGE_ROOT, project_imports
 
 LAYERS: dict[str, int] = {
     "superkernel.config": 0, "superkernel.util": 0, "superkernel.cache_dir": 0, "superkernel.hugepages": 0,
-    "superkernel.userkey": 0, "superkernel.scope": 0,
+    "superkernel.userkey": 0, "superkernel.scope": 0, "superkernel.timing": 0,
     "superkernel.scope_apply": 0, "superkernel.pipeline.ir": 0, "superkernel.autofusion.decision": 0,
     "superkernel.runtime": 1, "superkernel.autofusion": 1,
     "superkernel.static_kernel": 2,

@@ -14,7 +14,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from superkernel import CompilerConfig
 from superkernel.static_kernel import BuildDirError, StaticKernelWarning, find_packages, partition_key, read_manifest
-from superkernel.static_kernel import compat, trust
+from superkernel.static_kernel import trust
 from superkernel.static_kernel.compiler import open_compiler
 from superkernel.tools import static_compile as static_cli
 from superkernel.static_kernel.settings import ENV_REBUILD, RankLayoutError
@@ -122,7 +122,9 @@ def test_matching_package_loads_without_compiling(pkg_copy):
     assert find_packages(build_dir) == [pkg]
     kernels = {Path(n).name for n in read_manifest(pkg).kernels}
     assert kernels and compiler.counters["kernels_installed"] == len(kernels)
-    shared = {p.name for p in Path(compat.inductor_cache_dir()).rglob("*")}
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    shared = {p.name for p in Path(cache_dir()).rglob("*")}
     assert not kernels & shared, "a package's kernels never go to the shared Inductor cache"
 
 

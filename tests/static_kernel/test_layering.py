@@ -13,7 +13,8 @@ SRC = Path(superkernel.__file__).resolve().parent
 ALLOWED = {"superkernel", "superkernel.pipeline.ir", "superkernel.util", "superkernel.runtime.inductor",
            "superkernel.scope_apply", "superkernel.runtime.native.build",  # (build: the seam packages use)
            "superkernel.config", "superkernel.runtime.realizations",  # (settings: the realization row decides)
-           "superkernel.userkey"}  # (trust: the per-user key and its records, bottom layer)
+           "superkernel.userkey",  # (trust: the per-user key and its records, bottom layer)
+           "superkernel.runtime.inductor_output"}  # (compat: what Inductor prints while building, to the debug log)
 
 
 def _imports(path: Path) -> set[str]:

@@ -42,6 +42,22 @@ def test_python_dash_m_runs_the_cli():
         assert command in proc.stdout
 
 
+@pytest.mark.parametrize("argv, code", [
+    (["--help"], 0), (["optimize", "--help"], 0), (["static-compile", "--help"], 0),
+    (["optimize", "--strategy", "fastest"], 2), (["optimize", "--strategy", "mlp", "--search", "predicted"], 2),
+    (["bench", "--config", "x.yaml", "--mode", "both"], 2), (["analyze", "--batch-size", "0"], 2),
+    (["static-compile"], 2),
+])
+def test_help_and_argument_errors_import_no_torch(argv, code):
+    """The parser and the checks before any work import neither torch nor transformers (they take seconds)."""
+    script = ("import sys; from superkernel.tools.cli import main; rc = main(sys.argv[1:]); "
+              "sys.stdout.flush(); print('HEAVY', sorted(m for m in ('torch', 'transformers') if m in sys.modules)); "
+              "sys.exit(rc)")
+    proc = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == code, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "HEAVY []"
+
+
 def test_static_compile_is_registered_when_available(monkeypatch):
     seen = {}
 

@@ -41,7 +41,7 @@ def test_switches_and_opt_out_in_an_environment():
     env = {"GLIBC_TUNABLES": "glibc.malloc.arena_max=2"}
     assert H.with_tunable(env)["GLIBC_TUNABLES"] == "glibc.malloc.arena_max=2:" + H.TUNABLE
     assert H.with_tunable(H.with_tunable({}))["GLIBC_TUNABLES"] == H.TUNABLE  # never twice
-    assert H.torch_switch_set(H.with_torch_switch({})) and not H.torch_switch_set({})
+    assert H.torch_switch_set({H.TORCH_SWITCH: "1"}) and not H.torch_switch_set({})
     assert H.enable_for_this_process({H.OPT_OUT: "0"}) == "opted out"
     assert H.enable_for_this_process({H.TORCH_SWITCH: "1"}) == "already on"
     env = {}

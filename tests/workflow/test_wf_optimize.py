@@ -113,7 +113,8 @@ def test_profile_and_predictions_are_in_the_results_and_the_report(e2e):
     assert sum(v["share"] for v in prof["kinds"].values()) == pytest.approx(1.0)
     assert prof["ops_per_step"] > prof["launches_per_step"] > 0
     search = data["search"]
-    assert search["exhaustive"] is True  # a single strategy is measured in full
+    assert search["exhaustive"] is True  # a single strategy is measured in full ...
+    assert search["policy"] == data["settings"]["search"] == "all"  # ... and meets the baselines in the showdown
     assert [p["plan"] for p in search["plans"]] == ["attention / reduce-overhead", "attention / max-autotune"]
     runs = {r["name"]: r for r in data["results"]}
     # the prediction's base is the whole step compiled without scopes: plain torch.compile's own run; the

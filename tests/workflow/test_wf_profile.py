@@ -296,9 +296,14 @@ def test_analyze_profile_on_the_sweep_subset(arch, tmp_path):
     assert {r["kind"] for r in prof["rows"]} >= expected
 
 
-def test_exhaustive_needs_auto():
-    result = run_cli("optimize", "--strategy", "attention", "--exhaustive")
-    assert result.code == 2 and "--exhaustive applies to --strategy auto" in result.err
+def test_the_predicted_search_needs_auto_and_one_policy_is_given_once(monkeypatch):
+    from superkernel.tools.advisor import workflow
+
+    monkeypatch.setattr(workflow, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
+    result = run_cli("optimize", "--strategy", "attention", "--search", "predicted")
+    assert result.code == 2 and "--search predicted chooses among the plans of --strategy auto" in result.err
+    result = run_cli("optimize", "--search", "all", "--exhaustive")
+    assert result.code == 2 and "not allowed with argument" in result.err
 
 
 def test_the_timed_pass_goes_on_while_the_pairs_scatter():

@@ -6,7 +6,7 @@ import pytest
 
 import superkernel
 from superkernel.tools.advisor.strategies import (StrategyError, auto_plans, compress, custom_plan, parse_scope_args,
-                                            plan_for)
+                                            parse_strategy, plan_for, select_plans)
 from superkernel.tools.advisor.structure import analyze_structure
 
 
@@ -79,6 +79,42 @@ def test_inapplicable_and_unknown_strategies(zoo):
         plan_for("everything", structure)
     with pytest.raises(StrategyError, match="does not apply.*no MoE"):
         plan_for("moe", analyze_structure(zoo["llama-tiny"].model))
+
+
+@pytest.mark.parametrize("strategy, search, policy, every_plan, retimed", [
+    ("auto", None, "predicted", False, True),
+    ("auto", "all", "all", True, True),
+    ("auto", "exhaustive", "exhaustive", True, False),
+    ("attention", None, "all", True, True),
+    ("attention", "exhaustive", "exhaustive", True, False),
+])
+def test_the_search_policy_is_explicit(strategy, search, policy, every_plan, retimed):
+    choice = parse_strategy(strategy, search)
+    assert (choice.search, choice.every_plan, choice.retimed) == (policy, every_plan, retimed)
+
+
+def test_parse_strategy_refuses_what_does_not_go_together():
+    with pytest.raises(StrategyError, match="unknown strategy 'fastest'; choose one of: attention, mlp, moe"):
+        parse_strategy("fastest")
+    with pytest.raises(StrategyError, match="unknown search 'quick'; choose one of: predicted, all, exhaustive"):
+        parse_strategy("auto", "quick")
+    with pytest.raises(StrategyError, match="--strategy mlp is one plan: use --search all or exhaustive"):
+        parse_strategy("mlp", "predicted")
+    with pytest.raises(StrategyError, match="add --strategy custom"):
+        parse_strategy("auto", custom_scopes={"a": ["model.layers.*"]})
+    with pytest.raises(StrategyError, match="needs scopes"):
+        parse_strategy("custom")
+
+
+def test_select_plans_of_a_choice(zoo):
+    structure = analyze_structure(zoo["llama-tiny"].model)
+    assert [p.strategy for p in select_plans(parse_strategy("auto"), structure)] == \
+        [p.strategy for p in auto_plans(structure)]
+    assert select_plans(parse_strategy("custom", custom_scopes={"a": "model.layers.0"}), structure)[0].scopes == \
+        {"a": ["model.layers.0"]}
+    assert select_plans(parse_strategy("mlp"), structure) == [plan_for("mlp", structure)]
+    with pytest.raises(StrategyError, match="'auto' is not one plan"):
+        plan_for("auto", structure)
 
 
 def test_compress_only_when_every_layer_matches():

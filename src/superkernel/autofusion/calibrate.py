@@ -19,6 +19,8 @@ from typing import Any, Callable
 
 import torch
 
+from superkernel.timing import interleaved_seconds, paired_ratios
+
 ROUNDS = 21
 CALLS = 20
 #: applied only when the median paired ratio fused/unfused is at most this, and its upper quartile < 1
@@ -44,13 +46,6 @@ def clock() -> tuple[Callable[[], float], str]:
     if torch.get_num_threads() == 1:
         return time.thread_time, "thread cpu time"
     return time.perf_counter, "wall time"
-
-
-def _time(fn: Callable[[], Any], calls: int, now: Callable[[], float]) -> float:
-    start = now()
-    for _ in range(calls):
-        fn()
-    return (now() - start) / calls * 1e6
 
 
 def frozen_linear(w: torch.Tensor, b: torch.Tensor | None, m: int) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -98,17 +93,11 @@ def _time_horizontal(m: int, k: int, ns: list[int], dtype: torch.dtype, bias: bo
 
 def paired(unfused: Callable[[], Any], fused: Callable[[], Any], now: Callable[[], float], rounds: int,
            calls: int) -> dict[str, Any]:
-    """The two sides timed in alternating rounds: medians (µs), the median and upper quartile of the paired ratio."""
-    u_s, f_s, ratios = [], [], []
-    for _ in range(3):
-        unfused()
-        fused()
-    for r in range(rounds):
-        pair = [("u", unfused), ("f", fused)] if r % 2 == 0 else [("f", fused), ("u", unfused)]
-        got = {name: _time(fn, calls, now) for name, fn in pair}
-        u_s.append(got["u"])
-        f_s.append(got["f"])
-        ratios.append(got["f"] / got["u"])
+    """The two sides timed in alternating rounds after three throw-away calls each
+    (:func:`superkernel.timing.interleaved_seconds`): medians (µs), the median and upper quartile of the paired ratio."""
+    seconds = interleaved_seconds([unfused, fused], rounds, warmup=3, calls=calls, clock=now)
+    u_s, f_s = ([t * 1e6 for t in xs] for xs in seconds)
+    ratios = paired_ratios(u_s, f_s)
     q = statistics.quantiles(ratios, n=4)
     return {"unfused_us": statistics.median(u_s), "fused_us": statistics.median(f_s),
             "ratio": statistics.median(ratios), "ratio_q3": q[2], "rounds": rounds}

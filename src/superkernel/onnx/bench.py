@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import asdict, dataclass, field
 
 import onnxruntime as ort
 
-from .verify import session
+from .verify import session, time_interleaved
 
 CONFIGS = (
     ("original", "ORT_DISABLE_ALL"),
@@ -55,19 +54,12 @@ class BenchResult:
 def benchmark(original: str | bytes, fused: str | bytes, feeds: dict, *, warmup: int = 10, repeat: int = 100,
               threads: int = 0) -> BenchResult:
     """Median and p90 latency per configuration. Runs are interleaved (one run of each
-    session per round) so that drift in machine load affects all three alike."""
+    session per round, the order rotating) so that drift in machine load affects all three alike."""
     models = {"original": original, "fused": fused}
     sessions = [(m, lvl, session(models[m], getattr(ort.GraphOptimizationLevel, lvl), threads))
                 for m, lvl in CONFIGS]
-    for _ in range(warmup):
-        for _m, _l, s in sessions:
-            s.run(None, feeds)
-    samples: list[list[float]] = [[] for _ in sessions]
-    for _ in range(repeat):
-        for i, (_m, _l, s) in enumerate(sessions):
-            t0 = time.perf_counter()
-            s.run(None, feeds)
-            samples[i].append((time.perf_counter() - t0) * 1e3)
+    seconds = time_interleaved([(s, feeds) for _m, _l, s in sessions], repeat, warmup)
+    samples = [[t * 1e3 for t in xs] for xs in seconds]
     res = BenchResult(warmup=warmup, repeat=repeat, threads=threads)
     for (m, lvl, _s), xs in zip(sessions, samples):
         xs.sort()

@@ -3,7 +3,8 @@
     graph-autofusion --input m.onnx --output m_fused.onnx --fusion-rules all --opt-level 3
 
 Exit codes: 0 ok, 1 verification failed (nothing written to --output), 2 bad input
-(one-line error, nothing written). See docs/graph_autofusion.md.
+(one-line error, nothing written; with verification on, also an input ONNX Runtime cannot run or
+that is not deterministic: :mod:`superkernel.onnx.input_check`). See docs/graph_autofusion.md.
 """
 
 from __future__ import annotations
@@ -129,6 +130,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fail(str(e))
 
     from . import verify as V  # onnxruntime import is slow; only when there is work
+
+    if not args.no_verify:  # verification can only blame the fusion for an input that runs, alike, twice
+        from .input_check import check_input
+
+        try:
+            check_input(args.input, loaded.model, dims=dims, default_dim=V.VERIFY_DEFAULT_DIM, seed=args.seed,
+                        atol=args.atol, rtol=args.rtol)
+        except InputError as e:
+            return fail(str(e))
 
     cost_model = B.CPU_DEFAULT
     staged = None

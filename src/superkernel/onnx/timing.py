@@ -33,12 +33,15 @@ Why each part is there:
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import statistics
 import time
 from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
+
+from superkernel.timing import interleaved_seconds, paired_ratios
 
 CONFIDENCE = 0.95
 THROWAWAY_RUNS = 3
@@ -93,8 +96,9 @@ def median_ci(xs: Sequence[float], confidence: float = CONFIDENCE) -> tuple[floa
 
 def ratio_estimate(pairs: Sequence[tuple[float, float]], confidence: float = CONFIDENCE) -> RatioEstimate:
     """Per-round ratios b/a of ``(a, b)`` time pairs -> median with its interval."""
-    med, lo, hi = median_ci([b / a for a, b in pairs], confidence)
-    return RatioEstimate(med, lo, hi, len(pairs), confidence)
+    ratios = paired_ratios([a for a, _ in pairs], [b for _, b in pairs])
+    med, lo, hi = median_ci(ratios, confidence)
+    return RatioEstimate(med, lo, hi, len(ratios), confidence)
 
 
 def spread(xs: Sequence[float]) -> dict:
@@ -143,22 +147,11 @@ def create_in_order(make: Sequence[Callable[[], object]], seed: int | None) -> t
 
 def time_interleaved(runs: Sequence[tuple[object, dict]], rounds: int, warmup: int = 0, *,
                      clock: Callable[[], float] = time.perf_counter) -> list[list[float]]:
-    """Seconds of each ``(session, feeds)`` run per round, after ``warmup`` untimed rounds.
-    Every round runs each once, the order rotated by one each round (with two runs, who
-    runs first alternates), so that drift in machine load affects all alike. ``clock``: seconds
-    (a test passes a synthetic one)."""
-    for _ in range(warmup):
-        for s, feeds in runs:
-            s.run(None, feeds)
-    xs: list[list[float]] = [[] for _ in runs]
-    for r in range(rounds):
-        first = r % len(runs)
-        for i in [*range(first, len(runs)), *range(first)]:
-            s, feeds = runs[i]
-            t0 = clock()
-            s.run(None, feeds)
-            xs[i].append(clock() - t0)
-    return xs
+    """Seconds of each ``(session, feeds)`` run per round, after ``warmup`` untimed rounds
+    (:func:`superkernel.timing.interleaved_seconds`: the order rotated by one each round, so
+    that drift in machine load affects all alike). ``clock``: seconds (a test passes a synthetic one)."""
+    return interleaved_seconds([functools.partial(s.run, None, feeds) for s, feeds in runs], rounds, warmup=warmup,
+                               clock=clock)
 
 
 def balanced_order(seed: int | None) -> list[int]:

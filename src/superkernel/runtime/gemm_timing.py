@@ -11,9 +11,9 @@ EPYC, 32 MiB L3, 1 thread): cache-hot, the template and MKL timed 0.624 vs 0.657
 
 :func:`weights_from_memory` makes Inductor's CPU benchmark evict the caches before every timed call (a
 streaming read of a buffer twice the last-level cache, outside the clock) and report the median of those
-cold calls; and each GEMM's choices are timed in three passes, the second in reverse order, the median
-pass kept (:func:`interleaved_choices`: Inductor times one choice after the other, so on a shared machine
-a busy moment would otherwise decide the pick). Those timings are kept in a local autotune cache file of their own (beside Inductor's, keyed the
+cold calls; and each GEMM's choices are timed in three passes, the order rotated from pass to pass, each
+choice's median kept (:func:`interleaved_choices`: Inductor times one choice after the other, so on a shared
+machine a busy moment would otherwise decide the pick). Those timings are kept in a local autotune cache file of their own (beside Inductor's, keyed the
 same way), so identical GEMMs (the next decoder layer) are timed once and cache-hot timings from other
 compiles are never mixed with them. Only the ranking changes: every choice Inductor offers computes the same GEMM, so results stay
 within the max-autotune tolerance; reduce-overhead never autotunes.
@@ -29,6 +29,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
+
+from superkernel.timing import rotation
 
 #: ``inductor.gemm_timing`` values
 GEMM_TIMINGS = ("memory", "cache")
@@ -98,8 +100,8 @@ def weights_from_memory(enabled: bool = True) -> Iterator[None]:
 
 @contextlib.contextmanager
 def interleaved_choices(passes: int = _PASSES) -> Iterator[None]:
-    """Inside: Inductor times a GEMM's choices in ``passes`` passes over all of them (every other pass in
-    reverse order) and keeps each choice's median."""
+    """Inside: Inductor times a GEMM's choices in ``passes`` passes over all of them (the order rotated each
+    pass, :func:`superkernel.timing.rotation`) and keeps each choice's median."""
     try:
         from torch._inductor.select_algorithm import AlgorithmSelectorCache
     except ImportError:
@@ -111,7 +113,8 @@ def interleaved_choices(passes: int = _PASSES) -> Iterator[None]:
         return
 
     def benchmark_choices(cls: Any, choices: Any, autotune_args: Any, *args: Any, **kwargs: Any) -> dict[Any, float]:
-        runs = [original(list(choices) if i % 2 == 0 else list(choices)[::-1], autotune_args, *args, **kwargs)
+        listed = list(choices)
+        runs = [original([listed[j] for j in rotation(len(listed), i)], autotune_args, *args, **kwargs)
                 for i in range(passes)]
         return {c: statistics.median(run[c] for run in runs) for c in runs[0] if all(c in run for run in runs)}
 

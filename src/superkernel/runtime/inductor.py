@@ -28,11 +28,14 @@ def compile_partition(gm: fx.GraphModule, example_inputs: list[Any], *, device: 
     Called inside AOTAutograd's compile step, so ``example_inputs`` are the FakeTensors
     of the active fake mode, exactly as TorchInductor's own forward compiler gets them.
     On CPU, ``cpp_wrapper`` gives the compiled partition one C++ entry point. Inductor's
-    own CUDA graphs stay off: superkernel captures segments itself.
+    own CUDA graphs stay off: superkernel captures segments itself. What Inductor prints meanwhile
+    (autotune tables) is logged at debug level (:mod:`superkernel.runtime.inductor_output`).
     """
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.utils import BoxedBool
+
+    from superkernel.runtime.inductor_output import output_logged
 
     use_cpp_wrapper = bool(cpp_wrapper and device == "cpu")
     patches = inductor_patches(device, cpp_wrapper=cpp_wrapper, autotune=autotune, pdl=pdl)
@@ -51,7 +54,7 @@ def compile_partition(gm: fx.GraphModule, example_inputs: list[Any], *, device: 
 
         rewrites = rewrite_int8_weight_gemv(gm)
     try:
-        with inductor_config.patch(patches):
+        with inductor_config.patch(patches), output_logged():
             compiled = compile_fx_inner(
                 gm, example_inputs, cudagraphs=BoxedBool(False), is_inference=True, cpp_wrapper=use_cpp_wrapper,
             )

@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import statistics
 import unittest.mock
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -275,21 +275,17 @@ def _hint(value: Any) -> Any:
 
 
 def time_variants(variants: dict[str, Callable[..., Any]], args: list[Any], rounds: int = 5, calls: int = 5) -> dict[str, float]:
-    """Median ms per call of each variant, measured in alternating rounds."""
+    """Median ms per call of each variant, measured in alternating rounds after two throw-away rounds
+    (first-call work, caches): :func:`superkernel.timing.interleaved_seconds`."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    samples: dict[str, list[float]] = {k: [] for k in variants}
+    from superkernel.timing import interleaved_seconds
+
+    names = list(variants)
     with unset_fake_temporarily(), torch.no_grad():
-        for fn in variants.values():  # warm-up (first-call work, caches)
-            fn(*args)
-            fn(*args)
-        for _ in range(rounds):
-            for name, fn in variants.items():
-                start = time.perf_counter()
-                for _ in range(calls):
-                    fn(*args)
-                samples[name].append((time.perf_counter() - start) / calls * 1e3)
-    return {k: statistics.median(v) for k, v in samples.items()}
+        seconds = interleaved_seconds([functools.partial(variants[k], *args) for k in names], rounds, warmup=2,
+                                      calls=calls)
+    return {k: statistics.median(t * 1e3 for t in xs) for k, xs in zip(names, seconds)}
 
 
 def choose(module: Any, parent: fx.GraphModule, parent_reals: list[Any] | None, static_indices: Sequence[int],

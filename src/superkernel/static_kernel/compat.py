@@ -68,16 +68,10 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: list[Any], conf
         params = {}
     if "aot" in params:
         kwargs["aot"] = False  # the cache-artifact format: it can carry the FX graph + AOTAutograd entries
-    return fn(gm, example_inputs, **kwargs)
+    from superkernel.runtime.inductor_output import output_logged
 
-
-def inductor_cache_dir() -> str:
-    """The TorchInductor cache directory of this process (created if missing)."""
-    try:
-        from torch._inductor.runtime.cache_dir_utils import cache_dir
-    except ImportError:  # pragma: no cover - older layout
-        from torch._inductor.utils import cache_dir  # type: ignore[no-redef,attr-defined]
-    return cache_dir()
+    with output_logged():  # autotune tables: debug log, not the user's terminal
+        return fn(gm, example_inputs, **kwargs)
 
 
 @contextlib.contextmanager

@@ -74,7 +74,9 @@ class FrameGraph(_abc_base()):  # type: ignore[misc]
         if self.level == "dynamo":
             return self._backend(self._graph, args)
         # (reduce-overhead: its CPU native modules depend on it; Inductor's compile reads AOTAutograd's real metadata)
-        with _inference_context(self.inference and getattr(self._backend.config, "mode", None) == "reduce-overhead"):
+        from superkernel.config import REDUCE_OVERHEAD
+
+        with _inference_context(self.inference and getattr(self._backend.config, "mode", None) == REDUCE_OVERHEAD):
             step = self._backend.compile_aten(self._graph, args,
                                               name=f"graph_{len(self._backend.explanation().graphs)}")
 

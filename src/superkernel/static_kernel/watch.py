@@ -177,24 +177,6 @@ class StateWatch:
             return bool(self._tensor_guard.check(*args, *self._tensors))
         return bool(self._tensor_guard.check(*[args[i] for i in self._arg_tensors], *self._tensors))
 
-    def why_changed(self, args: tuple[Any, ...]) -> str:
-        """A short description of what differs from the snapshot (for notices; not on the fast path)."""
-        if list(map(type, args)) != self._arg_types or any(args[i] != v for i, v in self._arg_values):
-            return "the call's arguments (number, type or value)"
-        if not self._global.check():
-            return f"torch global state ({self._global.reason()})"
-        if torch._C._len_torch_function_stack() != self._modes:
-            return "the torch-function mode stack (e.g. a default device)"
-        if RemovableHandle.next_id != self._handles:
-            return "a hook was registered (on any module or tensor of this process)"
-        if sum(map(self._g.dict_version, self._dicts)) != self._version_sum:
-            return "an attribute, parameter, buffer, submodule, hook or dict entry was set"
-        if list(map(type, self._typed)) != self._types:
-            return "the class of an object"
-        if not self._tensor_guard.check(*[args[i] for i in self._arg_tensors], *self._tensors):
-            return "a tensor's dtype, device, shape or stride (an argument, or .data / Module.to())"
-        return "a list, set or closure cell"
-
     @property
     def size(self) -> dict[str, int]:
         """How much is watched (reported by explain and the benchmarks)."""

@@ -3,6 +3,9 @@
 Every bad input ends as one ``superkernel: error: ...`` line and exit status 2;
 a run that finishes without a usable plan exits with 1. Set SUPERKERNEL_TRACEBACK=1
 to see Python tracebacks instead.
+
+The parser imports no torch (nor transformers): ``--help`` and argument errors answer at once;
+what a command needs is imported when it runs.
 """
 
 from __future__ import annotations
@@ -73,8 +76,33 @@ def _add_scope_args(p: argparse.ArgumentParser) -> None:
                    help="scopes of --strategy custom from YAML: a mapping label -> glob(s), or a superkernel.yaml")
 
 
+def _strategy(text: str) -> str:
+    """``--strategy``: :func:`~superkernel.tools.advisor.strategies.strategy_name`, as an argparse type."""
+    from superkernel.tools.advisor.strategies import StrategyError, strategy_name
+
+    try:
+        return strategy_name(text)
+    except StrategyError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _mode_type(both: bool):
+    """``--mode``: a compile mode (or ``both``, where allowed)."""
+    from superkernel.config import MODES
+
+    allowed = (*MODES, "both") if both else MODES
+
+    def mode(text: str) -> str:
+        if text not in allowed:
+            raise argparse.ArgumentTypeError(f"unknown mode {text!r}; choose {', '.join(allowed[:-1])} or {allowed[-1]}")
+        return text
+
+    return mode
+
+
 def build_parser() -> argparse.ArgumentParser:
-    from superkernel.tools.advisor.strategies import DESCRIPTIONS, STRATEGIES
+    from superkernel.config import MODES
+    from superkernel.tools.advisor.strategies import DESCRIPTIONS, SEARCHES, STRATEGIES
 
     parser = _Parser(prog=PROG, description="Make PyTorch LLM decode faster with SuperKernel scopes: analyse a "
                                             "model, try scope strategies, verify precision, measure, report.")
@@ -85,11 +113,20 @@ def build_parser() -> argparse.ArgumentParser:
                                      "superkernel_optimization_report.md, decode_latency.png, superkernel.yaml, "
                                      "results.json and logits.safetensors to --output.",
                          formatter_class=argparse.RawDescriptionHelpFormatter,
-                         epilog="strategies:\n" + "\n".join(f"  {k:<14} {v}" for k, v in DESCRIPTIONS.items()))
+                         epilog="strategies:\n" + "\n".join(f"  {k:<14} {v}" for k, v in DESCRIPTIONS.items())
+                                + "\n\nsearch policies (--search):\n"
+                                + "\n".join(f"  {k:<14} {v}" for k, v in SEARCHES.items()))
     _add_model_args(opt, default="llama-tiny")
-    opt.add_argument("--strategy", default="auto", metavar="NAME",
+    opt.add_argument("--strategy", default="auto", metavar="NAME", type=_strategy, choices=STRATEGIES,
                      help=f"scope strategy: {', '.join(STRATEGIES)} (default auto; see below)")
-    opt.add_argument("--mode", default="both", metavar="MODE",
+    search = opt.add_mutually_exclusive_group()
+    search.add_argument("--search", default=None, choices=tuple(SEARCHES),
+                        help="which plans are measured and how they are timed: predicted (the default with --strategy "
+                             "auto), all (the default with one strategy) or exhaustive; see below")
+    search.add_argument("--exhaustive", dest="search", action="store_const", const="exhaustive",
+                        help="the same as --search exhaustive: every plan in every mode, each timed once in its own run "
+                             "(the report still shows predicted next to measured gain)")
+    opt.add_argument("--mode", default="both", metavar="MODE", type=_mode_type(both=True), choices=(*MODES, "both"),
                      help="reduce-overhead (binary fusion, bit-exact), max-autotune (source fusion) or both (default)")
     _add_decode_args(opt)
     _add_scope_args(opt)
@@ -98,9 +135,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_precision_args(opt)
     opt.add_argument("--output", type=Path, default=Path("superkernel_out"), metavar="DIR",
                      help="directory for the report, chart, plan and results (default ./superkernel_out)")
-    opt.add_argument("--exhaustive", action="store_true",
-                     help="with --strategy auto: measure every plan in every mode instead of the best predicted "
-                          "first (slower; the report still shows predicted next to measured gain)")
     opt.add_argument("--quiet", action="store_true", help="no progress bars, only the table and the result line")
     _add_distributed_args(opt)
     opt.set_defaults(func=_cmd_optimize)
@@ -110,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "shared experts), dense MLPs and norms; check prefill/decode separation and the "
                                      "KV cache; capture each candidate scope plan once and list its cuts with reasons.")
     _add_model_args(ana, default="llama-tiny")
-    ana.add_argument("--strategy", default="auto", metavar="NAME",
+    ana.add_argument("--strategy", default="auto", metavar="NAME", type=_strategy, choices=STRATEGIES,
                      help=f"which plans to trial-capture: {', '.join(STRATEGIES)} (default auto = every one that applies)")
     _add_scope_args(ana)
     ana.add_argument("--batch-size", type=positive_int("--batch-size"), default=1, metavar="N",
@@ -129,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("--config", type=Path, required=True, metavar="FILE.yaml",
                      help="a plan written by superkernel optimize (superkernel.yaml)")
     _add_model_args(ben, default=None)
-    ben.add_argument("--mode", default=None, metavar="MODE",
+    ben.add_argument("--mode", default=None, metavar="MODE", type=_mode_type(both=False), choices=MODES,
                      help="override the plan's mode: reduce-overhead or max-autotune")
     _add_decode_args(ben)
     _add_precision_args(ben)
@@ -169,13 +203,10 @@ def _register_static_compile(sub) -> None:
 
 
 def _modes(text: str) -> tuple[str, ...]:
-    from superkernel.tools.advisor.compiling import MODES
+    """``--mode`` (checked by the parser) as the modes to run."""
+    from superkernel.config import MODES
 
-    if text == "both":
-        return MODES
-    if text not in MODES:
-        raise ValueError(f"unknown mode {text!r}; choose reduce-overhead, max-autotune or both")
-    return (text,)
+    return MODES if text == "both" else (text,)
 
 
 def _custom_scopes(args) -> dict[str, list[str]]:
@@ -196,19 +227,31 @@ def _console(stderr: bool = False):
     return Console(stderr=stderr, width=wide)
 
 
+def _private_inductor_cache() -> None:
+    """optimize, analyze and bench also compile with plain torch.compile: TorchInductor's cache directory is
+    checked before it loads anything from it (docs/security.md). (This imports torch: after the cheap checks.)"""
+    from superkernel.cache_dir import check_inductor_cache
+
+    check_inductor_cache()
+
+
 def _cmd_optimize(args) -> int:
+    from superkernel.tools.advisor.strategies import parse_strategy
+
+    custom = _custom_scopes(args)
+    parse_strategy(args.strategy, args.search, custom)  # before anything heavy is imported
+    _private_inductor_cache()
+
     from superkernel.tools.advisor.console import print_results
     from superkernel.tools.advisor.progress import Reporter
     from superkernel.tools.advisor.workflow import OptimizeOptions, optimize
 
     opts = OptimizeOptions(model=args.model, strategy=args.strategy, modes=_modes(args.mode), steps=args.steps,
                            warmup=args.warmup, prompt_len=args.prompt_len, output=args.output,
-                           custom_scopes=_custom_scopes(args), options=args.options, seed=args.seed,
+                           custom_scopes=custom, options=args.options, seed=args.seed,
                            device=args.device, tolerance=args.tolerance, threads=args.threads,
                            quiet=args.quiet, inputs=[p for p in (args.scopes_file,) if p is not None],
-                           dtype=args.dtype, batch_size=args.batch_size, exhaustive=args.exhaustive)
-    if args.exhaustive and args.strategy != "auto":
-        raise ValueError("--exhaustive applies to --strategy auto (a single strategy is always measured in full)")
+                           dtype=args.dtype, batch_size=args.batch_size, search=args.search)
     from superkernel.tools.distributed import cli as distributed
 
     if distributed.wanted(args):
@@ -232,23 +275,19 @@ def _cmd_optimize(args) -> int:
 def _cmd_analyze(args) -> int:
     import json
 
+    from superkernel.tools.advisor.strategies import parse_strategy, select_plans
+
+    choice = parse_strategy(args.strategy, custom_scopes=_custom_scopes(args))  # before the model loads
+    _private_inductor_cache()
+
     from superkernel.tools.advisor.analysis import analyze
     from superkernel.util import atomic_write
     from superkernel.tools.advisor.progress import Reporter
     from superkernel.tools.advisor.structure import analyze_structure
-    from superkernel.tools.advisor.workflow import OptimizeOptions, load_and_prepare, select_plans, validate_scopes
-
-    from superkernel.tools.advisor.strategies import STRATEGIES, StrategyError, custom_plan
+    from superkernel.tools.advisor.workflow import OptimizeOptions, load_and_prepare, validate_scopes
     from superkernel.tools.models.loader import parse_dtype
     from superkernel.util import check_output_file
 
-    if args.strategy not in STRATEGIES:  # before the model loads
-        raise StrategyError(f"unknown strategy {args.strategy!r}; choose one of: {', '.join(STRATEGIES)}")
-    if args.strategy != "custom" and (args.scope or args.scopes_file):
-        raise StrategyError("--scope/--scopes-file give scopes for --strategy custom; add --strategy custom")
-    custom = _custom_scopes(args)
-    if args.strategy == "custom":
-        custom_plan(custom)
     parse_dtype(args.dtype)
     if args.json is not None:
         check_output_file(args.json, "--json", [p for p in (args.scopes_file,) if p is not None])
@@ -258,7 +297,7 @@ def _cmd_analyze(args) -> int:
         OptimizeOptions(model=args.model, prompt_len=args.prompt_len,
                         steps=2 * profile_steps + 1 if args.profile else 2, warmup=1,
                         seed=args.seed, device=args.device, dtype=args.dtype, batch_size=args.batch_size), reporter)
-    plans = select_plans(args.strategy, analyze_structure(loaded.model), custom)
+    plans = select_plans(choice, analyze_structure(loaded.model))
     validate_scopes(loaded.model, plans, "")
     with reporter.task(f"trial capture of {len(plans)} plan(s)", total=len(plans)) as update:
         done = []
@@ -301,14 +340,13 @@ def _cmd_bench_generate(args) -> int:
 
     import torch
 
+    from superkernel.config import REDUCE_OVERHEAD
     from superkernel.tools.advisor.environment import choose_threads, hardware, pick_device
     from superkernel.tools.advisor.plan_file import read_plan
     from superkernel.tools.generate_bench import bench_generate, markdown_section
     from superkernel.tools.models import load_model
     from superkernel.util import atomic_write, check_output_file
 
-    if args.mode is not None:
-        _modes(args.mode)
     spec = read_plan(args.config)
     model_name = args.model or spec.model
     if not model_name:
@@ -336,7 +374,7 @@ def _cmd_bench_generate(args) -> int:
     if plan.error:
         sys.stderr.write(f"{PROG}: error: generate() with the plan failed: {plan.error}\n")
         return EXIT_NO_RESULT
-    if plan.wrong and (args.mode or spec.mode) == "reduce-overhead":
+    if plan.wrong and (args.mode or spec.mode) == REDUCE_OVERHEAD:
         sys.stderr.write(f"{PROG}: error: generate() with the reduce-overhead plan gave other tokens than eager "
                          f"in round(s) {plan.wrong_rounds}\n")
         return EXIT_NO_RESULT
@@ -344,6 +382,7 @@ def _cmd_bench_generate(args) -> int:
 
 
 def _cmd_bench(args) -> int:
+    _private_inductor_cache()
     from superkernel.tools.advisor.plan_bench import BenchOptions, bench
 
     if args.generate:
@@ -355,8 +394,6 @@ def _cmd_bench(args) -> int:
     from superkernel.tools.advisor.console import print_results
     from superkernel.tools.advisor.progress import Reporter
 
-    if args.mode is not None:
-        _modes(args.mode)
     from superkernel.tools.distributed import cli as distributed
 
     if distributed.wanted(args):
@@ -388,21 +425,21 @@ def _cmd_bench(args) -> int:
     return 0
 
 
-def _expected_errors() -> tuple[type[BaseException], ...]:
-    from superkernel.util import OutputError
-    from superkernel.tools.advisor.plan_file import PlanFileError
-    from superkernel.tools.advisor.strategies import StrategyError
-    from superkernel.tools.models import ModelLoadError
-    from superkernel.scope_apply import ScopeGlobError
-    from superkernel.tools.distributed.launcher import LaunchError
-
-    return (LaunchError, ModelLoadError, StrategyError, ScopeGlobError, PlanFileError, OutputError, ValueError, OSError)
+#: Exceptions that are the user's input (exit 2): besides ValueError and OSError, the project's own that are not.
+_USAGE_ERRORS = ("superkernel.tools.distributed.launcher.LaunchError",)
+#: Runs that finished without a usable result (exit 1).
+_NO_RESULT_ERRORS = ("superkernel.tools.advisor.workflow.WorkflowError",)
 
 
-def _no_result_errors() -> tuple[type[BaseException], ...]:
-    from superkernel.tools.advisor.workflow import WorkflowError
-
-    return (WorkflowError,)
+def _raised(exc: BaseException, names: tuple[str, ...]) -> bool:
+    """Whether ``exc`` is one of the classes ``names`` (``module.Class``). A class whose module was never
+    imported cannot have been raised, so none is imported here: an argument error stays fast."""
+    for name in names:
+        module, _, cls = name.rpartition(".")
+        loaded = sys.modules.get(module)
+        if loaded is not None and isinstance(exc, getattr(loaded, cls)):
+            return True
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -411,30 +448,26 @@ def main(argv: list[str] | None = None) -> int:
     # before torch's first allocation: weights on transparent huge pages (SUPERKERNEL_HUGEPAGES=0: off)
     hugepages.enable_for_this_process()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help (0) or a usage error (2, its one line already written)
+        return int(exc.code or 0)
     args.argv = list(argv) if argv is not None else sys.argv[1:]  # --nproc starts ranks of the same command
     if getattr(args, "func", None) is None:
         parser.print_help()
         return EXIT_USAGE
     try:
-        if args.func in (_cmd_optimize, _cmd_analyze, _cmd_bench):  # they also measure plain torch.compile
-            from superkernel.cache_dir import check_inductor_cache
-
-            check_inductor_cache()  # before TorchInductor loads anything from it (docs/security.md)
         return int(args.func(args) or 0)
-    except _no_result_errors() as exc:
-        if os.environ.get("SUPERKERNEL_TRACEBACK"):
-            raise
-        sys.stderr.write(f"{PROG}: error: {safe_text(' '.join(str(exc).split()), 1000)}\n")
-        return EXIT_NO_RESULT
     except KeyboardInterrupt:
         sys.stderr.write(f"{PROG}: interrupted\n")
         return 130
-    except _expected_errors() as exc:
-        if os.environ.get("SUPERKERNEL_TRACEBACK"):
+    except Exception as exc:
+        no_result = _raised(exc, _NO_RESULT_ERRORS)
+        usage = not no_result and (isinstance(exc, (ValueError, OSError)) or _raised(exc, _USAGE_ERRORS))
+        if not (no_result or usage) or os.environ.get("SUPERKERNEL_TRACEBACK"):
             raise
         sys.stderr.write(f"{PROG}: error: {safe_text(' '.join(str(exc).split()), 1000)}\n")
-        return EXIT_USAGE
+        return EXIT_NO_RESULT if no_result else EXIT_USAGE
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -409,11 +409,6 @@ class DynamoCounts:
     limit_hit: bool = False                            # Dynamo gave up and runs the step uncompiled
 
     @property
-    def steady_state_recompiles(self) -> int:
-        """Recompiles after the first call (warm-up and timed steps)."""
-        return self.recompiles_warmup + self.recompiles_timed
-
-    @property
     def recompiles_in_steady_state(self) -> bool:
         return self.recompiles_timed > 0 or self.limit_hit
 

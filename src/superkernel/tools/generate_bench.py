@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from superkernel.timing import median_ratio, rotation
 from superkernel.tools.generate import apply_for_generate, compile_config
 
 EAGER, TORCH_COMPILE = "eager generate()", "torch.compile generate()"
@@ -103,7 +104,7 @@ def _speedup(run: GenerateRun, base: GenerateRun | None) -> float | None:
     """Median over rounds of base total / run total (same round); None for a wrong run or base."""
     if base is None or base.wrong or run.wrong or not run.total_ms or not base.total_ms:
         return None
-    return statistics.median(b / r for b, r in zip(base.total_ms, run.total_ms))
+    return median_ratio(run.total_ms, base.total_ms)
 
 
 def _generate(model: Any, prompt: torch.Tensor, new_tokens: int, **kwargs: Any) -> tuple[torch.Tensor, _Clock]:
@@ -146,7 +147,7 @@ def bench_generate(model: Any, plan: Any, *, mode: str | None = None, prompt_len
             run.error = exception_summary(exc, 300, first_line=True)
     live = [p for p in peers if p[0].error is None]
     for r in range(rounds):
-        for run, peer_model, kwargs in live[r % len(live):] + live[:r % len(live)]:
+        for run, peer_model, kwargs in (live[i] for i in rotation(len(live), r)):
             out, clock = _generate(peer_model, prompt, new_tokens, **kwargs)
             stamps = clock.stamps  # start, prompt put, token 1, ..., token N, end
             run.ttft_ms.append((stamps[2] - stamps[0]) * 1e3)

@@ -34,9 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from superkernel.static_kernel.environment import environment, environment_mismatch
-from superkernel.static_kernel.package import OUTPUTS_DIR, PackageError, describe, find_packages, read_manifest, resign
-from superkernel.static_kernel.trust import TrustError, key_path
+# (superkernel.static_kernel imports torch: it is imported where a command needs it, so that the
+# parser, --help and argument errors stay fast)
 from superkernel.tools.static_session import (  # noqa: F401 - (decode_session, batch_inputs: also used from here)
     batch_inputs, build_config, check_cache_len, check_plan, decode_session,
 )
@@ -107,6 +106,14 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    listing = any(getattr(args, k, None) is not None for k in ("list_dir", "clean_dir", "trust_pkg"))
+    if not listing and (not args.model or args.build_dir is None):
+        print("superkernel static-compile: error: --model and --build-dir are required to build "
+              "(or use --list DIR / --trust PACKAGE / --clean DIR)", file=sys.stderr)
+        return 2
+    from superkernel.static_kernel.package import PackageError
+    from superkernel.userkey import TrustError
+
     try:
         if getattr(args, "list_dir", None) is not None:
             return list_packages(args.list_dir, as_json=args.json)
@@ -114,10 +121,6 @@ def run(args: argparse.Namespace) -> int:
             return clean(args.clean_dir)
         if getattr(args, "trust_pkg", None) is not None:
             return trust_package(args.trust_pkg)
-        if not args.model or args.build_dir is None:
-            print("superkernel static-compile: error: --model and --build-dir are required to build "
-                  "(or use --list DIR / --trust PACKAGE / --clean DIR)", file=sys.stderr)
-            return 2
         if args.rebuild:
             from superkernel.static_kernel.settings import ENV_REBUILD
 
@@ -174,6 +177,7 @@ def build(model: str, build_dir: Path, *, batch_sizes: list[int] | None = None, 
     from superkernel.pipeline.backend import find_backend
     from superkernel.tools.models import load_model
 
+    from superkernel.static_kernel.package import find_packages
     from superkernel.static_kernel.settings import resolve_build_dir
     from superkernel.static_kernel.store import check_layout
 
@@ -220,6 +224,9 @@ def build(model: str, build_dir: Path, *, batch_sizes: list[int] | None = None, 
 # --- list / clean --------------------------------------------------------------------------
 
 def list_packages(build_dir: Path, *, as_json: bool = False) -> int:
+    from superkernel.static_kernel.environment import environment, environment_mismatch
+    from superkernel.static_kernel.package import OUTPUTS_DIR, PackageError, describe, find_packages, read_manifest
+
     build_dir = Path(build_dir)
     if not build_dir.is_dir():
         print(f"superkernel static-compile: error: {str(build_dir)!r} is not a directory", file=sys.stderr)
@@ -279,6 +286,10 @@ def list_packages(build_dir: Path, *, as_json: bool = False) -> int:
 
 def trust_package(path: Path) -> int:
     """Show what a package is, check its integrity, and sign it with this user's key."""
+    from superkernel.static_kernel.environment import environment, environment_mismatch
+    from superkernel.static_kernel.package import OUTPUTS_DIR, describe, read_manifest, resign
+    from superkernel.static_kernel.trust import key_path
+
     path = Path(path)
     if not path.is_file() or path.is_symlink():
         print(f"superkernel static-compile: error: {str(path)!r} is not a package file", file=sys.stderr)
@@ -315,6 +326,8 @@ def trust_package(path: Path) -> int:
 def clean(build_dir: Path) -> int:
     """Remove the packages and output folders under ``build_dir`` — never through a symlink: a linked build
     dir, outputs folder or output folder is refused or skipped, and trees are removed without following links."""
+    from superkernel.static_kernel.package import OUTPUTS_DIR
+
     build_dir = Path(build_dir)
     root = build_dir / OUTPUTS_DIR
     for path in (build_dir, root):

@@ -226,7 +226,7 @@ def _profile_sections(profile: Any, plan_profiles: list, search: dict | None, ea
         out += ["## Where the decode step spends its time", "", *profile_lines(profile, plan_profiles), ""]
     if search is not None and search["forecasts"] and eager is not None and eager.median_ms:
         out += ["## Plans: predicted vs measured gain", "",
-                *search_lines(search["forecasts"], eager.median_ms, search["prior_efficiency"], search["exhaustive"],
+                *search_lines(search["forecasts"], eager.median_ms, search["prior_efficiency"], search["policy"],
                               search.get("base_ms"), results),
                 ""]
     return out

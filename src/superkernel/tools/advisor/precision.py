@@ -15,8 +15,12 @@ Rules (docs/workflow.md, "precision"):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+from superkernel.config import REDUCE_OVERHEAD
+
+if TYPE_CHECKING:  # (torch is imported where logits are compared: the command line's parser reads this module)
+    import torch
 
 #: Relative fp32 tolerance of max-autotune: fp32 rounding from reordered reductions stays
 #: far below it (1e-6 relative on the zoo), while a semantic error moves logits by O(1).
@@ -39,6 +43,8 @@ class Diff:
 
 def compare(logits: torch.Tensor, reference: torch.Tensor) -> Diff:
     """Compare ``[steps, vocab]`` logits; shapes must match."""
+    import torch
+
     if logits.shape != reference.shape:
         raise ValueError(f"logits shape {tuple(logits.shape)} differs from reference {tuple(reference.shape)}")
     diff = (logits.double() - reference.double()).abs()
@@ -62,7 +68,7 @@ def allowed_abs(reference: torch.Tensor, tolerance: float) -> float:
 
 
 def judge(mode: str, vs_reference: Diff, reference: torch.Tensor, tolerance: float = MAX_AUTOTUNE_TOLERANCE) -> Verdict:
-    if mode == "reduce-overhead":
+    if mode == REDUCE_OVERHEAD:
         rule = "bit-identical to the exactness reference (torch.equal)"
         if vs_reference.identical:
             return Verdict(True, rule, "bit-identical on every decode step (max abs diff 0)")

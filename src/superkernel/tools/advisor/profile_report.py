@@ -52,13 +52,17 @@ def profile_lines(eager: StepProfile, plans: list[StepProfile] = (), *, chart: b
     return out
 
 
-def search_lines(forecasts: list[Forecast], eager_ms: float, prior: float, exhaustive: bool,
+def search_lines(forecasts: list[Forecast], eager_ms: float, prior: float, policy: str,
                  base_ms: float | None = None, results: list | None = None) -> list[str]:
+    """The report's plan table; ``policy``: the run's ``--search`` (strategies.SEARCHES)."""
+    from superkernel.tools.advisor.strategies import EXHAUSTIVE, PREDICTED
+
     tried = [f for f in forecasts if f.status == "measured"]
     skipped = [f for f in forecasts if f.status == "skipped"]
-    how = ("`--exhaustive`: every plan was measured" if exhaustive else
-           f"auto search: {len(tried)} of {len(forecasts)} plan(s) measured, {len(skipped)} skipped, tried in order "
-           "of predicted gain")
+    how = {PREDICTED: f"`--search {PREDICTED}`: {len(tried)} of {len(forecasts)} plan(s) measured, {len(skipped)} "
+                      "skipped, tried in order of predicted gain",
+           EXHAUSTIVE: f"`--search {EXHAUSTIVE}`: every plan was measured, each once in its own run"}.get(
+        policy, f"`--search {policy}`: every plan was measured, then timed again in the showdown")
     base = f"plain torch.compile's step ({base_ms:.3f} ms)" if base_ms else "plain torch.compile's step"
     out = [f"{how}. Prediction: {base} x (1 - covered share x fused fraction x scope efficiency of the mode): "
            "every plan compiles the whole step, scoped or not, so its base is the step compiled without scopes; "
@@ -68,9 +72,9 @@ def search_lines(forecasts: list[Forecast], eager_ms: float, prior: float, exhau
            f"to do better). Plans fusing under {MIN_SHARE:.0%} of the step are skipped; the search stops when no "
            "remaining plan is predicted to beat the best measured plan by more than the noise threshold; a plan "
            "predicted within it (a tie) is measured when its mode compiles cheaply."
-           + ("" if exhaustive else " Auto's measured step: the median over rounds timed interleaved with plain "
-              "torch.compile (plan / torch.compile x its step); a plan's own run is shown beside it; the plans "
-              "close to the best were timed together once more at the end (showdown)."), "",
+           + ("" if policy == EXHAUSTIVE else " A measured step: the median over rounds timed interleaved with "
+              "plain torch.compile (plan / torch.compile x its step); a plan's own run is shown beside it; the "
+              "plans close to the best were timed together once more at the end (showdown)."), "",
            "| plan | covered share | fused fraction | launches removed | segments | cuts | predicted first | "
            "predicted when decided | measured | own run / rounds / compile s | status |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -10,8 +10,10 @@ median step; the order rotates from round to round so no candidate always follow
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
+from superkernel.timing import interleave
 from superkernel.tools.decode import DecodeSession, run_decode
 from superkernel.tools.advisor.search import BASELINE, EAGER
 
@@ -33,14 +35,13 @@ class Interleaved:
         self.steps[name] = (session, step)
 
     def retime(self, names: list[str], rounds: int) -> dict[str, list[float]]:
+        """One whole decode per name and round (:func:`superkernel.timing.interleave`: the order rotating)."""
         order = [BASELINE] + [n for n in names if n != BASELINE]
-        out: dict[str, list[float]] = {n: [] for n in order}
-        for r in range(rounds):
-            turn = order[r % len(order):] + order[:r % len(order)]
-            for name in turn:
-                session, step = self.steps[name]
-                out[name].append(run_decode(session, step).median_ms)
-        return out
+        return dict(zip(order, interleave([functools.partial(self._median_ms, n) for n in order], rounds)))
+
+    def _median_ms(self, name: str) -> float:
+        session, step = self.steps[name]
+        return run_decode(session, step).median_ms
 
     def release(self, name: str) -> None:
         if name not in (BASELINE, EAGER):

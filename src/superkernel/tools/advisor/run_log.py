@@ -1,8 +1,9 @@
 """The run's log file: compiler chatter goes there, the user's terminal keeps the progress bars.
 
-TorchInductor's max-autotune writes its autotune tables straight to ``sys.stderr``, and
-torch, transformers and Python warnings write through logging handlers and
-``warnings.showwarning``. While :meth:`RunLog.capture` is active all of these land in
+TorchInductor's max-autotune writes its autotune tables straight to ``sys.stderr`` (inside a superkernel
+compile they go to the ``superkernel.inductor`` logger at debug level instead:
+:mod:`superkernel.runtime.inductor_output`), and torch, transformers and Python warnings write through
+logging handlers and ``warnings.showwarning``. While :meth:`RunLog.capture` is active all of these land in
 ``<output>/superkernel.log``; the progress display writes to the terminal stream it was
 created with (see :class:`~superkernel.tools.advisor.progress.Reporter`), so it is unaffected.
 """
@@ -16,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import IO, Iterator
 
+from superkernel.runtime.inductor_output import LOGGER as INDUCTOR_LOGGER
 from superkernel.util import _umask, check_not_input, make_dirs, temp_sibling
 
 LOG_NAME = "superkernel.log"
@@ -83,6 +85,24 @@ def native_stderr_to(stream: IO[str] | None) -> Iterator[None]:
             os.close(devnull)
 
 
+@contextlib.contextmanager
+def debug_logger_to(name: str, stream: IO[str]) -> Iterator[None]:
+    """The logger ``name`` writes its records, debug level up, to ``stream`` only (not to its parents) meanwhile."""
+    logger = logging.getLogger(name)
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    saved = logger.level, logger.propagate
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(saved[0])
+        logger.propagate = saved[1]
+
+
 class RunLog:
     """``<output>/superkernel.log``, written to a temporary sibling and renamed in place on close."""
 
@@ -93,8 +113,10 @@ class RunLog:
         self._tmp = temp_sibling(self.path)
         self.stream = open(self._tmp, "w", encoding="utf-8", buffering=1)
 
-    def capture(self):
-        return redirect_process_stderr(self.stream)
+    @contextlib.contextmanager
+    def capture(self) -> Iterator[None]:
+        with redirect_process_stderr(self.stream), debug_logger_to(INDUCTOR_LOGGER, self.stream):
+            yield
 
     def write(self, text: str) -> None:
         self.stream.write(text if text.endswith("\n") else text + "\n")

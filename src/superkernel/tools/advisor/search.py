@@ -1,6 +1,7 @@
-"""Which plans ``optimize`` measures: all of them (``--exhaustive``) or the best predicted first (auto).
+"""Which plans ``optimize`` measures (``--search``): the best predicted first (``predicted``, auto's default) or
+all of them (``all``: then the showdown; ``exhaustive``: each timed once in its own run).
 
-Auto search (docs/workflow.md, "How auto chooses"): plans are tried in order of predicted
+The predicted search (docs/workflow.md, "How auto chooses"): plans are tried in order of predicted
 gain (:mod:`~superkernel.tools.advisor.predict`), plans that cover too little or whose
 trial capture failed are skipped, and the search stops when no remaining plan is predicted
 to beat the best measured one by more than the noise threshold. Each mode's first plan is
@@ -25,6 +26,7 @@ from typing import Callable, Protocol
 
 import torch
 
+from superkernel.timing import paired_ratios
 from superkernel.tools.advisor.predict import CHEAP_COMPILE, Forecast, efficiency, next_decision, predict_ms
 from superkernel.tools.advisor.results import NOISE_FLOOR, RunResult, recommendable
 from superkernel.tools.advisor.strategies import ScopePlan
@@ -101,7 +103,8 @@ def run_search(plans: list[ScopePlan], modes: tuple[str, ...], forecasts: list[F
     ``base_compile_s``: its compile time (what makes a mode's compile cheap, :func:`cheap_modes`);
     ``baselines``: the eager and plain torch.compile results (:data:`EAGER`, :data:`BASELINE`): with a timer,
     their steps become those of the final showdown, so the recommendation compares numbers of the same rounds.
-    ``exhaustive`` with a timer (a named strategy): every plan measured, then the showdown among all that passed."""
+    ``exhaustive``: every plan measured (``--search all`` or ``exhaustive``); with a timer (``all``), then the
+    showdown among all that passed."""
     for f in forecasts:
         f.prior_ms = predict_ms(f, base_ms, prior)
     results: list[RunResult] = []
@@ -171,7 +174,7 @@ class _Timing:
         raw = self.timer.retime(names, rounds)
         base = raw[BASELINE]
         self.base_rounds += [b for b in base if b > 0]
-        got = {n: [c / b for c, b in zip(raw.get(n, []), base) if b > 0 and c > 0] for n in names}
+        got = {n: paired_ratios(base, raw.get(n, [])) for n in names}
         for n, ratios in got.items():
             self.samples.setdefault(n, []).extend(ratios)
             self.timed[n] = self.timed.get(n, 0) + len(ratios)

@@ -8,10 +8,12 @@ profile predicts (:mod:`~superkernel.tools.advisor.search`, docs/workflow.md).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from superkernel.tools.advisor.structure import ModelStructure
+if TYPE_CHECKING:  # (structure imports torch: this module stays light for the command line's parser)
+    from superkernel.tools.advisor.structure import ModelStructure
 
 #: Every strategy name, in the bottom-up order ``auto`` tries them.
 STRATEGY_ORDER = ("attention", "mlp", "moe", "decoder_layer", "all_layers")
@@ -24,13 +26,73 @@ DESCRIPTIONS = {
     "decoder_layer": "one scope per decoder layer ('decoder_layer_<i>'): attention + MLP/MoE + norms",
     "all_layers": "one scope 'all_layers' over the whole stack of decoder layers",
     "custom": "your labels -> module globs (--scope LABEL=GLOB or --scopes-file FILE.yaml)",
-    "auto": "every strategy that applies, tried in order of the gain the decode-step profile predicts; plans "
-            "that cover too little or cannot beat the best measured one are skipped (--exhaustive: try all)",
+    "auto": "every strategy that applies (default search: predicted, see --search)",
 }
+
+#: ``optimize --search``: which of the strategy's plans are measured, and how their steps are timed.
+PREDICTED, ALL, EXHAUSTIVE = "predicted", "all", "exhaustive"
+SEARCHES = {
+    PREDICTED: "plans in order of the gain the decode-step profile predicts; those that cover too little or cannot "
+               "beat the best measured one are skipped; each measured plan is timed again interleaved with plain "
+               "torch.compile, the close ones once more with eager and torch.compile at the end (the showdown)",
+    ALL: "every plan in every mode, then every plan that passed meets eager and torch.compile in the showdown",
+    EXHAUSTIVE: "every plan in every mode, each timed once in its own run, one after another (no interleaved "
+                "re-timing)",
+}
+
+
+def default_search(strategy: str) -> str:
+    """``predicted`` for ``auto`` (several plans to choose among), ``all`` for one strategy (one plan)."""
+    return PREDICTED if strategy == "auto" else ALL
 
 
 class StrategyError(ValueError):
     """A strategy that is unknown or does not apply to the model."""
+
+
+@dataclass(frozen=True)
+class StrategyChoice:
+    """What ``--strategy``, ``--search`` and the custom scopes ask for, checked (:func:`parse_strategy`)."""
+    strategy: str
+    search: str                                         # a key of SEARCHES
+    custom_scopes: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def every_plan(self) -> bool:
+        """Every plan in every mode is measured (no plan skipped on its prediction)."""
+        return self.search != PREDICTED
+
+    @property
+    def retimed(self) -> bool:
+        """Measured plans stay compiled and are timed again, interleaved with the baselines."""
+        return self.search != EXHAUSTIVE
+
+
+def strategy_name(text: str) -> str:
+    """``text`` if it names a strategy, else :class:`StrategyError` listing them."""
+    if text not in STRATEGIES:
+        raise StrategyError(f"unknown strategy {text!r}; choose one of: {', '.join(STRATEGIES)}")
+    return text
+
+
+def parse_strategy(strategy: str, search: str | None = None,
+                   custom_scopes: dict[str, list[str]] | None = None) -> StrategyChoice:
+    """The one check of a strategy, its search policy and custom scopes (before any model loads).
+
+    ``search`` None: :func:`default_search`. ``predicted`` chooses among several plans, so it needs ``auto``."""
+    strategy_name(strategy)
+    search = default_search(strategy) if search is None else search
+    if search not in SEARCHES:
+        raise StrategyError(f"unknown search {search!r}; choose one of: {', '.join(SEARCHES)}")
+    if search == PREDICTED and strategy != "auto":
+        raise StrategyError(f"--search {PREDICTED} chooses among the plans of --strategy auto; --strategy {strategy} "
+                            f"is one plan: use --search {ALL} or {EXHAUSTIVE}")
+    custom_scopes = dict(custom_scopes or {})
+    if strategy != "custom" and custom_scopes:
+        raise StrategyError("--scope/--scopes-file give scopes for --strategy custom; add --strategy custom")
+    if strategy == "custom":
+        custom_scopes = custom_plan(custom_scopes).scopes
+    return StrategyChoice(strategy, search, custom_scopes)
 
 
 @dataclass(frozen=True)
@@ -82,9 +144,9 @@ def applicable(structure: ModelStructure) -> dict[str, str | None]:
 
 
 def plan_for(strategy: str, structure: ModelStructure) -> ScopePlan:
-    """The scopes of one built-in strategy (not ``auto`` or ``custom``)."""
-    if strategy not in STRATEGY_ORDER:
-        raise StrategyError(f"unknown strategy {strategy!r}; choose one of: {', '.join(STRATEGIES)}")
+    """The scopes of one built-in strategy (not ``auto`` or ``custom``: :func:`select_plans`)."""
+    if strategy_name(strategy) not in STRATEGY_ORDER:
+        raise StrategyError(f"strategy {strategy!r} is not one plan; built-in strategies: {', '.join(STRATEGY_ORDER)}")
     reason = applicable(structure)[strategy]
     if reason:
         raise StrategyError(f"strategy {strategy!r} does not apply to {structure.architecture}: {reason}")
@@ -108,6 +170,15 @@ def plan_for(strategy: str, structure: ModelStructure) -> ScopePlan:
         # (the ModuleList itself has no forward to wrap).
         scopes = {"all_layers": compress(structure.layer_paths, lp, n)}
     return ScopePlan(strategy, scopes)
+
+
+def select_plans(choice: StrategyChoice, structure: ModelStructure) -> list[ScopePlan]:
+    """The plans of a checked choice: every applicable one for ``auto``, else the one it names."""
+    if choice.strategy == "auto":
+        return auto_plans(structure)
+    if choice.strategy == "custom":
+        return [ScopePlan("custom", choice.custom_scopes)]
+    return [plan_for(choice.strategy, structure)]
 
 
 def auto_plans(structure: ModelStructure) -> list[ScopePlan]:

@@ -34,7 +34,7 @@ from superkernel.tools.advisor.retime import Interleaved, session_copy
 from superkernel.tools.advisor.search import run_search
 from superkernel.tools.advisor.results import Recommendation, RunResult, decide, fill_speedups, recommendable
 from superkernel.tools.advisor.structure import analyze_structure
-from superkernel.tools.advisor.strategies import STRATEGIES, ScopePlan, StrategyError, auto_plans, custom_plan, plan_for
+from superkernel.tools.advisor.strategies import ScopePlan, StrategyChoice, parse_strategy, select_plans
 from superkernel.util import exception_summary
 
 RESULTS_NAME = "results.json"
@@ -67,7 +67,7 @@ class OptimizeOptions:
     inputs: list[Path] = field(default_factory=list)   # files given by the user, never overwritten
     dtype: str | None = None                            # None: the checkpoint's dtype (float32 for zoo models)
     batch_size: int = 1
-    exhaustive: bool = False                            # auto: measure every plan instead of the best predicted
+    search: str | None = None                           # strategies.SEARCHES; None: the strategy's default
 
 
 @dataclass
@@ -84,16 +84,6 @@ class Outcome:
     @property
     def has_recommendation(self) -> bool:
         return self.decision is not None and self.decision.kind != "none"
-
-
-def select_plans(strategy: str, analysis_structure, custom: dict[str, list[str]]) -> list[ScopePlan]:
-    if strategy == "auto":
-        return auto_plans(analysis_structure)
-    if strategy == "custom":
-        return [custom_plan(custom)]
-    if strategy not in STRATEGIES:
-        raise StrategyError(f"unknown strategy {strategy!r}; choose one of: {', '.join(STRATEGIES)}")
-    return [plan_for(strategy, analysis_structure)]
 
 
 def validate_scopes(model: torch.nn.Module, plans: list[ScopePlan], options: str) -> None:
@@ -172,16 +162,12 @@ def check_supported(loaded: LoadedModel) -> None:
                                     f"shapes (layers: {', '.join(sorted(kinds))})")
 
 
-def check_options(opts: OptimizeOptions) -> None:
-    """Everything that can be checked before loading the model (one clear error, at once)."""
+def check_options(opts: OptimizeOptions) -> StrategyChoice:
+    """Everything that can be checked before loading the model (one clear error, at once); returns the
+    checked strategy and its search policy."""
     from superkernel.scope import parse_options
 
-    if opts.strategy not in STRATEGIES:
-        raise StrategyError(f"unknown strategy {opts.strategy!r}; choose one of: {', '.join(STRATEGIES)}")
-    if opts.strategy != "custom" and opts.custom_scopes:
-        raise StrategyError("--scope/--scopes-file give scopes for --strategy custom; add --strategy custom")
-    if opts.strategy == "custom":
-        custom_plan(opts.custom_scopes)
+    choice = parse_strategy(opts.strategy, opts.search, opts.custom_scopes)
     bad_modes = [m for m in opts.modes if m not in MODES]
     if bad_modes or not opts.modes:
         raise ValueError(f"unknown mode(s) {bad_modes or opts.modes!r}; choose from {', '.join(MODES)}")
@@ -202,6 +188,7 @@ def check_options(opts: OptimizeOptions) -> None:
         check_not_input(target, _inputs(opts))
         if target.is_dir():
             raise OutputError(f"--output {str(opts.output)!r}: {name} exists there as a directory")
+    return choice
 
 
 def optimize(opts: OptimizeOptions, reporter: Reporter | None = None) -> Outcome:
@@ -210,37 +197,34 @@ def optimize(opts: OptimizeOptions, reporter: Reporter | None = None) -> Outcome
     Compiler output (Inductor's autotune tables, warnings) goes to ``<output>/superkernel.log``.
     """
     reporter = reporter or Reporter(quiet=opts.quiet)
-    check_options(opts)
+    choice = check_options(opts)
     log = RunLog(Path(opts.output) / LOG_NAME, _inputs(opts))
     try:
         with log.capture():
-            outcome = _optimize(opts, reporter, log)
+            outcome = _optimize(opts, choice, reporter, log)
     finally:
         path = log.close()
     outcome.files["log"] = path
     return outcome
 
 
-def _optimize(opts: OptimizeOptions, reporter: Reporter, log: RunLog) -> Outcome:
+def _optimize(opts: OptimizeOptions, choice: StrategyChoice, reporter: Reporter, log: RunLog) -> Outcome:
     started = time.perf_counter()
     loaded, session = load_and_prepare(opts, reporter)
     structure = analyze_structure(loaded.model)
-    plans = select_plans(opts.strategy, structure, opts.custom_scopes)
+    plans = select_plans(choice, structure)
     validate_scopes(loaded.model, plans, opts.options)
     with reporter.task(f"analysing model structure, decode capture, trial capture of {len(plans)} plan(s)"
                        + ("" if opts.options else " (each also its exactness reference)")):
         # without scope options a trial capture is exactly a strategy's exactness reference: kept, not captured again
         analysis = analyze(loaded.name, session, plans=plans, references=not opts.options)
-    exhaustive = opts.exhaustive or opts.strategy != "auto"
     reporter.note(f"[bold]{loaded.name}[/]: {analysis.architecture}, {analysis.structure.num_layers} layers, "
                   f"{analysis.structure.attention_kind} attention, {len(analysis.structure.moe_paths)} MoE layer(s); "
-                  f"plans: {', '.join(p.strategy for p in plans)} x {', '.join(opts.modes)}"
-                  + ("" if exhaustive else " (auto: best predicted first)"))
+                  f"plans: {', '.join(p.strategy for p in plans)} x {', '.join(opts.modes)} (search: {choice.search})")
 
-    # auto and a named strategy time their kept plans interleaved with eager and torch.compile at the end
-    # (a real-width step timed once, alone, drifted 8 % over one run); --exhaustive keeps one timing each
-    interleave = not opts.exhaustive
-    results = run_baselines(session, reporter, keep=interleave)
+    # --search predicted and all time their kept plans interleaved with eager and torch.compile at the end
+    # (a real-width step timed once, alone, drifted 8 % over one run); exhaustive keeps one timing each
+    results = run_baselines(session, reporter, keep=choice.retimed)
     eager = results[0]
     inductor = next((r for r in results if r.name == "torch.compile" and not r.error), None)
     timer = (Interleaved(session, inductor.step, session.step_fn()) if inductor is not None and inductor.step is not None
@@ -270,7 +254,7 @@ def _optimize(opts: OptimizeOptions, reporter: Reporter, log: RunLog) -> Outcome
 
     try:
         results += run_search(plans, tuple(opts.modes), forecasts, measure, base_ms=base_ms, prior=prior,
-                              exhaustive=exhaustive, note=reporter.note, timer=timer,
+                              exhaustive=choice.every_plan, note=reporter.note, timer=timer,
                               base_compile_s=inductor.compile_s if inductor is not None else None,
                               baselines={"eager": eager, "torch.compile": inductor})
     finally:
@@ -284,7 +268,8 @@ def _optimize(opts: OptimizeOptions, reporter: Reporter, log: RunLog) -> Outcome
     decision = decide(results, None if inductor is not None and inductor.timing == "interleaved" else drift)
     best = decision.plan if decision.kind == "plan" else None
 
-    search = {"exhaustive": exhaustive, "prior_efficiency": prior, "base_ms": base_ms, "forecasts": forecasts}
+    search = {"policy": choice.search, "exhaustive": choice.every_plan, "prior_efficiency": prior, "base_ms": base_ms,
+              "forecasts": forecasts}
     files = write_outputs(opts, loaded, session, analysis, results, decision, references, drift,
                           profile=profile, search=search, run_time=time_spent(reporter, started))
     return Outcome(results=results, recommended=best, analysis=analysis, files=files,
@@ -388,7 +373,7 @@ def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSes
     if profile is not None:
         files["profile_chart"] = atomic_write(out / PROFILE_CHART_NAME, profile_chart(
             profile, plan_profiles, f"{loaded.name}: where the decode step spends its time"), inputs)
-    settings = {"strategy": opts.strategy, "modes": list(opts.modes), "options": opts.options, "steps": opts.steps,
+    settings = {"strategy": opts.strategy, "search": search["policy"] if search else None, "modes": list(opts.modes), "options": opts.options, "steps": opts.steps,
                 "warmup": opts.warmup, "prompt_len": opts.prompt_len, "batch_size": session.batch,
                 "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
                 "dtype_source": loaded.dtype_source, "dynamic_sources": session.dynamic_sources,
@@ -409,7 +394,8 @@ def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSes
                "run_time": run_time,
                "profile": profile.to_dict() if profile is not None else None,
                "search": None if search is None else {
-                   "exhaustive": search["exhaustive"], "prior_efficiency": search["prior_efficiency"],
+                   "policy": search["policy"], "exhaustive": search["exhaustive"],
+                   "prior_efficiency": search["prior_efficiency"],
                    "base_ms": search["base_ms"],
                    "plans": [f.to_dict() for f in search["forecasts"]]}}
     files["results"] = atomic_write(out / RESULTS_NAME, json.dumps(payload, indent=2, default=str) + "\n", inputs)

@@ -33,7 +33,16 @@ def wanted(args: argparse.Namespace) -> bool:
 
 
 def optimize(args: argparse.Namespace, opts) -> int:
-    """``superkernel optimize --nproc N``: launch (parent) or run this rank's part (child)."""
+    """``superkernel optimize --nproc N``: launch (parent) or run this rank's part (child).
+
+    The job measures every plan in every mode once, on every rank (``--search exhaustive``): the predicted
+    search and the interleaved re-timing run in one process only, so another ``--search`` is refused."""
+    from superkernel.tools.advisor.strategies import EXHAUSTIVE
+
+    if opts.search not in (None, EXHAUSTIVE):
+        raise ValueError(f"--search {opts.search}: a tensor-parallel run (--nproc) measures every plan in every mode "
+                         f"once (--search {EXHAUSTIVE})")
+    opts.search = EXHAUSTIVE
     return _run(args, opts, write_files=True)
 
 

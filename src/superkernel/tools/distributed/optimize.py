@@ -26,7 +26,8 @@ import torch
 from superkernel.tools.advisor.compiling import compile_inductor, compile_superkernel
 from superkernel.tools.advisor.environment import choose_threads, hardware, pick_device, versions
 from superkernel.tools.advisor.precision import allowed_abs, compare, judge
-from superkernel.tools.advisor.workflow import OptimizeOptions, check_options, select_plans, validate_scopes
+from superkernel.tools.advisor.strategies import StrategyChoice, select_plans
+from superkernel.tools.advisor.workflow import OptimizeOptions, check_options, validate_scopes
 from superkernel.tools.decode import DecodeSession, prepare, run_decode
 from superkernel.tools.distributed import job as jobs
 from superkernel.tools.distributed.timing import collective_share, job_step_ms, run_synced
@@ -83,7 +84,8 @@ def _threads(opts: DistOptions, device: torch.device, params: int) -> int:
     return choose_threads(opts.base.threads, device, params)
 
 
-def single_process(opts: DistOptions, job: jobs.Job, device: torch.device) -> tuple[dict, dict[str, torch.Tensor]]:
+def single_process(opts: DistOptions, job: jobs.Job, device: torch.device,
+                   choice: StrategyChoice) -> tuple[dict, dict[str, torch.Tensor]]:
     """Rank 0: the unsharded run on the same cores; returns (summary, tensors)."""
     from superkernel.tools.advisor.progress import Reporter
     from superkernel.tools.advisor.structure import analyze_structure
@@ -96,7 +98,7 @@ def single_process(opts: DistOptions, job: jobs.Job, device: torch.device) -> tu
     torch.set_num_threads(per_rank * job.world_size)
     session = prepare(loaded.model, prompt_len=o.prompt_len, steps=o.steps, warmup=o.warmup, seed=o.seed,
                       device=device, batch=o.batch_size)
-    plans = select_plans(o.strategy, analyze_structure(loaded.model), o.custom_scopes)
+    plans = select_plans(choice, analyze_structure(loaded.model))
     validate_scopes(loaded.model, plans, o.options)
     quiet = Reporter(quiet=True)
     eager = run_decode(session, session.step_fn(), label="eager")
@@ -224,14 +226,14 @@ def run(opts: DistOptions) -> int:
     from superkernel.tools.models import load_model
 
     o = opts.base
-    check_options(o)
+    choice = check_options(o)
     device = pick_device(o.device)
     job = jobs.join(device)
     device = job.device
     try:
         _log(job, opts, f"{job.world_size}-rank {job.backend} job: single-process reference on rank 0")
         if job.is_main:
-            summary, tensors = single_process(opts, job, device)
+            summary, tensors = single_process(opts, job, device, choice)
             jobs.broadcast_json(summary, job)
             data = jobs.broadcast_bytes(jobs.tensors_to_bytes(tensors), job)
         else:
@@ -245,7 +247,7 @@ def run(opts: DistOptions) -> int:
         session = prepare(loaded.model, prompt_len=o.prompt_len, steps=o.steps, warmup=o.warmup, seed=o.seed,
                           device=device, batch=o.batch_size)
         session.tokens = tensors["tokens"].to(device)
-        plans = select_plans(o.strategy, analyze_structure(loaded.model), o.custom_scopes)
+        plans = select_plans(choice, analyze_structure(loaded.model))
         _log(job, opts, f"sharded {len(sharded.applied)} modules/parameters, {sharded.collectives} collective "
                         f"hooks; plans: {', '.join(p.strategy for p in plans)} x {', '.join(o.modes)}")
         runs, mine_share = measure_rank(opts, job, session, plans, tensors["reference"].float())

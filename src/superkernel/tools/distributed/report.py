@@ -150,7 +150,7 @@ def write_report(opts, job, single: dict, gathered: list[dict], shares: list[dic
         files["plan"] = write_plan(out / PLAN_NAME, PlanFile(scopes=scopes, mode=row["mode"], options=o.options,
                                                              model=o.model, strategy=row["strategy"],
                                                              measured=measured), inputs)
-    payload = {"model": o.model, "world_size": job.world_size, "backend": job.backend, "hardware": hardware,
+    payload = {"model": o.model, "strategy": o.strategy, "search": o.search, "world_size": job.world_size, "backend": job.backend, "hardware": hardware,
                "versions": versions, "tp_plan": plan_used, "tp_plan_source": opts.tp_plan_source,
                "sharded": sharded.applied, "tp_plan_unmatched": sharded.unmatched, "recommended": best, "single_process": single, "results": table,
                "per_rank": gathered, "collective_share": shares}
