@@ -71,23 +71,61 @@ def check_scheme(scheme: Any, group_size: Any = None) -> tuple[str, int | None]:
     return scheme, group
 
 
-def _torchao() -> Any:
-    """torchao, imported without its import-time log lines (its CUDA kernel libraries that do not load on a
-    CPU-only install, torch's deprecation note on its enums): they say nothing about the user's model."""
+class _EnumNote:
+    """Drops torch's note that torchao's enums need no pytree registration any more (torchao registers them
+    at import; transformers imports torchao's submodules while it loads a checkpoint): nothing the user did."""
+
+    def filter(self, record: Any) -> bool:
+        return "is an Enum subclass and is now natively supported" not in record.getMessage()
+
+
+def torchao_notes_dropped() -> Any:
+    """Context manager: :class:`_EnumNote` on torch's pytree logger inside the block."""
+    import contextlib
     import logging
 
+    @contextlib.contextmanager
+    def dropped() -> Any:
+        logger, note = logging.getLogger("torch.utils._pytree"), _EnumNote()
+        logger.addFilter(note)
+        try:
+            yield
+        finally:
+            logger.removeFilter(note)
+
+    return dropped()
+
+
+def import_torchao_quietly() -> Any:
+    """torchao (None when it is not installed), imported without its import-time log lines (its CUDA kernel
+    libraries that do not load on a CPU-only install, torch's deprecation note on its enums): they say
+    nothing about the user's model. transformers imports torchao when it loads a checkpoint if it is
+    installed, so the model loader calls this first."""
+    import importlib.util
+    import logging
+    import sys
+
+    if "torchao" in sys.modules:
+        return sys.modules["torchao"]
+    if importlib.util.find_spec("torchao") is None:
+        return None
     quiet = [logging.getLogger(name) for name in ("torchao", "torch.utils._pytree")]
     levels = [q.level for q in quiet]
     try:
         for q in quiet:
             q.setLevel(logging.ERROR)
         import torchao
-    except ImportError:
-        raise QuantizationError("quantization needs torchao: pip install 'superkernel[quant]' (or torchao>=0.18)") \
-            from None
+        import torchao.quantization  # noqa: F401 - registers its enums now, quietly (transformers imports it on load)
     finally:
         for q, level in zip(quiet, levels):
             q.setLevel(level)
+    return torchao
+
+
+def _torchao() -> Any:
+    torchao = import_torchao_quietly()
+    if torchao is None:
+        raise QuantizationError("quantization needs torchao: pip install 'superkernel[quant]' (or torchao>=0.18)")
     return torchao
 
 

@@ -145,7 +145,10 @@ def _load_checkpoint(path: Path, wanted: torch.dtype | None = None) -> LoadedMod
         pickles = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt"))
         extra = f" (found {', '.join(pickles[:3])}: pickle weights are not loaded; convert them to safetensors)" if pickles else ""
         raise ModelLoadError(f"checkpoint directory {str(path)!r} has no *.safetensors weights{extra}")
-    with _library_messages() as held:  # shown only when the checkpoint loads
+    from superkernel.tools.quantize import import_torchao_quietly, torchao_notes_dropped
+
+    import_torchao_quietly()  # transformers imports it while loading when it is installed; its import logs nothing of use
+    with _library_messages() as held, torchao_notes_dropped():  # shown only when the checkpoint loads
         try:
             config = AutoConfig.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
         except Exception as exc:  # transformers raises ValueError/KeyError/OSError for unknown or broken configs
