@@ -60,12 +60,26 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
 
 
 def _add_precision_args(p: argparse.ArgumentParser) -> None:
-    from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE
+    from superkernel.tools.advisor.precision import DTYPE_TOLERANCE, W8A8_TOLERANCE
 
-    p.add_argument("--tolerance", type=float, default=MAX_AUTOTUNE_TOLERANCE,
+    p.add_argument("--tolerance", type=float, default=None,
                    help="max-autotune passes when max abs logit diff to the exactness reference <= TOLERANCE x "
-                        f"max(1, max |reference logit|) (default {MAX_AUTOTUNE_TOLERANCE:g}, float32); "
+                        "max(1, max |reference logit|) (default by the dtype the model computes in: "
+                        + ", ".join(f"{k} {v:g}" for k, v in DTYPE_TOLERANCE.items())
+                        + f"; at least {W8A8_TOLERANCE:g} with --quantize w8a8); "
                         "reduce-overhead must always be bit-identical")
+
+
+def _add_quantize_args(p: argparse.ArgumentParser) -> None:
+    from superkernel.tools.quant_schemes import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, SCHEMES
+
+    p.add_argument("--quantize", default=None, choices=tuple(SCHEMES), metavar="SCHEME",
+                   help="quantize the loaded model with torchao first (superkernel[quant]); every plan and baseline runs "
+                        "the quantized model, and the report adds quantization's own error against the float model: "
+                        + "; ".join(f"{k}: {v}" for k, v in SCHEMES.items()))
+    p.add_argument("--group-size", type=int, default=None, choices=INT4_GROUP_SIZES, metavar="N",
+                   help=f"--quantize int4-weight: weights per scale ({', '.join(map(str, INT4_GROUP_SIZES))}; "
+                        f"default {DEFAULT_INT4_GROUP})")
 
 
 def _add_scope_args(p: argparse.ArgumentParser) -> None:
@@ -133,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--options", default="", metavar="KEY=VALUE[:KEY=VALUE]",
                      help="scope options for every scope, e.g. stream-fusion=1 or strict-scope-check=abort (default none)")
     _add_precision_args(opt)
+    _add_quantize_args(opt)
     opt.add_argument("--output", type=Path, default=Path("superkernel_out"), metavar="DIR",
                      help="directory for the report, chart, plan and results (default ./superkernel_out)")
     opt.add_argument("--quiet", action="store_true", help="no progress bars, only the table and the result line")
@@ -251,9 +266,13 @@ def _cmd_optimize(args) -> int:
                            custom_scopes=custom, options=args.options, seed=args.seed,
                            device=args.device, tolerance=args.tolerance, threads=args.threads,
                            quiet=args.quiet, inputs=[p for p in (args.scopes_file,) if p is not None],
-                           dtype=args.dtype, batch_size=args.batch_size, search=args.search)
+                           dtype=args.dtype, batch_size=args.batch_size, search=args.search,
+                           quantize=args.quantize, group_size=args.group_size)
     from superkernel.tools.distributed import cli as distributed
 
+    if distributed.wanted(args) and args.quantize:
+        raise ValueError("--quantize measures one process; drop --nproc (tensor-parallel quantized models are not "
+                         "supported)")
     if distributed.wanted(args):
         return distributed.optimize(args, opts)
     outcome = optimize(opts, Reporter(quiet=args.quiet))

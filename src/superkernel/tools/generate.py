@@ -86,6 +86,9 @@ def apply_for_generate(model: Any, plan: str | Path | Mapping[str, Any], *, mode
     import superkernel
 
     spec = resolve_plan(model, plan, mode)
+    from superkernel.tools.advisor.plan_file import quantize_for_plan
+
+    quantize_for_plan(model, spec)  # a plan measured on a quantized model quantizes a float one the same way
     superkernel.remove_scopes(model)
     if spec.backend == TORCH_COMPILE:
         backend: Any = "inductor"

@@ -18,17 +18,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE, Diff, allowed_abs, compare
-
-#: Relative tolerance against eager per dtype. float32: the max-autotune tolerance. 16-bit
-#: floats round at 2^-11 (float16) and 2^-8 (bfloat16) per operation; a compiled peer keeps
-#: intermediates in float32 where eager rounds them, so it moves logits by a few units of
-#: that over a deep stack. A peer reading a stale or frozen cache moves them by O(0.1-1).
-PEER_TOLERANCE = {torch.float32: MAX_AUTOTUNE_TOLERANCE, torch.float16: 2e-2, torch.bfloat16: 1e-1}
+from superkernel.tools.advisor.precision import DTYPE_TOLERANCE, MAX_AUTOTUNE_TOLERANCE, Diff, allowed_abs, compare
 
 
 def peer_tolerance(dtype: torch.dtype) -> float:
-    return PEER_TOLERANCE.get(dtype, MAX_AUTOTUNE_TOLERANCE)
+    """Relative tolerance against eager per dtype: max-autotune's (``precision.DTYPE_TOLERANCE``); for a model,
+    quantization included, ``precision.default_tolerance(model)``."""
+    return DTYPE_TOLERANCE.get(str(dtype).replace("torch.", ""), MAX_AUTOTUNE_TOLERANCE)
 
 
 @dataclass

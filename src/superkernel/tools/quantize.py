@@ -16,16 +16,7 @@ from typing import Any
 
 import torch
 
-#: scheme name -> what it is (``--quantize`` choices, plan files, reports)
-SCHEMES: dict[str, str] = {
-    "int8-weight": "int8 weight-only: int8 weights with one scale per output channel; activations stay float",
-    "w8a8": "int8 dynamic activation (one scale per token) + int8 weight (one scale per output channel): the "
-            "seed's quantized matmul",
-    "int4-weight": "int4 weight-only: int4 weights in groups (scale and zero point per group), CPU packed layout "
-                   "(torchao's Int4OpaqueTensor, ATen's _weight_int4pack_mm_for_cpu)",
-}
-INT4_GROUP_SIZES = (32, 64, 128, 256)
-DEFAULT_INT4_GROUP = 128
+from superkernel.tools.quant_schemes import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, SCHEMES  # noqa: E402
 
 
 class QuantizationError(ValueError):
@@ -203,8 +194,46 @@ def quantize_model(model: torch.nn.Module, scheme: str, *, group_size: int | Non
                                 + (f" ({'; '.join(info.skipped[:3])})" if info.skipped else ""))
     info.layers = len(chosen)
     info.weight_bytes_after = _param_bytes(model)
+    from superkernel.tools.advisor.precision import QUANTIZATION_TAG
+
+    setattr(model, QUANTIZATION_TAG, scheme)  # precision gates read it (W8A8 rounds activations)
     return info
 
 
+def quantization_cost(session: Any, float_model: torch.nn.Module) -> dict[str, float]:
+    """What quantization itself costs on this decode: the float model fed the session's tokens (the quantized
+    model's greedy sequence), step by step against the quantized model. Greedy-token agreement (argmax equal),
+    max |logit difference|, mean KL(float || quantized) and mean cosine similarity of the logits."""
+    from superkernel.tools.decode import run_decode
+
+    with torch.no_grad():
+        quantized = run_decode(session, session.step_fn()).logits.double()
+        model, session.model = session.model, float_model
+        try:
+            reference = run_decode(session, session.step_fn()).logits.double()
+        finally:
+            session.model = model
+    kl = torch.nn.functional.kl_div(quantized.log_softmax(-1), reference.log_softmax(-1), log_target=True,
+                                    reduction="none").sum(-1)
+    return {"top1_agreement": float((reference.argmax(-1) == quantized.argmax(-1)).double().mean()),
+            "max_abs_logit_diff": float((reference - quantized).abs().max()), "mean_kl": float(kl.mean()),
+            "mean_cosine": float(torch.nn.functional.cosine_similarity(reference, quantized, dim=-1).mean()),
+            "steps": int(quantized.shape[0])}
+
+
+def describe_cost(info: dict[str, Any]) -> str:
+    """One line of a report: the scheme, what it did to the weights, and its own error."""
+    before, after = info.get("weight_bytes_before", 0), info.get("weight_bytes_after", 0)
+    cost = info.get("cost") or {}
+    line = (f"{info['scheme']}" + (f" (group {info['group_size']})" if info.get("group_size") else "")
+            + f" with {info.get('library', 'torchao')}: {info.get('layers', 0)} linear layers, parameters "
+              f"{before / 2**20:.1f} -> {after / 2**20:.1f} MiB")
+    if cost:
+        line += (f"; its own error against the float model fed the same tokens: greedy tokens agree on "
+                 f"{cost['top1_agreement']:.1%} of {cost['steps']} steps, max |logit diff| {cost['max_abs_logit_diff']:.3g}, "
+                 f"mean KL {cost['mean_kl']:.2e}, mean cosine {cost['mean_cosine']:.5f}")
+    return line
+
+
 __all__ = ["DEFAULT_INT4_GROUP", "INT4_GROUP_SIZES", "Quantization", "QuantizationError", "SCHEMES", "check_scheme",
-           "is_quantized", "quantize_model"]
+           "describe_cost", "import_torchao_quietly", "is_quantized", "quantization_cost", "quantize_model"]

@@ -14,7 +14,8 @@ from superkernel.tools.advisor.plan_file import inductor_choices
 from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE, compare, judge
 from superkernel.tools.advisor.progress import Reporter
 from superkernel.tools.advisor.results import RunResult
-from superkernel.tools.peer_check import PeerCheck, peer_tolerance
+from superkernel.tools.advisor.precision import default_tolerance
+from superkernel.tools.peer_check import PeerCheck
 from superkernel.tools.advisor.strategies import ScopePlan
 from superkernel.util import exception_summary
 
@@ -59,11 +60,11 @@ def run_baselines(session: DecodeSession, reporter: Reporter, *, keep: bool = Fa
         except Exception as exc:  # reported in the table; plans still run
             res.error = exception_summary(exc, 440, first_line=False)
         results.append(res)
-    dtype = next(session.model.parameters()).dtype
+    tolerance = default_tolerance(session.model)
     for r in results:
         if r.logits is not None:
             r.vs_eager = compare(r.logits, eager.logits)
-            check = PeerCheck(peer_tolerance(dtype))
+            check = PeerCheck(tolerance)
             if r is not eager and not check.check(r.logits, eager.logits):
                 # a wrong peer is shown, never used as a baseline (the workflow skips errored baselines)
                 r.error = f"wrong output, not used as a baseline: {check.summary()}"

@@ -100,6 +100,12 @@ def apply_section(best: RunResult, options: str, model_name: str) -> list[str]:
     ]
 
 
+def _quantization_line(info: dict[str, Any]) -> str:
+    from superkernel.tools.quantize import describe_cost
+
+    return describe_cost(info)
+
+
 def render(*, analysis: Analysis, model_name: str, model_source: str, notes: list[str], results: list[RunResult],
            recommended: RunResult | None, settings: dict[str, Any], hardware: str, versions: dict[str, str],
            tolerance: float, plan_yaml: str | None, prefill_ms: float, eager_drift: float | None = None,
@@ -121,6 +127,8 @@ def render(*, analysis: Analysis, model_name: str, model_source: str, notes: lis
              *([f"- Dynamo: the cache's growing Python int(s) are dynamic sources (`{settings['dynamic_sources']}`), "
                 "so the decode step compiles once instead of once per position"] if settings.get("dynamic_sources")
                else []),
+             *([f"- Quantized: {_quantization_line(settings['quantization'])}. Every plan and baseline below runs "
+                "the quantized model"] if settings.get("quantization") else []),
              f"- Prefill (once, uncompiled, unscoped): {prefill_ms:.2f} ms — not included in any decode number",
              f"- Hardware: {hardware}",
              f"- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()), "",
@@ -275,7 +283,9 @@ def _why(best: RunResult, plans: list[RunResult], eager: RunResult | None, induc
         out.append(f"- vs eager ({eager.median_ms:.3f} ms): {best.speedup_vs_eager:.2f}x, "
                    f"latency {_latency_change(eager.median_ms, best.median_ms)}, throughput "
                    f"{(best.tokens_per_s / eager.tokens_per_s - 1) * 100:+.1f}%.")
-    if inductor is not None and inductor.median_ms:
+    if inductor is not None and inductor.median_ms and inductor.error:
+        out.append(f"- vs plain torch.compile: no ratio, its output was not right ({inductor.error[:200]}).")
+    elif inductor is not None and inductor.median_ms and best.speedup_vs_compile is not None:
         out.append(f"- vs plain torch.compile ({inductor.median_ms:.3f} ms): {best.speedup_vs_compile:.2f}x.")
         if best.median_ms > inductor.median_ms:
             out.append("- Note: plain torch.compile was faster than every passing superkernel plan in this run; "

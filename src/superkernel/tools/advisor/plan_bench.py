@@ -7,7 +7,6 @@ from pathlib import Path
 
 from superkernel.tools.advisor.measure import run_baselines, run_plan
 from superkernel.tools.advisor.plan_file import SUPERKERNEL, read_plan
-from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE
 from superkernel.tools.advisor.progress import Reporter
 from superkernel.tools.advisor.results import RunResult, fill_speedups
 from superkernel.tools.advisor.strategies import ScopePlan
@@ -24,7 +23,7 @@ class BenchOptions:
     seed: int = 0
     device: str = "auto"
     mode: str | None = None
-    tolerance: float = MAX_AUTOTUNE_TOLERANCE
+    tolerance: float | None = None  # None: by the model's dtype and quantization (precision.default_tolerance)
     threads: int | None = None
     quiet: bool = False
     dtype: str | None = None
@@ -49,10 +48,12 @@ def bench(opts: BenchOptions, reporter: Reporter | None = None) -> BenchOutcome:
     model = opts.model or spec.model
     if not model:
         raise ValueError(f"{opts.config} names no model; pass --model NAME|PATH")
+    quant = spec.quantization or {}
     loaded, session = load_and_prepare(
         OptimizeOptions(model=model, steps=opts.steps, warmup=opts.warmup, prompt_len=opts.prompt_len,
                         seed=opts.seed, device=opts.device, threads=opts.threads, dtype=opts.dtype,
-                        batch_size=opts.batch_size), reporter)
+                        batch_size=opts.batch_size, quantize=quant.get("scheme"), group_size=quant.get("group_size")),
+        reporter)
     results = run_baselines(session, reporter)
     eager = results[0]
     if spec.backend != SUPERKERNEL:  # "use torch.compile": the baselines are the whole measurement
@@ -60,7 +61,10 @@ def bench(opts: BenchOptions, reporter: Reporter | None = None) -> BenchOutcome:
         return BenchOutcome(model=loaded.name, results=results)
     plan = ScopePlan(spec.strategy or "custom", spec.scopes)
     validate_scopes(loaded.model, [plan], spec.options)
+    from superkernel.tools.advisor.precision import default_tolerance
+
+    tolerance = opts.tolerance if opts.tolerance is not None else default_tolerance(loaded.model)
     results += run_plan(session, plan, (opts.mode or spec.mode,), eager.logits, options=spec.options,
-                        tolerance=opts.tolerance, reporter=reporter)
+                        tolerance=tolerance, reporter=reporter)
     fill_speedups(results, eager, next((r for r in results if r.name == "torch.compile" and not r.error), None))
     return BenchOutcome(model=loaded.name, results=results)

@@ -12,6 +12,9 @@ Format (version 1)::
     measured: {...}              # numbers from the run that chose it (informational)
     inductor: {freezing: true}   # optional: CompilerConfig.inductor fields the measuring run chose
                                  # (CPU max-autotune: frozen weights measured faster), applied by apply()
+    quantization: {scheme: w8a8} # optional: the model was quantized (superkernel.tools.quantize.SCHEMES,
+                                 # int4-weight also group_size); apply(), apply_for_generate() and bench
+                                 # quantize a float model the same way first
 
 When no superkernel plan beat plain torch.compile beyond noise, ``optimize`` writes the
 plan ``backend: torch.compile`` with empty ``scopes`` (and no mode): ``superkernel.apply``
@@ -31,7 +34,7 @@ from superkernel.util import InputFileError, atomic_write, read_limited, safe_te
 from superkernel.config import MODES
 
 VERSION = 1
-_KEYS = {"version", "model", "strategy", "mode", "options", "scopes", "measured", "backend", "inductor"}
+_KEYS = {"version", "model", "strategy", "mode", "options", "scopes", "measured", "backend", "inductor", "quantization"}
 SUPERKERNEL, TORCH_COMPILE = "superkernel", "torch.compile"
 BACKENDS = (SUPERKERNEL, TORCH_COMPILE)
 
@@ -50,12 +53,15 @@ class PlanFile:
     measured: dict[str, Any] = field(default_factory=dict)
     backend: str = SUPERKERNEL
     inductor: dict[str, Any] = field(default_factory=dict)  # CompilerConfig.inductor fields (see the format)
+    quantization: dict[str, Any] = field(default_factory=dict)  # {"scheme": ..., "group_size": ...}; {}: float
 
     def to_dict(self) -> dict[str, Any]:
         out = {"version": VERSION, "model": self.model, "strategy": self.strategy, "mode": self.mode,
                "options": self.options, "scopes": self.scopes, "measured": self.measured}
         if self.inductor:
             out["inductor"] = dict(self.inductor)
+        if self.quantization:
+            out["quantization"] = dict(self.quantization)
         if self.backend != SUPERKERNEL:
             out = {"version": VERSION, "backend": self.backend, **{k: v for k, v in out.items() if k != "version"}}
         return out
@@ -72,6 +78,7 @@ def _validate(data: Any, where: str) -> PlanFile:
     backend = data.get("backend", SUPERKERNEL)
     if backend not in BACKENDS:
         raise PlanFileError(f"{where}: backend must be one of {', '.join(BACKENDS)}, got {short_repr(backend)}")
+    quantization = _quantization(data.get("quantization"), where)
     if backend == TORCH_COMPILE:
         if data.get("scopes"):
             raise PlanFileError(f"{where}: a 'backend: torch.compile' plan has no scopes (got {short_repr(data.get('scopes'))})")
@@ -80,7 +87,7 @@ def _validate(data: Any, where: str) -> PlanFile:
             raise PlanFileError(f"{where}: 'model' and 'strategy' must be strings")
         measured = data.get("measured") or {}
         return PlanFile(scopes={}, mode=None, model=model, strategy=strategy, backend=TORCH_COMPILE,
-                        measured=dict(measured) if isinstance(measured, Mapping) else {})
+                        measured=dict(measured) if isinstance(measured, Mapping) else {}, quantization=quantization)
     mode = data.get("mode")
     if mode not in MODES:
         raise PlanFileError(f"{where}: mode must be one of {', '.join(MODES)}, got {short_repr(mode)}")
@@ -117,7 +124,36 @@ def _validate(data: Any, where: str) -> PlanFile:
     except (AttributeError, TypeError, ValueError) as exc:
         raise PlanFileError(f"{where}: inductor: {safe_text(exc, 300)}") from None
     return PlanFile(scopes=norm, mode=mode, options=options, model=data.get("model"), strategy=data.get("strategy"),
-                    measured=dict(measured) if isinstance(measured, Mapping) else {}, inductor=dict(inductor))
+                    measured=dict(measured) if isinstance(measured, Mapping) else {}, inductor=dict(inductor),
+                    quantization=quantization)
+
+
+def _quantization(value: Any, where: str) -> dict[str, Any]:
+    """The plan's ``quantization`` entry, checked (a mapping with ``scheme`` and, for int4-weight, ``group_size``)."""
+    if value is None or value == {}:
+        return {}
+    if not isinstance(value, Mapping) or set(value) - {"scheme", "group_size"} or "scheme" not in value:
+        raise PlanFileError(f"{where}: 'quantization' must be a mapping with 'scheme' (and 'group_size' for "
+                            f"int4-weight), got {short_repr(value)}")
+    from superkernel.tools.quantize import QuantizationError, check_scheme
+
+    try:
+        scheme, group = check_scheme(value["scheme"], value.get("group_size"))
+    except QuantizationError as exc:
+        raise PlanFileError(f"{where}: quantization: {safe_text(exc, 300)}") from None
+    return {"scheme": scheme, **({"group_size": group} if group is not None else {})}
+
+
+def quantize_for_plan(model: Any, spec: "PlanFile") -> dict[str, Any] | None:
+    """Quantize a float ``model`` as ``spec`` says (None when the plan is float or the model is quantized already,
+    which is taken as the user's own quantization)."""
+    if not spec.quantization:
+        return None
+    from superkernel.tools.quantize import is_quantized, quantize_model
+
+    if is_quantized(model):
+        return None
+    return quantize_model(model, spec.quantization["scheme"], group_size=spec.quantization.get("group_size")).to_dict()
 
 
 def inductor_choices(explanation: Any) -> dict[str, Any]:
@@ -219,6 +255,7 @@ def apply(model: Any, plan: str | Path | Mapping[str, Any], *, mode: str | None 
     import superkernel
 
     spec = read_plan(plan)
+    quantize_for_plan(model, spec)
     if spec.backend == TORCH_COMPILE:  # optimize found no superkernel plan faster than this
         import torch
 

@@ -26,6 +26,29 @@ if TYPE_CHECKING:  # (torch is imported where logits are compared: the command l
 #: far below it (1e-6 relative on the zoo), while a semantic error moves logits by O(1).
 MAX_AUTOTUNE_TOLERANCE = 1e-3
 
+#: max-autotune's default tolerance per dtype (relative to the logit scale, as above). 16-bit floats round
+#: at 2^-11 (float16) and 2^-8 (bfloat16) per operation, and a fused kernel keeps intermediates in float32
+#: where eager rounds every operator: over a deep stack that moves logits by a few units of the rounding
+#: (an H200 run of a 1B bf16 step, 2026-11-27: 0.15 on logits of scale ~3 for Inductor and superkernel
+#: alike). A wrong result (a stale or frozen cache, a wrong kernel) moves them by O(0.1-1) of the scale.
+DTYPE_TOLERANCE = {"float32": MAX_AUTOTUNE_TOLERANCE, "float16": 2e-2, "bfloat16": 1e-1}
+#: W8A8 quantizes every activation per token: a last-bit difference upstream moves a value across an int8
+#: rounding boundary, one step of 1/127 of the token's range, and that step propagates (llama-tiny: 8.7e-3
+#: between two exact runs that differ by 4e-7 before quantization; docs/quantization.md).
+W8A8_TOLERANCE = 5e-2
+#: the attribute ``superkernel.tools.quantize.quantize_model`` leaves on a model: its scheme
+QUANTIZATION_TAG = "_superkernel_quantization"
+
+
+def default_tolerance(model: object) -> float:
+    """max-autotune's tolerance for ``model``: by the dtype it computes in, looser for W8A8 (see above)."""
+    dtype = next((str(p.dtype).replace("torch.", "") for p in model.parameters()  # type: ignore[attr-defined]
+                  if p.is_floating_point()), "float32")
+    tolerance = DTYPE_TOLERANCE.get(dtype, MAX_AUTOTUNE_TOLERANCE)
+    if getattr(model, QUANTIZATION_TAG, None) == "w8a8":
+        tolerance = max(tolerance, W8A8_TOLERANCE)
+    return tolerance
+
 
 @dataclass(frozen=True)
 class Diff:

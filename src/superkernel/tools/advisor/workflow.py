@@ -22,7 +22,6 @@ from superkernel.tools.advisor.environment import choose_threads, hardware, pick
 from superkernel.util import OutputError, atomic_write, check_not_input
 from superkernel.tools.advisor.measure import run_baselines, run_plan
 from superkernel.tools.advisor.plan_file import PlanFile, write_plan
-from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE
 from superkernel.tools.advisor.progress import Reporter
 from superkernel.tools.advisor.optimize_report import CHART_NAME, PLAN_NAME, REPORT_NAME, render
 from superkernel.tools.advisor.predict import PRIOR_EFFICIENCY, Forecast, base_step_ms, forecasts_for
@@ -61,13 +60,15 @@ class OptimizeOptions:
     options: str = ""
     seed: int = 0
     device: str = "auto"
-    tolerance: float = MAX_AUTOTUNE_TOLERANCE
+    tolerance: float | None = None                      # None: by the model's dtype and quantization (precision.py)
     threads: int | None = None                          # None: auto (see environment.choose_threads)
     quiet: bool = False
     inputs: list[Path] = field(default_factory=list)   # files given by the user, never overwritten
     dtype: str | None = None                            # None: the checkpoint's dtype (float32 for zoo models)
     batch_size: int = 1
     search: str | None = None                           # strategies.SEARCHES; None: the strategy's default
+    quantize: str | None = None                         # superkernel.tools.quantize.SCHEMES; None: float
+    group_size: int | None = None                       # int4-weight's group size (None: its default)
 
 
 @dataclass
@@ -103,6 +104,7 @@ def load_and_prepare(opts: OptimizeOptions, reporter: Reporter) -> tuple[LoadedM
         loaded = load_model(opts.model, seed=opts.seed, device=device, dtype=opts.dtype)
     check_supported(loaded)
     choose_threads(opts.threads, device, loaded.num_parameters)
+    float_model = _quantize(opts, loaded, reporter)
     with reporter.task("prefill + reference token sequence (uncompiled)"):
         try:
             session = prepare(loaded.model, prompt_len=opts.prompt_len, steps=opts.steps, warmup=opts.warmup,
@@ -117,7 +119,38 @@ def load_and_prepare(opts: OptimizeOptions, reporter: Reporter) -> tuple[LoadedM
             raise UnsupportedModelError(f"{loaded.name} ({loaded.architecture}) cannot decode with a preallocated "
                                         f"transformers StaticCache: "
                                         f"{exception_summary(exc, 340, first_line=False)}") from exc
+    if float_model is not None:
+        from superkernel.tools.quantize import quantization_cost
+
+        with reporter.task("quantization's own error (the float model fed the same tokens)"):
+            loaded.quantization["cost"] = quantization_cost(session, float_model)
+        del float_model
     return loaded, session
+
+
+def resolved_tolerance(opts: OptimizeOptions, model: torch.nn.Module) -> OptimizeOptions:
+    """``opts`` with its max-autotune tolerance set: the user's, else by the model's dtype and quantization."""
+    import dataclasses
+
+    from superkernel.tools.advisor.precision import default_tolerance
+
+    return opts if opts.tolerance is not None else dataclasses.replace(opts, tolerance=default_tolerance(model))
+
+
+def _quantize(opts: OptimizeOptions, loaded: LoadedModel, reporter: Reporter) -> torch.nn.Module | None:
+    """``--quantize``: quantize the loaded model in place; returns a float copy for the cost report (None: float)."""
+    if not opts.quantize:
+        return None
+    import copy
+
+    from superkernel.tools.quantize import quantize_model
+
+    with reporter.task(f"quantizing ({opts.quantize})"):
+        float_model = copy.deepcopy(loaded.model)
+        info = quantize_model(loaded.model, opts.quantize, group_size=opts.group_size)
+    loaded.quantization = info.to_dict()
+    loaded.notes.append(f"quantized {opts.quantize} by torchao ({info.layers} linear layers)")
+    return float_model
 
 
 _USAGE_ERRORS = ("prompt length and steps", "warmup must be", "prompt_len + warmup", "batch must be")
@@ -171,13 +204,19 @@ def check_options(opts: OptimizeOptions) -> StrategyChoice:
     bad_modes = [m for m in opts.modes if m not in MODES]
     if bad_modes or not opts.modes:
         raise ValueError(f"unknown mode(s) {bad_modes or opts.modes!r}; choose from {', '.join(MODES)}")
-    if not opts.tolerance > 0:
+    if opts.tolerance is not None and not opts.tolerance > 0:
         raise ValueError(f"--tolerance must be > 0, got {opts.tolerance}")
     parse_options(opts.options)
     from superkernel.tools.models.loader import parse_dtype
     from superkernel.util import check_output_dir
 
     parse_dtype(opts.dtype)
+    if opts.quantize is not None or opts.group_size is not None:
+        from superkernel.tools.quantize import check_scheme
+
+        if opts.quantize is None:
+            raise ValueError("--group-size applies to --quantize int4-weight")
+        check_scheme(opts.quantize, opts.group_size)
     if not isinstance(opts.batch_size, int) or isinstance(opts.batch_size, bool) or opts.batch_size < 1:
         raise ValueError(f"--batch-size must be an integer >= 1, got {opts.batch_size!r}")
     if opts.threads is not None and (not isinstance(opts.threads, int) or opts.threads < 1):
@@ -211,6 +250,7 @@ def optimize(opts: OptimizeOptions, reporter: Reporter | None = None) -> Outcome
 def _optimize(opts: OptimizeOptions, choice: StrategyChoice, reporter: Reporter, log: RunLog) -> Outcome:
     started = time.perf_counter()
     loaded, session = load_and_prepare(opts, reporter)
+    opts = resolved_tolerance(opts, loaded.model)
     structure = analyze_structure(loaded.model)
     plans = select_plans(choice, structure)
     validate_scopes(loaded.model, plans, opts.options)
@@ -357,10 +397,12 @@ def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSes
     marked = best if best is not None else (decision.baseline if decision.kind == "torch.compile" else None)
     if best is not None:
         plan = PlanFile(scopes=best.scopes, mode=best.mode, options=opts.options, model=loaded.name,
-                        strategy=best.strategy, measured=_measured(best, results, session), inductor=best.inductor)
+                        strategy=best.strategy, measured=_measured(best, results, session), inductor=best.inductor,
+                        quantization=_plan_quantization(loaded))
     elif decision.kind == "torch.compile":
         plan = PlanFile(scopes={}, mode=None, model=loaded.name, strategy=None, backend=TORCH_COMPILE,
-                        measured={**_measured(decision.baseline, results, session), "why": decision.reason})
+                        measured={**_measured(decision.baseline, results, session), "why": decision.reason},
+                        quantization=_plan_quantization(loaded))
     else:
         plan = None
     if plan is not None:
@@ -378,7 +420,8 @@ def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSes
                 "dtype": str(next(loaded.model.parameters()).dtype).replace("torch.", ""),
                 "dtype_source": loaded.dtype_source, "dynamic_sources": session.dynamic_sources,
                 "position_ids_passed": session.pass_position_ids,
-                "full_length_attention_mask_passed": session.attention_mask is not None}
+                "full_length_attention_mask_passed": session.attention_mask is not None,
+                "quantization": loaded.quantization}
     report = render(analysis=analysis, model_name=loaded.name, model_source=loaded.source, notes=loaded.notes,
                     results=results, recommended=marked, settings=settings, hardware=hardware(session.device),
                     versions=versions(), tolerance=opts.tolerance, plan_yaml=plan_yaml,
@@ -401,6 +444,14 @@ def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSes
     files["results"] = atomic_write(out / RESULTS_NAME, json.dumps(payload, indent=2, default=str) + "\n", inputs)
     files["logits"] = atomic_write(out / LOGITS_NAME, _logits_bytes(results, references, session), inputs)
     return files
+
+
+def _plan_quantization(loaded: LoadedModel) -> dict:
+    """What a plan file records to quantize the model the same way (empty: float)."""
+    q = loaded.quantization
+    if not q:
+        return {}
+    return {"scheme": q["scheme"], **({"group_size": q["group_size"]} if q.get("group_size") else {})}
 
 
 def _inputs(opts: OptimizeOptions) -> list[Path]:

@@ -94,6 +94,10 @@ def single_process(opts: DistOptions, job: jobs.Job, device: torch.device,
 
     o = opts.base
     loaded = load_model(o.model, seed=o.seed, device=device, dtype=o.dtype)
+    if o.tolerance is None:  # by the model's dtype; every rank takes it from this summary
+        from superkernel.tools.advisor.precision import default_tolerance
+
+        o.tolerance = default_tolerance(loaded.model)
     per_rank = _threads(opts, device, loaded.num_parameters)
     torch.set_num_threads(per_rank * job.world_size)
     session = prepare(loaded.model, prompt_len=o.prompt_len, steps=o.steps, warmup=o.warmup, seed=o.seed,
@@ -118,6 +122,7 @@ def single_process(opts: DistOptions, job: jobs.Job, device: torch.device,
             runs.append({"name": r.name, "median_ms": r.median_ms, "compile_s": r.compile_s, "passed": r.passed,
                          "error": r.error})
     summary = {"threads": per_rank * job.world_size, "threads_per_rank": per_rank, "runs": runs,
+               "tolerance": o.tolerance,
                "plans": [{"strategy": p.strategy, "scopes": p.scopes} for p in plans],
                "architecture": loaded.architecture, "parameters": loaded.num_parameters,
                "prefill_ms": session.prefill_seconds * 1e3}
@@ -240,6 +245,7 @@ def run(opts: DistOptions) -> int:
             summary = jobs.broadcast_json(None, job)
             data = jobs.broadcast_bytes(None, job)
         tensors = jobs.tensors_from_bytes(data)
+        o.tolerance = summary["tolerance"]
         torch.set_num_threads(summary["threads_per_rank"])
         loaded = load_model(o.model, seed=o.seed, device=device, dtype=o.dtype)
         plan_used = dict(opts.tp_plan) if opts.tp_plan is not None else model_plan(loaded.model)

@@ -38,6 +38,8 @@ class LoadedModel:
     architecture: str
     notes: list[str] = field(default_factory=list)
     dtype_source: str = "default"   # "--dtype", "checkpoint" or "default" (float32)
+    #: what superkernel.tools.quantize did to the model (Quantization.to_dict() + its "cost"); None: float
+    quantization: dict | None = None
 
     @property
     def config(self):

@@ -1,0 +1,80 @@
+"""--quantize through the workflow: optimize measures the quantized model and reports quantization's own cost;
+the plan records the quantization; apply_for_generate and bench reproduce it from the plan."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("torchao")
+
+from superkernel.tools.advisor.plan_file import PlanFileError, read_plan  # noqa: E402
+
+
+def test_a_plans_quantization_is_validated():
+    base = {"mode": "reduce-overhead", "scopes": {"a": "model.layers.*"}}
+    assert read_plan({**base, "quantization": {"scheme": "w8a8"}}).quantization == {"scheme": "w8a8"}
+    assert read_plan({**base, "quantization": {"scheme": "int4-weight"}}).quantization == \
+        {"scheme": "int4-weight", "group_size": 128}
+    with pytest.raises(PlanFileError, match="quantization: unknown quantization 'fp4'; allowed: int8-weight"):
+        read_plan({**base, "quantization": {"scheme": "fp4"}})
+    with pytest.raises(PlanFileError, match="'quantization' must be a mapping with 'scheme'"):
+        read_plan({**base, "quantization": "w8a8"})
+    with pytest.raises(PlanFileError, match="group_size applies to int4-weight only"):
+        read_plan({**base, "quantization": {"scheme": "int8-weight", "group_size": 64}})
+
+
+def test_bad_quantize_arguments_are_one_line_errors_and_write_nothing(tmp_path):
+    out = tmp_path / "out"
+    for args, message in [(["--quantize", "int3"], "invalid choice: 'int3'"),
+                          (["--group-size", "64"], "--group-size applies to --quantize int4-weight"),
+                          (["--quantize", "w8a8", "--group-size", "64"], "group_size applies to int4-weight only")]:
+        proc = subprocess.run([sys.executable, "-m", "superkernel", "optimize", "--output", str(out), *args],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1
+    assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def quantized_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("quantized")
+    proc = subprocess.run([sys.executable, "-m", "superkernel", "optimize", "--model", "llama-tiny", "--quantize",
+                           "int8-weight", "--strategy", "all_layers", "--mode", "reduce-overhead", "--steps", "4",
+                           "--warmup", "1", "--quiet", "--output", str(out)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def test_optimize_reports_the_quantization_and_its_own_cost(quantized_run):
+    results = json.loads((quantized_run / "results.json").read_text())
+    q = results["settings"]["quantization"]
+    assert q["scheme"] == "int8-weight" and q["layers"] == 29 and q["weight_bytes_after"] < q["weight_bytes_before"]
+    assert 0.0 <= q["cost"]["mean_kl"] and q["cost"]["steps"] == 5 and 0 < q["cost"]["max_abs_logit_diff"] < 1
+    report = (quantized_run / "superkernel_optimization_report.md").read_text()
+    assert "- Quantized: int8-weight with torchao" in report and "greedy tokens agree on" in report
+    plan = read_plan(quantized_run / "superkernel.yaml")
+    assert plan.quantization == {"scheme": "int8-weight"}
+
+
+def test_apply_for_generate_quantizes_a_float_model_as_the_plan_says(quantized_run):
+    import superkernel
+    from superkernel.tools.models import load_model
+    from superkernel.tools.quantize import is_quantized, quantize_model
+
+    plan = quantized_run / "superkernel.yaml"
+    reference = load_model("llama-tiny").model
+    quantize_model(reference, "int8-weight")
+    prompt = torch.tensor([[1, 2, 3, 4]])
+    with torch.no_grad():
+        expected = reference.generate(prompt, max_new_tokens=6, do_sample=False, cache_implementation="static")
+    model = load_model("llama-tiny").model
+    superkernel.apply_for_generate(model, str(plan))
+    assert is_quantized(model)
+    with torch.no_grad():
+        tokens = model.generate(prompt, max_new_tokens=6, do_sample=False)
+    assert torch.equal(tokens, expected)
