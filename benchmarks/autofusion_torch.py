@@ -88,7 +88,7 @@ def decisions(plan: Plan) -> dict[str, int]:
 
 def explain_lines(plan: Plan) -> list[str]:
     """explain()'s planner lines of the planned variant, per segment (the decisions with predicted and measured benefit)."""
-    from superkernel.autofusion.decision import describe
+    from superkernel.ir.decision import describe
 
     return [f"{seg.name}: {describe(d)}" for seg in sk.explain(plan.backend).segments for d in seg.autofusion]
 

@@ -11,7 +11,7 @@ decode step does; compiled in one process as
 * ``eager``: ``F.linear`` in bf16 (ATen's bf16 GEMM; oneDNN takes bf16 only with avx512_bf16/AMX),
 * ``max-autotune, bf16_gemv off``: superkernel max-autotune with Inductor's C++ GEMM template as shipped,
 * ``max-autotune, bf16_gemv on``: the same with ``inductor.bf16_gemv: true`` (whole 16-bit weight loads
-  and a 2 KiB prefetch in the micro-kernel, :mod:`superkernel.runtime.bf16_gemv`),
+  and a 2 KiB prefetch in the micro-kernel, :mod:`superkernel.runtime.inductor.bf16_gemv`),
 * ``float32 max-autotune``: the same GEMV on float32 copies (twice the bytes), the rate the fp32 kernel
   reads memory at,
 
@@ -39,8 +39,8 @@ PAGES = hugepages.enable_for_this_process()
 import torch  # noqa: E402
 
 import superkernel as sk  # noqa: E402
-from superkernel.runtime.bf16_gemv import applies, inductor_isa_is_avx2, native_bf16  # noqa: E402
-from superkernel.runtime.gemm_timing import last_level_cache_bytes  # noqa: E402
+from superkernel.runtime.inductor.bf16_gemv import applies, inductor_isa_is_avx2, native_bf16  # noqa: E402
+from superkernel.runtime.inductor.gemm_timing import last_level_cache_bytes  # noqa: E402
 from superkernel.tools.advisor.compiling import own_code  # noqa: E402
 from superkernel.tools.advisor.environment import hardware  # noqa: E402
 from superkernel.util import write_results  # noqa: E402

@@ -65,7 +65,7 @@ BASELINES = ("eager", "torch.compile", "torch.compile lite", "torch.compile free
 
 def copy_bandwidth(device: torch.device, megabytes: int = 256, repeats: int = 5) -> float:
     """Bytes/s of a large device-to-device copy (read + write), the best of a few."""
-    from superkernel.autofusion.machine import measure_bandwidth
+    from superkernel.runtime.inductor.autofusion.machine import measure_bandwidth
 
     return measure_bandwidth(megabytes, repeats, device)
 

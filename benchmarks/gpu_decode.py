@@ -262,7 +262,7 @@ def capture_counts(backend: Any) -> dict[str, int]:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     import superkernel as sk
-    from superkernel.autofusion.machine import measure_bandwidth
+    from superkernel.runtime.inductor.autofusion.machine import measure_bandwidth
     from superkernel.tools.advisor.strategies import plan_for
     from superkernel.tools.advisor.structure import analyze_structure
     from superkernel.tools.decode import prepare

@@ -16,13 +16,13 @@ plan's cold compile costs). Inside, spans around the compile path's parts are ti
 * ``g++ autotune``: a C++ GEMM template module built only so Inductor can time it;
 * ``g++ module``: a compiled partition's final module (plain or frozen);
 * ``autotune timing``: Inductor timing the choices of one GEMM (builds inside it excluded);
-* ``plain vs frozen timing``: :func:`superkernel.runtime.inductor_cpu.time_variants`;
+* ``plain vs frozen timing``: :func:`superkernel.runtime.inductor.cpu_freezing.time_variants`;
 * ``freezing passes``, ``lowering`` (GraphLowering.run), ``codegen`` (the rest of Inductor's
   compile of a partition, builds excluded), and ``other`` (Dynamo, AOTAutograd, our passes, the step).
 
 ``--variants``: ``before`` runs with ``SUPERKERNEL_COMPILE_PATH=before`` (the GEMM template modules built as
 Inductor builds them, index expressions parsed on every render: the compile path before
-:mod:`superkernel.runtime.autotune_builds` and ``frozen_code.parsed_index_expressions_reused``), ``after``
+:mod:`superkernel.runtime.inductor.autotune_builds` and ``frozen_code.parsed_index_expressions_reused``), ``after``
 with the default; the variants of one repeat run one after the other (A/B, B/A on the next repeat). Each run's autotune picks (per GEMM:
 the fastest choice's name) are recorded so the variants can be compared. Writes
 ``benchmarks/results/<name>.{json,md}``.
@@ -109,8 +109,8 @@ class Spans:
         import torch._inductor.select_algorithm as select_algorithm
         from torch._inductor.autotune_process import CppBenchmarkRequest
 
-        import superkernel.runtime.inductor as sk_inductor
-        import superkernel.runtime.inductor_cpu as sk_inductor_cpu
+        import superkernel.runtime.inductor.compile as sk_inductor
+        import superkernel.runtime.inductor.cpu_freezing as sk_inductor_cpu
 
         self.wrap(cpp_builder.CppBuilder, "build", "g++")
         self.wrap(CppBenchmarkRequest, "precompile", "autotune build")

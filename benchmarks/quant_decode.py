@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     import superkernel as sk
-    from superkernel.autofusion.machine import measure_bandwidth
+    from superkernel.runtime.inductor.autofusion.machine import measure_bandwidth
     from superkernel.tools.advisor.compiling import own_code
     from superkernel.tools.advisor.strategies import plan_for
     from superkernel.tools.advisor.structure import analyze_structure

@@ -8,7 +8,7 @@ lm_head 151936x896), batch 1, in float32 and in bfloat16:
 * float GEMV: ``F.linear`` on the dequantized weight, compiled by Inductor (what the float model runs);
 * ATen ``_weight_int8pack_mm`` (Inductor's own weight-only pattern rewrites to it, for bfloat16 only);
 * Inductor's compile of the graph torchao's int8 weight-only linear produces (``mm(x, float(w_int8).T) * s``);
-* superkernel's rewrite (``superkernel.runtime.quant_gemv``): the same graph as a reduction reading int8.
+* superkernel's rewrite (``superkernel.runtime.inductor.quant_gemv``): the same graph as a reduction reading int8.
 
 Each is checked against a float64 reference first, then timed in interleaved rounds (median of per-round
 medians). The weight bytes read at the measured copy bandwidth give the roofline. Writes
@@ -44,7 +44,7 @@ def float_gemv(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
 
 def compile_rewritten(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> Callable[..., Any]:
     """``woq_graph`` through superkernel's rewrite, compiled by Inductor (the max-autotune CPU path)."""
-    from superkernel.runtime.quant_gemv import rewrite_int8_weight_gemv
+    from superkernel.runtime.inductor.quant_gemv import rewrite_int8_weight_gemv
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         from torch._functorch.aot_autograd import aot_module_simplified
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from superkernel.autofusion.machine import measure_bandwidth
+    from superkernel.runtime.inductor.autofusion.machine import measure_bandwidth
 
     bandwidth = measure_bandwidth(256, 5)
     rows = []

@@ -82,7 +82,7 @@ class PartitionClock:
         return timed
 
     def install(self) -> None:
-        from superkernel.runtime.realizations.inductor import InductorCpu
+        from superkernel.runtime.realizations.inductor_rows import InductorCpu
 
         original = InductorCpu._compile
         clock = self

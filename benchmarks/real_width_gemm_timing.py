@@ -6,7 +6,7 @@ benchmarks/real_width.py's Qwen2-0.5B-shaped model (float32, seeded random weigh
 decoder layer, compiled with superkernel ``max-autotune`` twice in one process (cold Inductor cache dir):
 ``inductor.gemm_timing = "cache"`` (Inductor's own repeated calls: the weights sit in the last-level cache)
 and ``"memory"`` (every timed call after evicting the caches, as a decode step reads its weights:
-:mod:`superkernel.runtime.gemm_timing`). Both steps are then timed in alternating rounds on the same
+:mod:`superkernel.runtime.inductor.gemm_timing`). Both steps are then timed in alternating rounds on the same
 cache state; each round's logits are compared with eager's. Compile time (wall, CPU) beside each.
 Writes benchmarks/results/<name>.{json,md}.
 """

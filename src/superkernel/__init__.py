@@ -15,10 +15,10 @@ __version__ = "0.1.0"
 # the tools' argument parsing start without importing torch.
 _LAZY = {
     "CompilerConfig": ("config", "CompilerConfig"),
-    "Explanation": ("pipeline.ir", "Explanation"),
-    "ScopeOptions": ("pipeline.ir", "ScopeOptions"),
-    "SuperKernelScopeError": ("pipeline.ir", "SuperKernelScopeError"),
-    "parse_options": ("pipeline.ir", "parse_options"),
+    "Explanation": ("ir.graph", "Explanation"),
+    "ScopeOptions": ("ir.graph", "ScopeOptions"),
+    "SuperKernelScopeError": ("ir.graph", "SuperKernelScopeError"),
+    "parse_options": ("ir.graph", "parse_options"),
     "super_kernel": ("scope", "super_kernel"),
     "superkernel_scope": ("scope", "superkernel_scope"),
     "apply_scopes": ("scope_apply", "apply_scopes"),

@@ -14,7 +14,7 @@ from typing import Any, ContextManager
 
 import torch.fx.traceback as _fx_traceback
 
-from superkernel.pipeline.ir import ANNOTATION_KEY, OPTION_VALUES, ScopeOptions, node_scope, option_values, parse_options
+from superkernel.ir.graph import ANNOTATION_KEY, OPTION_VALUES, ScopeOptions, node_scope, option_values, parse_options
 
 __all__ = ["super_kernel", "superkernel_scope", "parse_options", "node_scope", "ScopeOptions", "OPTION_VALUES",
            "ANNOTATION_KEY"]

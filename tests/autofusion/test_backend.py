@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import superkernel as sk
-from superkernel.autofusion import calibrate, machine
-from superkernel.autofusion.planner import calibration_env, compiled_how
-from superkernel.autofusion.store import Store, default_path
+from superkernel.runtime.inductor.autofusion import calibrate, machine
+from superkernel.runtime.inductor.autofusion.planner import calibration_env, compiled_how
+from superkernel.runtime.inductor.autofusion.store import Store, default_path
 from tests.autofusion.graphs import Layer
 
 H = 32

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from superkernel.autofusion.compiled_timing import compiled_pair, time_compiled
+from superkernel.runtime.inductor.autofusion.compiled_timing import compiled_pair, time_compiled
 
 
 def test_the_pair_is_compiled_frozen_and_computes_the_same():

@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from superkernel.autofusion import calibrate, machine
-from superkernel.autofusion.planner import Planner, calibration_env
-from superkernel.autofusion.store import Store
+from superkernel.runtime.inductor.autofusion import calibrate, machine
+from superkernel.runtime.inductor.autofusion.planner import Planner, calibration_env
+from superkernel.runtime.inductor.autofusion.store import Store
 from tests.autofusion.graphs import aten_graph, qkv, weights
 
 SHAPE = (1, 32, [32, 16, 16])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from superkernel.autofusion.rules import gemm_epilogue, horizontal_gemm, moe_experts, rotary_attention
+from superkernel.runtime.inductor.autofusion.rules import gemm_epilogue, horizontal_gemm, moe_experts, rotary_attention
 from tests.autofusion.graphs import aten_graph, qkv, qkv_bias, weights
 
 

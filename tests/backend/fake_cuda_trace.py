@@ -99,7 +99,7 @@ class FakeCudaUnavailable(RuntimeError):
 
 def build_guard_library(directory: Path) -> Path:
     """The shim's shared library in ``directory`` (a private one: it is loaded as code), built if missing."""
-    from superkernel.runtime.native.build import NativeBuildError, compiler
+    from superkernel.runtime.cpu.native.build import NativeBuildError, compiler
 
     torch_dir = Path(torch.__file__).parent
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)

@@ -9,8 +9,8 @@ import subprocess
 import pytest
 import torch
 
-import superkernel.runtime.inductor_cpu as inductor_cpu
-from superkernel.runtime import autotune_builds
+import superkernel.runtime.inductor.cpu_freezing as inductor_cpu
+from superkernel.runtime.inductor import autotune_builds
 
 from tests.backend.test_frozen_code import _layer_graph
 
@@ -77,7 +77,7 @@ def test_a_module_built_with_the_precompiled_header_is_the_same_machine_code():
 
 
 def test_index_expressions_are_parsed_once_per_text_and_equal_inductors():
-    from superkernel.runtime.frozen_code import _PARSED_INDEX_EXPRESSIONS, parsed_index_expressions_reused
+    from superkernel.runtime.inductor.frozen_code import _PARSED_INDEX_EXPRESSIONS, parsed_index_expressions_reused
 
     with parsed_index_expressions_reused(False):  # imports Inductor's template modules (in an order without a cycle)
         from torch._inductor.codegen import cpp_template_kernel

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import superkernel as sk
-import superkernel.runtime.inductor_cpu as inductor_cpu
-from superkernel.runtime import bf16_gemv
+import superkernel.runtime.inductor.cpu_freezing as inductor_cpu
+from superkernel.runtime.inductor import bf16_gemv
 
 
 def _fp32_micro_kernel():

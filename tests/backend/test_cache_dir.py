@@ -8,8 +8,8 @@ import stat
 import pytest
 
 from superkernel.cache_dir import CacheDirError, private_cache_dir
-from superkernel.runtime.native import NativeBuildError
-from superkernel.runtime.native import build as native_build
+from superkernel.runtime.cpu.native import NativeBuildError
+from superkernel.runtime.cpu.native import build as native_build
 
 
 def _mode(path) -> int:

@@ -136,7 +136,7 @@ def test_an_operator_that_syncs_is_cut_and_the_step_splits_around_it():
 
 
 def _runner(fn, check_syncs):
-    from superkernel.pipeline.ir import CaptureInfo
+    from superkernel.ir.graph import CaptureInfo
     from superkernel.runtime.cuda.driver import CudaDriver
     from superkernel.runtime.cuda.graph_runner import GraphRunner
 

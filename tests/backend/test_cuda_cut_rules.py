@@ -120,7 +120,7 @@ def _cuts(graphs: list[Any]) -> list[tuple[Any, ...]]:
     """Every cut the CUDA rows make, graph by graph, segmented as the backend does it (a graph that starts
     in the scope the previous one ended in, after a graph break, continues it)."""
     from superkernel.pipeline.segments import build_segments, last_scope
-    from superkernel.runtime.realizations.cuda import cuda_cut_reason
+    from superkernel.runtime.realizations.cuda_rows import cuda_cut_reason
 
     rows: list[tuple[Any, ...]] = []
     previous: tuple[str, str | None] = ("", None)
@@ -135,7 +135,7 @@ def _cuts(graphs: list[Any]) -> list[tuple[Any, ...]]:
 
 
 def _cpu_values(graphs: list[Any]) -> list[str]:
-    from superkernel.pipeline.ir import tensor_values
+    from superkernel.ir.graph import tensor_values
 
     return [f"{i}: {node.name}" for i, graph in enumerate(graphs) for node in graph.gm.graph.nodes
             if any(t.device.type == "cpu" for t in tensor_values(node.meta.get("val")))]

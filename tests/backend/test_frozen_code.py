@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import superkernel as sk
-import superkernel.runtime.frozen_code as frozen_code
-import superkernel.runtime.inductor_cpu as inductor_cpu
+import superkernel.runtime.inductor.frozen_code as frozen_code
+import superkernel.runtime.inductor.cpu_freezing as inductor_cpu
 from superkernel.pipeline.backend import find_backend
 
 from tests.backend.test_shared_kernels import Stack

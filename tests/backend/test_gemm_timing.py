@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import superkernel as sk
-import superkernel.runtime.inductor_cpu as inductor_cpu
-from superkernel.runtime import gemm_timing
+import superkernel.runtime.inductor.cpu_freezing as inductor_cpu
+from superkernel.runtime.inductor import gemm_timing
 
 from tests.backend.test_frozen_code import _layer_graph
 
@@ -102,8 +102,8 @@ def test_choices_are_timed_in_alternating_passes_and_the_median_kept(monkeypatch
 def test_a_plain_build_in_the_background_gives_the_same_function():
     from torch._inductor.utils import fresh_cache
 
-    from superkernel.runtime.background_build import builds_in_background, wait_all
-    from superkernel.runtime.inductor import compile_partition
+    from superkernel.runtime.inductor.background_build import builds_in_background, wait_all
+    from superkernel.runtime.inductor.compile import compile_partition
 
     gm, gen = _layer_graph(), torch.Generator().manual_seed(1)
     args = [torch.randn(s, generator=gen) for s in [(1, 32), (64, 32), (64,), (32, 64)]]

@@ -11,7 +11,7 @@ import threading
 import torch
 
 import superkernel as sk
-from superkernel.runtime.inductor_output import LOGGER, output_logged
+from superkernel.runtime.inductor.output import LOGGER, output_logged
 
 
 def test_a_max_autotune_compile_prints_no_autotune_table(capfd, caplog):

@@ -12,7 +12,7 @@ import torch
 
 import superkernel as sk
 from superkernel.pipeline.realize import SuperKernelFallbackWarning
-from superkernel.runtime import native as native_cpu
+from superkernel.runtime.cpu import native as native_cpu
 
 pytestmark = pytest.mark.skipif(not native_cpu.compiler_available(), reason="no C++ compiler")
 
@@ -79,7 +79,7 @@ def test_boxed_calls_are_bit_exact_too(monkeypatch):
     """Every operator through OperatorHandle::callBoxed (the path used when a typed call does not compile)."""
     import functools
 
-    from superkernel.runtime.native import segment  # where the realizer's NativeGroup generates its source
+    from superkernel.runtime.cpu.native import segment  # where the realizer's NativeGroup generates its source
 
     monkeypatch.setattr(segment, "native_source", functools.partial(native_cpu.native_source, typed=False))
     fast, ref = compile_pair(step)
@@ -217,7 +217,7 @@ def test_integer_arithmetic_on_sizes_runs_natively():
 
 
 def test_python_integer_semantics():
-    from superkernel.runtime.native import _INT_OPS  # noqa: F401 - the table the emitter uses
+    from superkernel.runtime.cpu.native import _INT_OPS  # noqa: F401 - the table the emitter uses
 
     import operator
 

@@ -154,7 +154,7 @@ def test_cuda_realizations_are_wired_without_a_gpu():
     from superkernel.pipeline.partition import split_partitions
     from superkernel.pipeline.realize import Realizer
     from superkernel.runtime.realizations import GraphContext
-    from superkernel.pipeline.ir import SegmentInfo
+    from superkernel.ir.graph import SegmentInfo
     from superkernel.pipeline.segments import build_segments
 
     graphs = []
@@ -232,7 +232,7 @@ def test_max_autotune_cpu_does_not_freeze_when_training():
 
 
 def test_plan_file_records_the_inductor_choice():
-    from superkernel.pipeline.ir import Explanation, GraphInfo, SegmentInfo
+    from superkernel.ir.graph import Explanation, GraphInfo, SegmentInfo
     from superkernel.tools.advisor.plan_file import PlanFileError, inductor_choices, read_plan
 
     def explanation(realization):

@@ -297,7 +297,7 @@ def test_data_dependent_op_under_strict_abort_raises_by_default():
 def test_options_string_first_seen_while_dynamo_traces() -> None:
     """super_kernel() validates options without touching the parse cache, so a string
     nobody parsed before compiles (it once failed with 'Guard failed on the same frame')."""
-    from superkernel.pipeline import ir
+    from superkernel.ir import graph as ir
 
     opts = "strict-scope-check=bypass:stream-fusion=0"
     ir._PARSED.pop(opts, None)

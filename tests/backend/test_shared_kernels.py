@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import superkernel as sk
-import superkernel.runtime.shared_kernels as shared_kernels
+import superkernel.runtime.inductor.shared_kernels as shared_kernels
 from superkernel.pipeline.backend import find_backend
 
 from tests.backend.test_realize_cpu import Block
@@ -70,7 +70,7 @@ def test_key_ignores_names_and_sees_layouts():
 @pytest.mark.slow
 def test_identical_layers_take_the_first_layers_freezing_choice(monkeypatch):
     """plain-vs-frozen is measured once per distinct partition, not once per layer (counted, not timed)."""
-    import superkernel.runtime.inductor_cpu as inductor_cpu
+    import superkernel.runtime.inductor.cpu_freezing as inductor_cpu
 
     measured = []
     real_time_variants = inductor_cpu.time_variants

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import superkernel as sk
-from superkernel.pipeline.ir import CaptureInfo
+from superkernel.ir.graph import CaptureInfo
 from superkernel.pipeline.realize import SuperKernelFallbackWarning
 from superkernel.runtime.cuda.driver import use_driver
 from superkernel.runtime.cuda.graph_runner import GraphRunner
@@ -253,7 +253,7 @@ def test_a_constant_cpu_scalar_stays_in_the_graph_a_changing_one_cuts_it():
     import torch.fx as fx
     from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-    from superkernel.runtime.realizations.cuda import cpu_in_cuda_reason
+    from superkernel.runtime.realizations.cuda_rows import cpu_in_cuda_reason
 
     mode = FakeTensorMode()
 

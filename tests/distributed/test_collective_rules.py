@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.fx as fx
 
 from superkernel.config import MAX_AUTOTUNE, REDUCE_OVERHEAD
-from superkernel.pipeline.ir import ANNOTATION_KEY
+from superkernel.ir.graph import ANNOTATION_KEY
 from superkernel.pipeline.segments import build_segments
 from superkernel.runtime.realizations import REALIZATIONS
 from superkernel.runtime.realizations.collectives import collective_cut_reason, collectives, group_name

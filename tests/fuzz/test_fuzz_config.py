@@ -13,7 +13,7 @@ import string
 import pytest
 
 import superkernel as sk
-from superkernel.pipeline.ir import OPTION_VALUES
+from superkernel.ir.graph import OPTION_VALUES
 
 SEED = 20261123
 KEYS = list(OPTION_VALUES) + ["stream_fusion", "Stream-Fusion", "strict-scope", "", "x", "stream-fusion ", "é"]

@@ -126,8 +126,8 @@ def _payload_library(directory: Path, marker: Path, name: str) -> Path:
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to build the planted library")
 @pytest.mark.parametrize("record", ["none", "garbage", "replayed", "foreign_owner"])
 def test_planted_native_module_is_never_loaded(case, monkeypatch, record):
-    from superkernel.runtime.native import NativeBuildError
-    from superkernel.runtime.native import build as native_build
+    from superkernel.runtime.cpu.native import NativeBuildError
+    from superkernel.runtime.cpu.native import build as native_build
 
     monkeypatch.setenv("CXX", "false")  # the rebuild it triggers fails fast: the planted file must not load
     monkeypatch.setattr(native_build, "_loaded", {})

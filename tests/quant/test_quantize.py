@@ -96,7 +96,7 @@ def test_max_autotune_reads_int8_weights_once_in_float32():
 
 
 def test_the_rewrite_leaves_large_left_operands_and_bfloat16_to_inductor():
-    from superkernel.runtime.quant_gemv import MAX_ROWS
+    from superkernel.runtime.inductor.quant_gemv import MAX_ROWS
 
     torch.manual_seed(0)
     model = Mlp().eval()

@@ -147,7 +147,7 @@ def main() -> int:
         result["guard_path"] = compiled.guard_path
         result["frame_counters"] = compiled.frame_counters
     if reduce_overhead:
-        from superkernel.runtime.native import compiler_available
+        from superkernel.runtime.cpu.native import compiler_available
 
         result["realizations"] = [s.realization for g in superkernel.explain(compiled).graphs for s in g.segments]
         result["compiler_available"] = compiler_available()

@@ -10,11 +10,11 @@ import superkernel
 SRC = Path(superkernel.__file__).resolve().parent
 
 # what static_kernel may use from the rest of the project (all below the pipeline's later stages)
-ALLOWED = {"superkernel", "superkernel.pipeline.ir", "superkernel.util", "superkernel.runtime.inductor",
-           "superkernel.scope_apply", "superkernel.runtime.native.build",  # (build: the seam packages use)
+ALLOWED = {"superkernel", "superkernel.ir.graph", "superkernel.util", "superkernel.runtime.inductor.compile",
+           "superkernel.scope_apply", "superkernel.runtime.cpu.native.build",  # (build: the seam packages use)
            "superkernel.config", "superkernel.runtime.realizations",  # (settings: the realization row decides)
            "superkernel.userkey",  # (trust: the per-user key and its records, bottom layer)
-           "superkernel.runtime.inductor_output"}  # (compat: what Inductor prints while building, to the debug log)
+           "superkernel.runtime.inductor.output"}  # (compat: what Inductor prints while building, to the debug log)
 
 
 def _imports(path: Path) -> set[str]:

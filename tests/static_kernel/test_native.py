@@ -16,7 +16,7 @@ import torch
 
 import superkernel
 from superkernel import CompilerConfig
-from superkernel.runtime import native as native_cpu
+from superkernel.runtime.cpu import native as native_cpu
 from superkernel.static_kernel import find_packages, read_manifest, trust
 from superkernel.static_kernel.workspace import reset_workspaces
 from superkernel.cache_dir import cache_root as private_cache_root

@@ -72,7 +72,7 @@ def test_max_autotune_timing_inputs_do_not_specialize_a_growing_int():
     (a dynamic source) reaches a partition as a SymInt. Timing with ``int(sym)``, or passing the
     SymInt itself to the compiled partition, put a guard ``== value`` on it: every max-autotune
     plan of gemma2 then recompiled at every decode step (15 in 16 timed steps)."""
-    from superkernel.runtime.inductor_cpu import measurement_inputs
+    from superkernel.runtime.inductor.cpu_freezing import measurement_inputs
 
     env, sym = _backed_symint(32)
     args = measurement_inputs([sym], [None], {})
@@ -88,7 +88,7 @@ def test_timing_inputs_refuse_a_data_dependent_size():
     import pytest
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-    from superkernel.runtime.inductor_cpu import measurement_inputs
+    from superkernel.runtime.inductor.cpu_freezing import measurement_inputs
 
     unbacked = ShapeEnv().create_unbacked_symint()
     with pytest.raises(ValueError, match="data-dependent"):

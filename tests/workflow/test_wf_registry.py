@@ -66,7 +66,7 @@ def test_ci_subset_is_bit_exact_and_compiles_once(model_type):
 
 def test_strict_scope_check_abort_raises_instead_of_falling_back():
     import superkernel
-    from superkernel.pipeline.ir import SuperKernelScopeError
+    from superkernel.ir.graph import SuperKernelScopeError
     from superkernel.tools.advisor.compiling import compile_superkernel
     from superkernel.tools.advisor.strategies import plan_for
     from superkernel.tools.advisor.structure import analyze_structure

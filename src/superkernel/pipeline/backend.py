@@ -30,7 +30,7 @@ from superkernel.config import CompilerConfig
 from superkernel.pipeline.capture import break_text, capture, dynamo_graph_breaks
 from superkernel.pipeline.capture_fallback import install as install_capture_fallback
 from superkernel.pipeline.graph_dump import dump_graph
-from superkernel.pipeline.ir import (
+from superkernel.ir.graph import (
     Cut, Explanation, GraphInfo, SegmentInfo, SuperKernelScopeError, device_kind, graph_device, parse_options,
 )
 from superkernel.pipeline.partition import assemble, named_callable, split_partitions

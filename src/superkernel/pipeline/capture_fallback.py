@@ -14,7 +14,7 @@ on, the same frame is converted once more with them off (nothing of the frame ha
 Dynamo converts a frame before executing it), so it graph-breaks like plain
 ``torch.compile`` does. A :class:`SuperKernelCaptureFallbackWarning` names the error and
 the source line; ``strict-scope-check=abort`` on a scope of the compiled model raises
-:class:`~superkernel.pipeline.ir.SuperKernelScopeError` instead.
+:class:`~superkernel.ir.graph.SuperKernelScopeError` instead.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def install(active_backend: Callable[[], Any], scope_of_break: Callable[[str], t
 
 def _fall_back(backend: Any, exc: BaseException, scope: tuple[str, str] | None) -> None:
     """Warn (or, under strict-scope-check=abort, raise) and record the fallback as a cut of its scope."""
-    from superkernel.pipeline.ir import Cut, SuperKernelScopeError, parse_options
+    from superkernel.ir.graph import Cut, SuperKernelScopeError, parse_options
 
     error, where = describe(exc)
     message = (f"capturing a data-dependent value made Dynamo fail at {where} ({error}); the frame is traced "

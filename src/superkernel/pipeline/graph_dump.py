@@ -8,7 +8,7 @@ from typing import Any
 import torch.fx as fx
 
 from superkernel.util import atomic_write
-from superkernel.pipeline.ir import node_scope
+from superkernel.ir.graph import node_scope
 
 
 def _shape(val: Any) -> str:

@@ -15,7 +15,7 @@ import operator
 
 import torch.fx as fx
 
-from superkernel.pipeline.ir import Partition
+from superkernel.ir.graph import Partition
 
 
 @dataclass

@@ -12,7 +12,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable
 
-from superkernel.pipeline.ir import SegmentInfo, SuperKernelScopeError
+from superkernel.ir.graph import SegmentInfo, SuperKernelScopeError
 from superkernel.pipeline.partition import PartitionModule
 from superkernel.runtime.realizations import GraphContext, Realization, realization_for
 from superkernel.util import exception_summary
@@ -92,7 +92,7 @@ class _Job:
         """Operator by operator: the partition's straight-line ATen program (same kernels).
         Built only where it runs (generating it for a large partition takes a while)."""
         if self._flat is None:
-            from superkernel.runtime.cpu import flat_program
+            from superkernel.runtime.cpu.flat import flat_program
 
             self._flat = flat_program(self.module.gm)
         return self._flat

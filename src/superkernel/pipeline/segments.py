@@ -4,7 +4,7 @@ Operators are visited in execution order. Consecutive operators of one scope for
 a segment. An operator that cannot run inside a superkernel (data-dependent output
 shape, host synchronization, user-registered, or a rule of the graph's realization such
 as CPU work in a CUDA-graph scope) ends the current segment, runs alone, and is recorded
-as a :class:`~superkernel.pipeline.ir.Cut`.
+as a :class:`~superkernel.ir.graph.Cut`.
 Operators of another scope or unscoped operators in between also end a segment.
 """
 
@@ -17,7 +17,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from superkernel.pipeline.ir import (
+from superkernel.ir.graph import (
     Cut, Partition, ScopeOptions, Segmentation, SuperKernelScopeError, node_scope, tensor_values,
 )
 

@@ -68,7 +68,7 @@ def standalone_compile(gm: torch.fx.GraphModule, example_inputs: list[Any], conf
         params = {}
     if "aot" in params:
         kwargs["aot"] = False  # the cache-artifact format: it can carry the FX graph + AOTAutograd entries
-    from superkernel.runtime.inductor_output import output_logged
+    from superkernel.runtime.inductor.output import output_logged
 
     with output_logged():  # autotune tables: debug log, not the user's terminal
         return fn(gm, example_inputs, **kwargs)

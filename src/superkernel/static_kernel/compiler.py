@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import torch.fx as fx
 
-from superkernel.pipeline.ir import device_kind, graph_device
+from superkernel.ir.graph import device_kind, graph_device
 from superkernel.static_kernel import settings
 from superkernel.static_kernel.package import Package, find_packages
 from superkernel.static_kernel.signature import partition_key

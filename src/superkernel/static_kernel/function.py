@@ -19,7 +19,7 @@ import torch
 from superkernel.static_kernel import frame_keys, frames
 from superkernel.static_kernel.settings import StaticKernelWarning, log
 from superkernel.static_kernel.step import WatchedFrame
-from superkernel.pipeline.ir import device_kind
+from superkernel.ir.graph import device_kind
 from superkernel.util import exception_summary
 
 

@@ -1,10 +1,10 @@
-"""Native CPU modules in a package: one per graph in CPU reduce-overhead (:mod:`superkernel.runtime.native`).
+"""Native CPU modules in a package: one per graph in CPU reduce-overhead (:mod:`superkernel.runtime.cpu.native`).
 
 A graph's native segments are one generated C++ module, built with the system's C++
 compiler. A package carries the built library as ``native/<key>.so`` (``key``: a hash of
-the module's source, :func:`~superkernel.runtime.native.build.source_key`, the same in a
+the module's source, :func:`~superkernel.runtime.cpu.native.build.source_key`, the same in a
 process without a compiler), with the module's import name and the torch/Python ABI it was
-built for (:func:`~superkernel.runtime.native.build.abi_fingerprint`). A process that needs
+built for (:func:`~superkernel.runtime.cpu.native.build.abi_fingerprint`). A process that needs
 the module for the same source takes it from the package — only a verified package signed
 by this user, after which the library is written into the package's private 0700 cache
 directory and imported from there — so it runs the native module without a compiler. An ABI
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Protocol
 
-from superkernel.runtime.native.build import (
+from superkernel.runtime.cpu.native.build import (
     abi_fingerprint, library_path, load, load_library, source_key, trusted_library_bytes,
 )
 from superkernel.static_kernel.builder import Artifact, Builder

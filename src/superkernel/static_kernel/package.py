@@ -12,7 +12,7 @@ A package is one zip file (members deflated)::
                                    TorchInductor code-cache names (content hashes of source and
                                    compile command), plus Inductor's CPU-ISA probe libraries
     native/<key>.so                one native CPU module per graph (reduce-overhead,
-                                   :mod:`superkernel.runtime.native`), named by a hash of its source
+                                   :mod:`superkernel.runtime.cpu.native`), named by a hash of its source
 
 The manifest records torch/triton/python versions, platform, device kind and capability,
 the compiler-config fingerprint, the captured graphs (structure hash, names, input shapes),

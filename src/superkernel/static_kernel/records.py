@@ -95,7 +95,7 @@ class ShapeRecorder:
 
     def record_graph(self, gm: fx.GraphModule, graph_name: str, graph_hash: str) -> int:
         """Record every operator node of ``gm``; returns how many new distinct signatures were written."""
-        from superkernel.pipeline.ir import node_scope
+        from superkernel.ir.graph import node_scope
 
         new_files: set[str] = set()
         touched: set[str] = set()

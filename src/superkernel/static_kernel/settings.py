@@ -73,7 +73,7 @@ def inductor_patches(compiler_config: CompilerConfig, device_kind: str) -> dict[
     ``cpp_cache_precompile_headers`` is off: the precompiled-header flag enters the kernel's
     cache name, and a precompiled header would itself have to be compiled at load time.
     """
-    from superkernel.runtime.inductor import inductor_patches as partition_patches
+    from superkernel.runtime.inductor.compile import inductor_patches as partition_patches
 
     inductor = compiler_config.inductor
     patches = partition_patches(device_kind, cpp_wrapper=bool(inductor.cpp_wrapper), autotune=bool(inductor.autotune),

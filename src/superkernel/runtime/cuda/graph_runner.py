@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from superkernel.pipeline.ir import CaptureInfo
+from superkernel.ir.graph import CaptureInfo
 from superkernel.util import exception_summary
 
 Program = Callable[..., Any]

@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.fx as fx
 
-from superkernel.pipeline.ir import CaptureInfo
+from superkernel.ir.graph import CaptureInfo
 from superkernel.runtime.cuda.graph_runner import GraphRunner, storage_key
 
 Program = Callable[..., Any]

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from superkernel.config import MAX_AUTOTUNE, MODES, REDUCE_OVERHEAD, CompilerConfig
 from superkernel.runtime.realizations.base import GraphContext, Job, PartitionLike, Program, Realization
-from superkernel.runtime.realizations.cpu import CpuNative
-from superkernel.runtime.realizations.cuda import CPU_IN_CUDA, CudaGraphReplay, InductorCudaGraph, cpu_in_cuda_reason
-from superkernel.runtime.realizations.inductor import Inductor, InductorCpu
+from superkernel.runtime.realizations.cpu_rows import CpuNative
+from superkernel.runtime.realizations.cuda_rows import CPU_IN_CUDA, CudaGraphReplay, InductorCudaGraph, cpu_in_cuda_reason
+from superkernel.runtime.realizations.inductor_rows import Inductor, InductorCpu
 from superkernel.runtime.realizations.static import NullStaticCompiler, StaticCompilerSeam
 
 #: (mode, device kind) -> the realization class of its partitions

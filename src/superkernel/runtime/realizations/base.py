@@ -19,7 +19,7 @@ import torch
 import torch.fx as fx
 
 from superkernel.config import CompilerConfig
-from superkernel.pipeline.ir import SegmentInfo
+from superkernel.ir.graph import SegmentInfo
 from superkernel.runtime.realizations.static import NullStaticCompiler, StaticCompilerSeam
 
 Program = Callable[..., Any]
@@ -28,7 +28,7 @@ Program = Callable[..., Any]
 class PartitionLike(Protocol):
     """One partition as a standalone graph (``superkernel.pipeline.partition.PartitionModule``)."""
 
-    partition: Any  # superkernel.pipeline.ir.Partition: kind, scope, options, name
+    partition: Any  # superkernel.ir.graph.Partition: kind, scope, options, name
     gm: fx.GraphModule
     inputs: list[fx.Node]
 

@@ -31,8 +31,8 @@ class TrialCapture:
     wrapped: list[str] = field(default_factory=list)
     graphs: int = 0
     graph_breaks: int = 0
-    segments: list[Any] = field(default_factory=list)   # superkernel.pipeline.ir SegmentInfo
-    cuts: list[Any] = field(default_factory=list)       # superkernel.pipeline.ir Cut
+    segments: list[Any] = field(default_factory=list)   # superkernel.ir.graph SegmentInfo
+    cuts: list[Any] = field(default_factory=list)       # superkernel.ir.graph Cut
     unscoped_ops: int = 0
     total_ops: int = 0
     seconds: float = 0.0

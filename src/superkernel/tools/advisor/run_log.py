@@ -2,7 +2,7 @@
 
 TorchInductor's max-autotune writes its autotune tables straight to ``sys.stderr`` (inside a superkernel
 compile they go to the ``superkernel.inductor`` logger at debug level instead:
-:mod:`superkernel.runtime.inductor_output`), and torch, transformers and Python warnings write through
+:mod:`superkernel.runtime.inductor.output`), and torch, transformers and Python warnings write through
 logging handlers and ``warnings.showwarning``. While :meth:`RunLog.capture` is active all of these land in
 ``<output>/superkernel.log``; the progress display writes to the terminal stream it was
 created with (see :class:`~superkernel.tools.advisor.progress.Reporter`), so it is unaffected.
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import IO, Iterator
 
-from superkernel.runtime.inductor_output import LOGGER as INDUCTOR_LOGGER
+from superkernel.runtime.inductor.output import LOGGER as INDUCTOR_LOGGER
 from superkernel.util import _umask, check_not_input, make_dirs, temp_sibling
 
 LOG_NAME = "superkernel.log"

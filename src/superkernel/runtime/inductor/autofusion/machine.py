@@ -84,7 +84,7 @@ def measure_bandwidth(megabytes: int = 32, repeats: int = 5, device: torch.devic
 
 def measure_call_us(repeats: int = 200) -> float:
     """Median µs of one tiny GEMM call (1x8 @ 8x8): what one more GEMM costs beyond its bytes."""
-    from superkernel.autofusion.calibrate import clock
+    from superkernel.runtime.inductor.autofusion.calibrate import clock
 
     now = clock()[0]
     a, b = torch.randn(1, 8), torch.randn(8, 8)

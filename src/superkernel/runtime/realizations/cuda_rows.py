@@ -13,10 +13,10 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from superkernel.pipeline.ir import tensor_values
+from superkernel.ir.graph import tensor_values
 from superkernel.runtime.realizations.base import Job, Program, Realization
 from superkernel.runtime.realizations.collectives import collective_cut_reason
-from superkernel.runtime.realizations.inductor import Inductor
+from superkernel.runtime.realizations.inductor_rows import Inductor
 
 CPU_IN_CUDA = "CPU work inside a CUDA graph"
 

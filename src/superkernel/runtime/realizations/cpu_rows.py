@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from superkernel.config import CompilerConfig
-from superkernel.pipeline.ir import SuperKernelScopeError
+from superkernel.ir.graph import SuperKernelScopeError
 from superkernel.runtime.realizations.base import Job, Program, Realization
 
 
@@ -60,7 +60,7 @@ class CpuNative(Realization):
         flat = job.flat()
         if self.context.device != "cpu" or not self.config.cpu.native:
             return flat
-        from superkernel.runtime.native import NativeUnsupported
+        from superkernel.runtime.cpu.native import NativeUnsupported
 
         try:
             return self._group().add(job.module.partition.name, job.module.gm, flat,
@@ -71,7 +71,7 @@ class CpuNative(Realization):
     def _group(self) -> Any:
         """This graph's NativeGroup; with static kernels, its module comes from the package (or is packaged)."""
         if self._native is None:
-            from superkernel.runtime.native import NativeGroup
+            from superkernel.runtime.cpu.native import NativeGroup
 
             self._native = NativeGroup(provider=self.context.static.native_provider(self.context.device))
         return self._native

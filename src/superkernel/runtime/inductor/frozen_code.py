@@ -1,6 +1,6 @@
 """Identical layers compiled frozen generate the same code, so Inductor builds their C++ once.
 
-A frozen partition (:func:`superkernel.runtime.inductor_cpu.compile_frozen`) holds its weights as
+A frozen partition (:func:`superkernel.runtime.inductor.cpu_freezing.compile_frozen`) holds its weights as
 constants. Inductor lowers it with them: the freezing passes prepack the linear weights, the C++ GEMM
 templates block them, and the generated C++ takes every constant as an input of its entry point
 (``cpp_wrapper``; the Python wrapper's kernels take pointers). The C++ itself therefore does not depend
@@ -107,7 +107,7 @@ def parsed_index_expressions_reused(enabled: bool | None = None) -> Iterator[Non
     expression is immutable, so one parse per text is kept (for the process: the texts are the templates'
     few dozen snippets, and the next compile renders the same ones); lists are rebuilt on every call
     (callers get their own)."""
-    from superkernel.runtime.autotune_builds import enabled as speedups_enabled
+    from superkernel.runtime.inductor.autotune_builds import enabled as speedups_enabled
 
     if enabled is None:
         enabled = speedups_enabled()

@@ -234,7 +234,7 @@ class SegmentInfo:
     num_ops: int
     realization: str = "pending"  # e.g. "cuda-graph", "cpu-flat", "inductor-cpp", "inductor-triton", "eager"
     fallback: str | None = None  # cause when the segment fell back to eager
-    #: the autofusion planner's decisions (superkernel.autofusion.decision.record); empty when it did not run
+    #: the autofusion planner's decisions (superkernel.ir.decision.record); empty when it did not run
     autofusion: list[dict[str, Any]] = field(default_factory=list)
     #: what superkernel rewrote in the segment before Inductor compiled it (e.g. a quantized GEMV)
     rewrites: list[str] = field(default_factory=list)
@@ -340,7 +340,7 @@ class Explanation:
                 lines.append(f"  {s.name:<40} {s.scope:<20} {s.num_ops:>5} {f'{s.first}-{s.last}':>11}  "
                              f"{s.realization:<16} {s.fallback or '-'}")
                 if s.autofusion:
-                    from superkernel.autofusion.decision import describe
+                    from superkernel.ir.decision import describe
 
                     lines.extend(f"    autofusion {describe(d)}" for d in s.autofusion)
                 lines.extend(f"    rewrite: {r}" for r in s.rewrites)

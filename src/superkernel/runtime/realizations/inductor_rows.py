@@ -55,9 +55,9 @@ class Inductor(Realization):
     def _compile_fn(self, job: Job) -> Callable[[], Program]:
         """Compile the partition plainly; a structurally identical partition compiled earlier in this
         graph (the next decoder layer: same code, same input layouts, other weights) reuses its kernel
-        (:mod:`superkernel.runtime.shared_kernels`)."""
-        from superkernel.runtime.inductor import compile_partition
-        from superkernel.runtime.shared_kernels import structural_key
+        (:mod:`superkernel.runtime.inductor.shared_kernels`)."""
+        from superkernel.runtime.inductor.compile import compile_partition
+        from superkernel.runtime.inductor.shared_kernels import structural_key
 
         module, inductor, device = job.module, self.config.inductor, self.context.device
         pdl = self.config.cuda.pdl
@@ -85,7 +85,7 @@ class Inductor(Realization):
 class InductorCpu(Inductor):
     """CPU: C++ (one entry point with ``inductor.cpp_wrapper``); a partition whose weights may be
     frozen is also compiled frozen and the faster at the real shapes kept
-    (:mod:`superkernel.runtime.inductor_cpu`)."""
+    (:mod:`superkernel.runtime.inductor.cpu_freezing`)."""
 
     summary = "TorchInductor C++ per segment, plain or frozen by measurement"
 
@@ -122,7 +122,7 @@ class InductorCpu(Inductor):
         """The structural key under which a plain-or-frozen choice is shared by identical partitions
         (None: measured on its own; always so with the autofusion planner, whose decisions are per segment)."""
         from superkernel.config import autofusion_enabled
-        from superkernel.runtime.shared_kernels import structural_key
+        from superkernel.runtime.inductor.shared_kernels import structural_key
 
         if autofusion_enabled(self.config):
             return None
@@ -136,7 +136,7 @@ class InductorCpu(Inductor):
         A partition structurally identical to one measured earlier in this graph (the next decoder layer)
         takes that choice without measuring again: plain -> no frozen compile at all, frozen -> compiled
         frozen with its own weights, untimed (``+frozen`` as the first)."""
-        from superkernel.runtime.inductor_cpu import Choice, choose
+        from superkernel.runtime.inductor.cpu_freezing import Choice, choose
 
         module, inductor = job.module, self.config.inductor
         choices = self.__dict__.setdefault("_freezing_choices", {})
@@ -161,7 +161,7 @@ class InductorCpu(Inductor):
         if key is not None and key not in choices:
             choices[key] = bool(choice.label)
         if rewrite is not None and job.info is not None:
-            from superkernel.autofusion.decision import record
+            from superkernel.ir.decision import record
 
             job.info.autofusion = record(decisions, frozen_kept=bool(choice.label), timings_ms=choice.timings_ms)
         return choice
@@ -169,7 +169,7 @@ class InductorCpu(Inductor):
     def _count_shared_frozen_code(self, fn: Any) -> None:
         """``partitions_frozen_code_shared``: frozen partitions whose generated code equals one built earlier
         in this backend (an identical layer with other weights: one C++ build, see
-        :mod:`superkernel.runtime.frozen_code`)."""
+        :mod:`superkernel.runtime.inductor.frozen_code`)."""
         key = getattr(fn, "source_key", None)
         if key is None:
             return
@@ -185,7 +185,7 @@ class InductorCpu(Inductor):
         if not autofusion_enabled(self.config):
             return None
         if "_planner" not in self.__dict__:
-            from superkernel.autofusion import Planner
+            from superkernel.runtime.inductor.autofusion import Planner
 
             inductor = self.config.inductor
             self._planner = Planner(gemm_templates=inductor.gemm_templates, cpp_wrapper=inductor.cpp_wrapper)
@@ -195,7 +195,7 @@ class InductorCpu(Inductor):
             try:
                 decisions.extend(planner.plan(gm))
             except Exception as exc:  # the frozen compile fails with it; the plain one stays
-                from superkernel.autofusion.decision import Decision
+                from superkernel.ir.decision import Decision
                 from superkernel.util import exception_summary
 
                 decisions.append(Decision("planner", "failed", "-", exception_summary(exc)))
@@ -208,7 +208,7 @@ class InductorCpu(Inductor):
         static inputs; None elsewhere, so nothing keeps a reference to the call's other inputs)."""
         import torch
 
-        from superkernel.runtime.inductor_cpu import graph_real_inputs
+        from superkernel.runtime.inductor.cpu_freezing import graph_real_inputs
 
         if self._reals is None or self._reals[0] is not parent:
             reals = graph_real_inputs(parent, self.context.real_inputs)

@@ -1,9 +1,9 @@
 """The planner: runs on a max-autotune segment's ATen graph before Inductor lowers it.
 
-For each rule: find candidates, predict their benefit (:mod:`superkernel.autofusion.benefit`),
+For each rule: find candidates, predict their benefit (:mod:`superkernel.runtime.inductor.autofusion.benefit`),
 reject what does not fit the per-core cache or is predicted to lose, measure the rest at their
-real shapes (:mod:`superkernel.autofusion.calibrate`, cached), rewrite the graph for those
-measured faster, and record one :class:`~superkernel.autofusion.decision.Decision` per candidate
+real shapes (:mod:`superkernel.runtime.inductor.autofusion.calibrate`, cached), rewrite the graph for those
+measured faster, and record one :class:`~superkernel.ir.decision.Decision` per candidate
 and per GEMM no rule matched. Inductor then compiles the rewritten graph (constant folding,
 weight prepacking, its own fusions).
 """
@@ -16,11 +16,11 @@ from typing import Any, Callable
 
 import torch.fx as fx
 
-from superkernel.autofusion import calibrate, compiled_timing, machine
-from superkernel.autofusion.benefit import Machine, predict_horizontal
-from superkernel.autofusion.decision import APPLIED, NOT_BUILT, NOT_MATCHED, REJECTED, Decision
-from superkernel.autofusion.rules import gemm_epilogue, horizontal_gemm, is_get_attr, moe_experts, rotary_attention
-from superkernel.autofusion.store import Store
+from superkernel.runtime.inductor.autofusion import calibrate, compiled_timing, machine
+from superkernel.runtime.inductor.autofusion.benefit import Machine, predict_horizontal
+from superkernel.ir.decision import APPLIED, NOT_BUILT, NOT_MATCHED, REJECTED, Decision
+from superkernel.runtime.inductor.autofusion.rules import gemm_epilogue, horizontal_gemm, is_get_attr, moe_experts, rotary_attention
+from superkernel.runtime.inductor.autofusion.store import Store
 
 Measure = Callable[..., dict[str, Any]]
 

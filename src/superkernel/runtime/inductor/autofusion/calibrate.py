@@ -7,7 +7,7 @@ Inductor's C++ GEMM templates, which it may pick instead: the end-to-end benchma
 (benchmarks/autofusion_torch.py) is what checks the compiled segment. The two sides alternate
 round by round (CPU time with one torch thread, see :func:`clock`); the result is the median of each and the median and upper quartile of the paired
 ratio fused/unfused. Results are cached per (rule, shapes, dtype, bias, CPU, torch version, threads)
-(:mod:`superkernel.autofusion.store`), so identical layers are measured once.
+(:mod:`superkernel.runtime.inductor.autofusion.store`), so identical layers are measured once.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ RATIO_TO_APPLY = 0.97
 
 
 #: bumped when how a candidate is timed changes (5: real tensors inside a compile; MKL packed GEMMs; thread CPU time;
-#: 6: by default both sides compiled by Inductor, :mod:`superkernel.autofusion.compiled_timing`)
+#: 6: by default both sides compiled by Inductor, :mod:`superkernel.runtime.inductor.autofusion.compiled_timing`)
 VERSION = 6
 
 

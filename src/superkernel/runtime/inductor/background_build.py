@@ -1,7 +1,7 @@
 """A partition's plain C++ is built by g++ in the background while its frozen variant is lowered.
 
 CPU max-autotune with ``inductor.freezing = "auto"`` compiles a partition twice, plain then frozen
-(:func:`superkernel.runtime.inductor_cpu.choose`). Inductor builds each compiled module with g++ before it
+(:func:`superkernel.runtime.inductor.cpu_freezing.choose`). Inductor builds each compiled module with g++ before it
 returns, so the plain variant's build (2-3 s for a Qwen2-0.5B-wide decoder layer) and the frozen variant's
 lowering (Inductor's Python) ran one after the other on a machine with a second core idle.
 :func:`builds_in_background` makes the C++ builds Inductor starts inside it run on a worker thread (g++ is a

@@ -29,13 +29,13 @@ def compile_partition(gm: fx.GraphModule, example_inputs: list[Any], *, device: 
     of the active fake mode, exactly as TorchInductor's own forward compiler gets them.
     On CPU, ``cpp_wrapper`` gives the compiled partition one C++ entry point. Inductor's
     own CUDA graphs stay off: superkernel captures segments itself. What Inductor prints meanwhile
-    (autotune tables) is logged at debug level (:mod:`superkernel.runtime.inductor_output`).
+    (autotune tables) is logged at debug level (:mod:`superkernel.runtime.inductor.output`).
     """
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.utils import BoxedBool
 
-    from superkernel.runtime.inductor_output import output_logged
+    from superkernel.runtime.inductor.output import output_logged
 
     use_cpp_wrapper = bool(cpp_wrapper and device == "cpu")
     patches = inductor_patches(device, cpp_wrapper=cpp_wrapper, autotune=autotune, pdl=pdl)
@@ -50,7 +50,7 @@ def compile_partition(gm: fx.GraphModule, example_inputs: list[Any], *, device: 
     gm = _copy(gm)  # Inductor's passes rewrite the graph in place; identical partitions must stay identical
     rewrites: list[str] = []
     if device == "cpu":
-        from superkernel.runtime.quant_gemv import rewrite_int8_weight_gemv
+        from superkernel.runtime.inductor.quant_gemv import rewrite_int8_weight_gemv
 
         rewrites = rewrite_int8_weight_gemv(gm)
     try:

@@ -1,9 +1,9 @@
 """Calibration as Inductor will compile it: a horizontal GEMM candidate's separate GEMMs and the
 rule's rewrite of them, each compiled frozen through the same path as a max-autotune segment
-(:func:`superkernel.runtime.inductor_cpu.compile_frozen`: weights as constants, Inductor's freezing
+(:func:`superkernel.runtime.inductor.cpu_freezing.compile_frozen`: weights as constants, Inductor's freezing
 passes, its GEMM autotuning between C++ templates and ATen/MKL), then timed in alternating rounds.
 
-Run in a child process (``python -m superkernel.autofusion.compiled_timing SPEC_JSON``, one JSON
+Run in a child process (``python -m superkernel.runtime.inductor.autofusion.compiled_timing SPEC_JSON``, one JSON
 line out): the planner runs inside a compile (AOTAutograd's fake mode, Dynamo's tracing context),
 where compiling and running another graph is not safe; the child compiles with nothing around it.
 The child is this package's own module, started with this interpreter.
@@ -43,7 +43,7 @@ def _graph(m: int, k: int, ns: list[int], dtype: torch.dtype, bias: bool) -> tup
 
 
 def _fuse(gm: torch.fx.GraphModule) -> None:
-    from superkernel.autofusion.rules import horizontal_gemm, is_get_attr
+    from superkernel.runtime.inductor.autofusion.rules import horizontal_gemm, is_get_attr
 
     candidates, _ = horizontal_gemm.match(gm, is_get_attr)
     if len(candidates) != 1:
@@ -54,7 +54,7 @@ def _fuse(gm: torch.fx.GraphModule) -> None:
 def compiled_pair(m: int, k: int, ns: list[int], dtype: torch.dtype, bias: bool, *, gemm_templates: bool,
                   cpp_wrapper: bool) -> tuple[Callable[[], Any], Callable[[], Any]]:
     """(unfused, fused): each calls its compiled graph on the same real input."""
-    from superkernel.runtime.inductor_cpu import compile_frozen
+    from superkernel.runtime.inductor.cpu_freezing import compile_frozen
 
     gm, inputs = _graph(m, k, ns, dtype, bias)
     frozen = {i: t for i, t in enumerate(inputs) if i > 0}
@@ -72,7 +72,7 @@ def compiled_pair(m: int, k: int, ns: list[int], dtype: torch.dtype, bias: bool,
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """In the child: compile both sides, time them alternately (CPU time of this thread with one torch thread)."""
-    from superkernel.autofusion.calibrate import clock, paired
+    from superkernel.runtime.inductor.autofusion.calibrate import clock, paired
 
     torch.set_num_threads(int(spec["threads"]))
     dtype = getattr(torch, spec["dtype"])
@@ -92,7 +92,7 @@ def time_compiled(m: int, k: int, ns: list[int], dtype: torch.dtype, bias: bool,
     spec = {"m": m, "k": k, "ns": list(ns), "dtype": str(dtype).replace("torch.", ""), "bias": bias,
             "threads": torch.get_num_threads(), "gemm_templates": gemm_templates, "cpp_wrapper": cpp_wrapper,
             "rounds": rounds, "calls": calls}
-    done = subprocess.run([sys.executable, "-m", "superkernel.autofusion.compiled_timing", json.dumps(spec)],
+    done = subprocess.run([sys.executable, "-m", "superkernel.runtime.inductor.autofusion.compiled_timing", json.dumps(spec)],
                           capture_output=True, text=True, timeout=TIMEOUT_S, env=child_env())
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
     if done.returncode != 0 or not lines:
@@ -103,7 +103,7 @@ def time_compiled(m: int, k: int, ns: list[int], dtype: torch.dtype, bias: bool,
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m superkernel.autofusion.compiled_timing SPEC_JSON", file=sys.stderr)
+        print("usage: python -m superkernel.runtime.inductor.autofusion.compiled_timing SPEC_JSON", file=sys.stderr)
         return 2
     print(json.dumps(measure(json.loads(argv[0]))))
     return 0

@@ -9,9 +9,9 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from superkernel.runtime.native.build import compiler, load
-from superkernel.runtime.native.codegen import NativeSource, _Function, _Module, _check_python_variable_layout, native_source
-from superkernel.runtime.native.literals import NativeBuildError, NativeUnsupported
+from superkernel.runtime.cpu.native.build import compiler, load
+from superkernel.runtime.cpu.native.codegen import NativeSource, _Function, _Module, _check_python_variable_layout, native_source
+from superkernel.runtime.cpu.native.literals import NativeBuildError, NativeUnsupported
 
 
 # --- one graph's native segments -------------------------------------------------------------

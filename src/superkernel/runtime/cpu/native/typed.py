@@ -9,8 +9,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from superkernel.runtime.native.build import _torch_include
-from superkernel.runtime.native.literals import NativeUnsupported, _DTYPES, _LAYOUTS, _MEMORY_FORMATS, _double_literal, _int_literal
+from superkernel.runtime.cpu.native.build import _torch_include
+from superkernel.runtime.cpu.native.literals import NativeUnsupported, _DTYPES, _LAYOUTS, _MEMORY_FORMATS, _double_literal, _int_literal
 
 
 def _type_kind(t: Any) -> str:

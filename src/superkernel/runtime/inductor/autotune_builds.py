@@ -18,7 +18,7 @@ built both ways (tests/backend/test_autotune_builds.py). The module key, its pat
 change; only its build is shorter.
 
 ``SUPERKERNEL_COMPILE_PATH=before`` turns this off, and the parsed index expressions of
-:func:`superkernel.runtime.frozen_code.parsed_index_expressions_reused` too: the compile path before
+:func:`superkernel.runtime.inductor.frozen_code.parsed_index_expressions_reused` too: the compile path before
 both, which ``benchmarks/max_autotune_compile.py`` compares with.
 """
 

@@ -1,6 +1,6 @@
 """CPU reduce-overhead segments as one native call each.
 
-The segment's straight-line ATen program (the same program :mod:`superkernel.runtime.cpu`
+The segment's straight-line ATen program (the same program :mod:`superkernel.runtime.cpu.flat`
 runs from Python) is emitted as C++ that calls the very same ATen operators through the
 dispatcher. An operator whose arguments the typed signature can take is called through
 its typed entry point ``at::_ops::<op>::call`` (what ``at::<op>(...)`` calls); any other
@@ -52,11 +52,11 @@ flat Python program instead (same kernels).
 
 from __future__ import annotations
 
-from superkernel.runtime.native.literals import NativeBuildError, NativeUnsupported  # noqa: F401
-from superkernel.runtime.native.codegen import NativeSource, native_source  # noqa: F401
-from superkernel.runtime.native.build import (  # noqa: F401
+from superkernel.runtime.cpu.native.literals import NativeBuildError, NativeUnsupported  # noqa: F401
+from superkernel.runtime.cpu.native.codegen import NativeSource, native_source  # noqa: F401
+from superkernel.runtime.cpu.native.build import (  # noqa: F401
     GENERATOR_VERSION, abi_fingerprint, build_fingerprint, build_library, cache_dir, compiler, compiler_available,
     library_path, load, load_library, native_key, source_key,
 )
-from superkernel.runtime.native.typed import _INT_OPS  # noqa: F401
-from superkernel.runtime.native.segment import NativeGroup, NativeSegment  # noqa: F401
+from superkernel.runtime.cpu.native.typed import _INT_OPS  # noqa: F401
+from superkernel.runtime.cpu.native.segment import NativeGroup, NativeSegment  # noqa: F401

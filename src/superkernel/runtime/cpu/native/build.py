@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from superkernel.runtime.native.literals import NativeBuildError
+from superkernel.runtime.cpu.native.literals import NativeBuildError
 from superkernel.util import atomic_target, atomic_write
 
 

@@ -1,6 +1,6 @@
 """CPU max-autotune: the best of what TorchInductor offers for inference, per segment, by measurement.
 
-A segment is compiled by TorchInductor as one unit (:func:`superkernel.runtime.inductor.compile_partition`,
+A segment is compiled by TorchInductor as one unit (:func:`superkernel.runtime.inductor.compile.compile_partition`,
 ``cpp_wrapper`` per ``inductor.cpp_wrapper``). For inference, Inductor can do better when
 the weights are constants: *freezing* folds them into the graph, prepacks the linear weights
 for oneDNN/MKL, and makes its C++ GEMM templates (micro-kernels on packed weights) possible;
@@ -165,9 +165,9 @@ def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[i
     ``gemm_templates``: Inductor times its C++ GEMM templates (micro-kernels on the packed
     weights) against ATen/MKL for every GEMM at its real shape and keeps the faster.
     ``rewrite(gm)``: a graph rewrite run once the weights are constants, before Inductor's freezing
-    passes (the autofusion planner, :mod:`superkernel.autofusion`).
+    passes (the autofusion planner, :mod:`superkernel.runtime.inductor.autofusion`).
     ``bf16_gemv``: Inductor's fp32 micro-kernel loads bf16/fp16 weights whole and prefetches ahead on CPUs
-    without native bf16 (:mod:`superkernel.runtime.bf16_gemv`)."""
+    without native bf16 (:mod:`superkernel.runtime.inductor.bf16_gemv`)."""
     from torch._functorch.compile_utils import fx_graph_cse
     from torch._inductor import config as inductor_config
     from torch._inductor.constant_folding import constant_fold, replace_node_with_constant
@@ -175,26 +175,20 @@ def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[i
     from torch._inductor.fx_passes.freezing_patterns import freezing_passes
     from torch._inductor.fx_passes.post_grad import view_to_reshape
 
-    from superkernel.runtime.autotune_builds import template_builds_use_pch
-    from superkernel.runtime.bf16_gemv import bf16_weight_loads
-    from superkernel.runtime.frozen_code import (
-        FROZEN_PATCHES, canonical_graph, parsed_index_expressions_reused, parsed_templates_reused,
-        value_free_constant_comments,
-    )
-    from superkernel.runtime.gemm_timing import weights_from_memory
-    from superkernel.runtime.inductor import compile_partition
+    from superkernel.runtime.inductor import tweaks
+    from superkernel.runtime.inductor.compile import compile_partition
+    from superkernel.runtime.inductor.frozen_code import FROZEN_PATCHES, canonical_graph
 
     # a copy (the original stays the eager fallback); without a planner, with canonical names so that
-    # identical layers generate identical code (built once: superkernel.runtime.frozen_code)
+    # identical layers generate identical code (built once: superkernel.runtime.inductor.frozen_code)
     gm = fx.GraphModule(gm, copy.deepcopy(gm.graph)) if rewrite is not None else canonical_graph(gm)
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     kept = [i for i in range(len(placeholders)) if i not in frozen]
     patches: dict[str, Any] = {"freezing": True, **FROZEN_PATCHES}
     if gemm_templates:
         patches.update({"max_autotune_gemm": True, "max_autotune_gemm_backends": GEMM_BACKENDS})
-    with enter_freezing(), inductor_config.patch(patches), parsed_templates_reused(), \
-            parsed_index_expressions_reused(), template_builds_use_pch(None if gemm_templates else False), \
-            weights_from_memory(gemm_templates and gemm_timing == "memory"), bf16_weight_loads(bf16_gemv):
+    with enter_freezing(), inductor_config.patch(patches), \
+            tweaks.frozen_compile(gemm_templates=gemm_templates, gemm_timing=gemm_timing, bf16_gemv=bf16_gemv):
         for i, tensor in frozen.items():
             replace_node_with_constant(gm, placeholders[i], tensor)
         gm.recompile()
@@ -211,9 +205,8 @@ def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[i
         record_has_frozen_params(gm)
         # Inductor's own freezing compiles with the fake mode accepting the real constants.
         fake_mode = torch._guards.detect_fake_mode(kept_inputs)
-        allow = contextlib.nullcontext() if fake_mode is None else \
-            unittest.mock.patch.object(fake_mode, "allow_non_fake_inputs", True)
-        with allow, value_free_constant_comments():
+        with tweaks.context("real constants in the frozen compile", fake_mode), \
+                tweaks.context("value-free constant comments"):
             compiled = compile_partition(gm, kept_inputs, device="cpu", cpp_wrapper=cpp_wrapper, autotune=autotune)
 
     def run(*args: Any) -> Any:
@@ -221,6 +214,13 @@ def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[i
 
     run.source_key = getattr(compiled, "source_key", None)  # type: ignore[attr-defined]
     return run
+
+
+def real_constants_allowed(fake_mode: Any) -> Any:
+    """The fake mode of a frozen compile accepting the real frozen weights (:mod:`.tweaks`)."""
+    if fake_mode is None:
+        return contextlib.nullcontext()
+    return unittest.mock.patch.object(fake_mode, "allow_non_fake_inputs", True)
 
 
 def measurement_inputs(example_inputs: list[Any], reals: list[Any | None], frozen: dict[int, torch.Tensor]) -> list[Any]:
@@ -296,10 +296,11 @@ def choose(module: Any, parent: fx.GraphModule, parent_reals: list[Any] | None, 
     """Compile the segment plainly and (when allowed) frozen; keep the faster (see the module doc).
 
     ``background_build``: the plain variant's C++ is built on a worker thread while the frozen one is
-    lowered (:mod:`superkernel.runtime.background_build`); waited for before this returns."""
-    from superkernel.runtime.background_build import builds_in_background, wait_all
+    lowered (:mod:`superkernel.runtime.inductor.background_build`); waited for before this returns."""
+    from superkernel.runtime.inductor import tweaks
+    from superkernel.runtime.inductor.background_build import wait_all
 
-    with builds_in_background(background_build and freezing is not False) as pending:
+    with tweaks.context("background plain build", background_build and freezing is not False, absent=[]) as pending:
         plain = compile_plain()
     try:
         return _choose(module, parent, parent_reals, static_indices, plain, freezing=freezing, cpp_wrapper=cpp_wrapper,
