@@ -80,3 +80,15 @@ def _sources() -> list[object]:
 def test_no_source_file_over_600_lines(path: Path):
     lines = len(path.read_text().splitlines())
     assert lines <= 600, f"{path.relative_to(PACKAGE_ROOT)} has {lines} lines"
+
+
+def test_no_two_modules_of_one_package_share_a_basename():
+    """Inside each top-level package (runtime, tools, onnx, ...) a file name says which module it is."""
+    clashes = {}
+    for top in sorted(p for p in PACKAGE_ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()):
+        names: dict[str, list[str]] = {}
+        for path in top.rglob("*.py"):
+            if path.name != "__init__.py":
+                names.setdefault(path.name, []).append(path.relative_to(PACKAGE_ROOT).as_posix())
+        clashes.update({f"{top.name}/{k}": v for k, v in names.items() if len(v) > 1})
+    assert clashes == {}

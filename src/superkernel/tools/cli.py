@@ -202,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_distributed_args(p: argparse.ArgumentParser) -> None:
-    from superkernel.tools.distributed.cli import add_arguments
+    from superkernel.tools.distributed.nproc import add_arguments
 
     add_arguments(p)
 
@@ -268,7 +268,7 @@ def _cmd_optimize(args) -> int:
                            quiet=args.quiet, inputs=[p for p in (args.scopes_file,) if p is not None],
                            dtype=args.dtype, batch_size=args.batch_size, search=args.search,
                            quantize=args.quantize, group_size=args.group_size)
-    from superkernel.tools.distributed import cli as distributed
+    from superkernel.tools.distributed import nproc as distributed
 
     if distributed.wanted(args) and args.quantize:
         raise ValueError("--quantize measures one process; drop --nproc (tensor-parallel quantized models are not "
@@ -413,7 +413,7 @@ def _cmd_bench(args) -> int:
     from superkernel.tools.advisor.console import print_results
     from superkernel.tools.advisor.progress import Reporter
 
-    from superkernel.tools.distributed import cli as distributed
+    from superkernel.tools.distributed import nproc as distributed
 
     if distributed.wanted(args):
         return distributed.bench(args)

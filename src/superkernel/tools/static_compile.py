@@ -128,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         from superkernel.tools.distributed.launcher import in_job
 
         if args.nproc is not None or in_job():
-            from superkernel.tools.distributed.cli import static_compile
+            from superkernel.tools.distributed.nproc import static_compile
 
             return static_compile(args)
         if args.tp_plan is not None:

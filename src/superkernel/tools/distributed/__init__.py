@@ -2,7 +2,7 @@
 
 See docs/distributed.md. ``apply_tensor_parallel`` shards a model (a transformers
 ``tp_plan`` or a user-given one) for the current rank of an initialized job. Imported lazily:
-the command line's parser reads ``distributed.cli`` without importing torch.
+the command line's parser reads ``distributed.nproc`` without importing torch.
 """
 
 from __future__ import annotations
