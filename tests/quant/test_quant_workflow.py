@@ -4,8 +4,6 @@ the plan records the quantization; apply_for_generate and bench reproduce it fro
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -28,25 +26,32 @@ def test_a_plans_quantization_is_validated():
         read_plan({**base, "quantization": {"scheme": "int8-weight", "group_size": 64}})
 
 
-def test_bad_quantize_arguments_are_one_line_errors_and_write_nothing(tmp_path):
+def test_bad_quantize_arguments_are_one_line_errors_and_write_nothing(tmp_path, capsys):
+    from superkernel.tools.cli import main
+
     out = tmp_path / "out"
     for args, message in [(["--quantize", "int3"], "invalid choice: 'int3'"),
                           (["--group-size", "64"], "--group-size applies to --quantize int4-weight"),
                           (["--quantize", "w8a8", "--group-size", "64"], "group_size applies to int4-weight only")]:
-        proc = subprocess.run([sys.executable, "-m", "superkernel", "optimize", "--output", str(out), *args],
-                              capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
-        assert len(proc.stderr.strip().splitlines()) == 1
+        try:
+            code = main(["optimize", "--output", str(out), *args])
+        except SystemExit as exc:  # argparse's own errors
+            code = exc.code
+        err = capsys.readouterr().err
+        assert code == 2 and message in err, err
+        assert len(err.strip().splitlines()) == 1
     assert not out.exists()
 
 
 @pytest.fixture(scope="module")
 def quantized_run(tmp_path_factory):
+    """One optimize run on a quantized llama-tiny (the public workflow, in this process)."""
+    from superkernel.tools.advisor.workflow import OptimizeOptions, optimize
+
     out = tmp_path_factory.mktemp("quantized")
-    proc = subprocess.run([sys.executable, "-m", "superkernel", "optimize", "--model", "llama-tiny", "--quantize",
-                           "int8-weight", "--strategy", "all_layers", "--mode", "reduce-overhead", "--steps", "4",
-                           "--warmup", "1", "--quiet", "--output", str(out)], capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    outcome = optimize(OptimizeOptions(model="llama-tiny", quantize="int8-weight", strategy="all_layers",
+                                       modes=("reduce-overhead",), steps=4, warmup=1, quiet=True, output=out))
+    assert outcome.has_recommendation, outcome.message
     return out
 
 
