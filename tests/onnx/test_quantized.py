@@ -149,6 +149,35 @@ def test_a_quantized_hugging_face_decode_step_gets_its_attention_fused(hf_decode
     assert not set(written) - set(declared)  # no inferred shape ends up in the file
 
 
+@pytest.mark.parametrize("rules", ["all", "gemm"])  # gemm: nothing to fuse, the model is written as it came
+def test_constants_kept_in_the_inputs_external_data_are_written_with_the_output(hf_decode_qdyn, tmp_path, capsys,
+                                                                                 rules):
+    """ONNX Runtime's quantizers write small Constant values to external data too (MatMulNBitsQuantizer's
+    save_model_to_file(..., True)); a fused model that kept such a Constant named the input's data file relative
+    to the output, and did not load (exit 1)."""
+    from onnx.external_data_helper import convert_model_to_external_data
+
+    m = onnx.load(hf_decode_qdyn)
+    others = [(a, onnx.TensorProto.FromString(a.t.SerializeToString())) for n in m.graph.node
+              if n.op_type != "Constant" for a in n.attribute if a.type == onnx.AttributeProto.TENSOR]
+    # as the quantizers write it: every tensor above a size, Constant values included (here the two [1, 1, 1, 16]
+    # mask constants; smaller ones, shapes among them, which ONNX Runtime must read while loading, stay inline)
+    convert_model_to_external_data(m, all_tensors_to_one_file=True, location="weights.part.data", size_threshold=100,
+                                   convert_attribute=True)
+    for a, t in others:  # only Constant values
+        a.t.CopyFrom(t)
+    src = tmp_path / "in" / "model.onnx"
+    src.parent.mkdir()
+    onnx.save(m, str(src))
+    assert any(n.op_type == "Constant" and n.attribute[0].t.data_location == TensorProto.EXTERNAL
+               for n in onnx.load(str(src), load_external_data=False).graph.node)
+    out = tmp_path / "fused.onnx"
+    code, err, report = run_cli(capsys, src, out, "--no-calibrate", "--fusion-rules", rules)
+    assert code == 0, err
+    assert report["verification"]["ok"] is True
+    V.session(str(out), V.ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+
+
 def test_calibrated_run_on_a_quantized_decoder_is_timed_against_the_quantized_input(quantized, tmp_path, capsys):
     src = quantized("llama", "qdyn")
     out = tmp_path / "fused.onnx"
