@@ -149,12 +149,11 @@ def test_a_quantized_hugging_face_decode_step_gets_its_attention_fused(hf_decode
     assert not set(written) - set(declared)  # no inferred shape ends up in the file
 
 
-@pytest.mark.parametrize("rules", ["all", "gemm"])  # gemm: nothing to fuse, the model is written as it came
-def test_constants_kept_in_the_inputs_external_data_are_written_with_the_output(hf_decode_qdyn, tmp_path, capsys,
-                                                                                 rules):
+def test_constants_kept_in_the_inputs_external_data_are_written_with_the_output(hf_decode_qdyn, tmp_path, capsys):
     """ONNX Runtime's quantizers write small Constant values to external data too (MatMulNBitsQuantizer's
-    save_model_to_file(..., True)); a fused model that kept such a Constant named the input's data file relative
-    to the output, and did not load (exit 1)."""
+    save_model_to_file(..., True)); a fused model that kept such a Constant (no fusion lifted it: here nothing
+    matches ``gemm``, as in the end-to-end check's leave-one-out models) named the input's data file relative to
+    the output, and did not load (exit 1)."""
     from onnx.external_data_helper import convert_model_to_external_data
 
     m = onnx.load(hf_decode_qdyn)
@@ -172,7 +171,7 @@ def test_constants_kept_in_the_inputs_external_data_are_written_with_the_output(
     assert any(n.op_type == "Constant" and n.attribute[0].t.data_location == TensorProto.EXTERNAL
                for n in onnx.load(str(src), load_external_data=False).graph.node)
     out = tmp_path / "fused.onnx"
-    code, err, report = run_cli(capsys, src, out, "--no-calibrate", "--fusion-rules", rules)
+    code, err, report = run_cli(capsys, src, out, "--no-calibrate", "--fusion-rules", "gemm")
     assert code == 0, err
     assert report["verification"]["ok"] is True
     V.session(str(out), V.ort.GraphOptimizationLevel.ORT_ENABLE_ALL)

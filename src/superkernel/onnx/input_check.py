@@ -16,9 +16,8 @@ its attributes and input types, ONNX Runtime's reason and the types its CPU kern
 
 from __future__ import annotations
 
-from typing import Mapping
-
 import re
+from typing import Mapping
 
 import onnx_ir as ir
 
