@@ -15,6 +15,7 @@ from onnxscript.rewriter import pattern
 from . import benefit as B
 from . import shapes as S
 from . import _util as U
+from . import quant as Q
 from .catalog import RuleSpec
 from .rules import MS, FusionPattern
 from superkernel.util import exception_summary
@@ -309,9 +310,19 @@ def fuse(model: ir.Model, specs: list[RuleSpec], *, dims: Mapping[str, int] | No
                             c[4] is node and c[1].name == spec.name for c in found):
                         _detach(delta.new_nodes)
                         continue  # another variant of the same rule at the same root
+                    extras = [n for n in inst.state.get("extra_nodes", []) if n not in match.nodes]
+                    hit = Q.guard([*match.nodes, *extras])
+                    if hit is not None:  # never a quantized node into something ONNX Runtime runs in float
+                        _detach(delta.new_nodes)
+                        key = (spec.name, node.name or "", "quantized")
+                        if key not in seen_near:
+                            seen_near.add(key)
+                            result.near_misses.append(NearMiss(
+                                spec.name, node.name or "", node.op_type,
+                                f"leaves the quantized subgraph alone: {hit[1]}"))
+                        continue
                     cand = Candidate(spec.name, inst.variant, spec.fused_op, node.name or "",
                                      [n.name or n.op_type for n in dict.fromkeys(match.nodes)])
-                    extras = [n for n in inst.state.get("extra_nodes", []) if n not in match.nodes]
                     also = inst.state.get("also_replaces", [])
                     cand.benefit, cand.notes = est.estimate(inst, match, delta.new_nodes, extras,
                                                             [old for old, _new in also])

@@ -170,10 +170,30 @@ class StagedModel:
         shutil.rmtree(self.tmpdir, ignore_errors=True)
 
 
+def inline_external_attributes(model: ir.Model) -> int:
+    """Read into memory every tensor *attribute* (a ``Constant``'s value) that lives in the input's external data,
+    and return how many there were. ``ir.save`` moves initializers into the output's data file but writes an
+    attribute tensor as it is: one still pointing at the input's data file would name that file relative to the
+    output, where it does not exist (ONNX Runtime's quantizers write small ``Constant`` values to external data)."""
+    count = 0
+    graphs = [model.graph, *model.functions.values()]
+    for g in graphs:
+        for node in ir.traversal.RecursiveGraphIterator(g):
+            for name, attr in list(node.attributes.items()):
+                if attr.type == ir.AttributeType.TENSOR and isinstance(attr.value, ir.ExternalTensor):
+                    t = attr.value
+                    node.attributes[name] = ir.AttrTensor(name, ir.Tensor(t.numpy(), dtype=t.dtype, name=t.name))
+                    count += 1
+    return count
+
+
 def stage_model(model: ir.Model, output_path: str, *, external_data: bool) -> StagedModel:
     """Save ``model`` under a temporary directory in the output's directory (same file
     system, so the final os.replace is atomic). With ``external_data`` the tensors go to
-    ``<output>.data``, referenced by that final name."""
+    ``<output>.data``, referenced by that final name (attribute tensors the input kept in its
+    external data are read into the model first: :func:`inline_external_attributes`)."""
+    if external_data:
+        inline_external_attributes(model)
     out_dir = os.path.dirname(os.path.abspath(output_path))
     base = os.path.basename(output_path)
     tmp = tempfile.mkdtemp(prefix=".graph-autofusion-", dir=out_dir)

@@ -123,9 +123,15 @@ def markdown(d: dict[str, Any]) -> str:
         L += ["not run (--no-verify or nothing to verify)"]
     else:
         L += [f"{'passed' if v['ok'] else 'FAILED'} (seed {v['seed']}, inputs {v['inputs']}; ORT_DISABLE_ALL for both)", ""]
-        L += _table(["output", "dtype", "shape", "max abs diff", "atol", "rtol", "ok"],
+        floors = any(o.get("quantization_floor") is not None for o in v["outputs"])
+        L += _table(["output", "dtype", "shape", "max abs diff", "atol", "rtol", *(["quantization floor"] if floors
+                                                                                 else []), "ok"],
                     [[o["name"], o["dtype"], o["shape"], f"{o['max_abs_diff']:.3g}", o["atol"], o["rtol"],
-                      "yes" if o["ok"] else "NO"] for o in v["outputs"]])
+                      *([f"{o['quantization_floor']:.3g}" if o.get("quantization_floor") is not None else "-"]
+                        if floors else []), "yes" if o["ok"] else "NO"] for o in v["outputs"]])
+        if v.get("quantization_floor"):
+            L += ["", f"Quantization floor: {v['quantization_floor']} (docs/graph_autofusion.md, "
+                      "\"Quantized models\")."]
     b = d.get("benchmark")
     L += ["", "## Benchmark (ONNX Runtime CPU)", ""]
     if b is None:

@@ -37,17 +37,24 @@ class Annotations:
     still_unknown: int = 0
     notes: list[str] = field(default_factory=list)
     added: set[str] = field(default_factory=set)  # value names whose type/shape came from inference
+    # values that had a declared shape with unresolved dims (``unk__N`` written by an earlier symbolic
+    # inference, e.g. ONNX Runtime's quantizer saves its value_info) that inference resolved: what was declared
+    replaced: dict[str, tuple] = field(default_factory=dict)
 
     def restore(self, model: ir.Model) -> int:
         """Clear the inferred type/shape of intermediate values (graph inputs/outputs keep
-        theirs). Returns how many values were cleared."""
+        theirs) and put back the declared shapes inference had improved. Returns how many
+        values were restored."""
         if not self.added:
             return 0
         outs = set(model.graph.outputs)
         n = 0
         for node in ir.traversal.RecursiveGraphIterator(model.graph):
             for v in node.outputs:
-                if v.name in self.added and v not in outs:
+                if v.name in self.replaced:
+                    v.type, v.shape = self.replaced[v.name]
+                    n += 1
+                elif v.name in self.added and v not in outs:
                     v.shape = None
                     v.type = None
                     n += 1
@@ -60,6 +67,24 @@ class Annotations:
 
 def _known(v: ir.Value) -> bool:
     return v.type is not None and v.shape is not None
+
+
+def _unresolved(v: ir.Value) -> bool:
+    """A declared shape with dims nobody named: missing, or ``unk__N`` (an earlier symbolic inference's name for
+    a dim it could not resolve; ONNX Runtime's quantizer saves such value_info with the quantized model)."""
+    return v.shape is not None and any(
+        not isinstance(d, int) and (d is None or d.value is None or str(d.value).startswith("unk__"))
+        for d in v.shape)
+
+
+def _declared_score(v: ir.Value) -> int:
+    """:func:`_score` of what ``v`` declares."""
+    if v.type is None:
+        return -1
+    if v.shape is None:
+        return 0
+    return 1 + sum(2 if isinstance(d, int) else 1 if d.value is not None and not str(d.value).startswith("unk__")
+                   else 0 for d in v.shape)
 
 
 def _score(vi: onnx.ValueInfoProto) -> int:
@@ -93,7 +118,8 @@ def annotate(model: ir.Model, *, symbolic: bool = True) -> Annotations:
             if v.name:
                 values[v.name] = v
     missing = {n for n, v in values.items() if not _known(v)}
-    if not missing:
+    poor = {n for n, v in values.items() if _known(v) and _unresolved(v)}  # declared, but inference may do better
+    if not missing and not poor:
         return ann
     try:
         proto = ir.to_proto(model)
@@ -112,13 +138,15 @@ def annotate(model: ir.Model, *, symbolic: bool = True) -> Annotations:
         prop = data_prop_is_bounded(proto)  # ONNX's data propagation materializes what a Range produces
         if not prop:
             ann.notes.append("ONNX data propagation skipped: a Range or a declared dimension is too large to evaluate")
+        if poor:  # inference keeps a declared shape as it is: let it infer those values afresh
+            _drop_value_info(proto, poor)
         inferred = onnx.shape_inference.infer_shapes(proto, check_type=False, strict_mode=False, data_prop=prop)
         for name, vi in _value_infos(inferred).items():
-            if name in missing and (name not in best or _score(vi) > best[name][0]):
+            if (name in missing or name in poor) and (name not in best or _score(vi) > best[name][0]):
                 best[name] = (_score(vi), vi, "onnx")
     except Exception as e:  # noqa: BLE001 - the inference raises for odd models; matching goes on without it
         ann.notes.append(f"ONNX shape inference failed: {exception_summary(e, 240, first_line=False)}")
-    incomplete = [n for n in missing if n not in best or not _complete(best[n][1])]
+    incomplete = [n for n in (*missing, *poor) if n not in best or not _complete(best[n][1])]
     if symbolic and incomplete:
         if proto.ByteSize() > SYMBOLIC_MAX_BYTES:
             ann.notes.append("symbolic shape inference skipped: model too large to hold in memory twice")
@@ -129,14 +157,21 @@ def annotate(model: ir.Model, *, symbolic: bool = True) -> Annotations:
                 sym = infer_symbolic(proto, auto_merge=True)  # no file written, constants sized first
                 if sym is not None:
                     for name, vi in _value_infos(sym).items():
-                        if name in missing:
+                        if name in missing or name in poor:
                             s = _score(vi)
                             if name not in best or s > best[name][0] or (
                                     s == best[name][0] and _complete(vi) and not _complete(best[name][1])):
                                 best[name] = (s, vi, "symbolic")
             except Exception as e:  # noqa: BLE001
                 ann.notes.append(f"symbolic shape inference failed: {exception_summary(e, 240, first_line=False)}")
-    for name in missing:
+    for name in poor:
+        entry = best.get(name)
+        v = values[name]
+        if entry is None or entry[0] <= _declared_score(v) or not entry[1].type.tensor_type.HasField("shape"):
+            continue
+        ann.replaced[name] = (v.type, v.shape)
+        v.shape = None  # set from the inference below
+    for name in (*missing, *ann.replaced):
         entry = best.get(name)
         if entry is None or entry[0] < 0:
             ann.still_unknown += 1
@@ -155,6 +190,14 @@ def annotate(model: ir.Model, *, symbolic: bool = True) -> Annotations:
         else:
             ann.symbolic_inferred += 1
     return ann
+
+
+def _drop_value_info(proto: onnx.ModelProto, names: set[str]) -> None:
+    """Remove the value_info of ``names`` from ``proto`` (a copy), so that inference computes them."""
+    keep = [vi for vi in proto.graph.value_info if vi.name not in names]
+    if len(keep) != len(proto.graph.value_info):
+        del proto.graph.value_info[:]
+        proto.graph.value_info.extend(keep)
 
 
 def _complete(vi: onnx.ValueInfoProto) -> bool:

@@ -60,13 +60,14 @@ class RatioEstimate:
         return asdict(self)
 
 
-def session(model: str | bytes, level, threads: int = 0):
-    """An ONNX Runtime CPU session at ``level`` (``threads``: intra-op threads, 0 = ORT's default)."""
+def session(model: str | bytes, level, threads: int = 0, log_severity: int = 3):
+    """An ONNX Runtime CPU session at ``level`` (``threads``: intra-op threads, 0 = ORT's default;
+    ``log_severity``: 3 logs errors, 4 only fatal ones, for a caller that reports the failure itself)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.graph_optimization_level = level
-    so.log_severity_level = 3
+    so.log_severity_level = log_severity
     if threads:
         so.intra_op_num_threads = threads
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
