@@ -64,6 +64,19 @@ def test_ci_subset_is_bit_exact_and_compiles_once(model_type):
     torch._dynamo.reset()
 
 
+@pytest.mark.parametrize("model_type, scheme", [("biogpt", "w8a8"), ("rembert", "int8-weight")])
+def test_ci_subset_quantized_is_bit_exact_to_its_reference(model_type, scheme):
+    """Quantized models of the CI subset (two here, to keep the suite short; benchmarks/hf_registry_sweep.py
+    --quantize runs every scheme on the whole subset): reduce-overhead bit-exact to its exactness reference,
+    the quantized eager model's greedy tokens reported."""
+    pytest.importorskip("torchao")
+    row = sweep_one(model_type, quantize=scheme)
+    assert row.get("exit") == 0, row.get("reason")
+    assert row["quantization"]["layers"] > 0 and row["bit_exact"] is True
+    assert row["recompiles_timed"] == 0 and 0 <= row["greedy_agreement_vs_eager"] <= 1
+    torch._dynamo.reset()
+
+
 def test_strict_scope_check_abort_raises_instead_of_falling_back():
     import superkernel
     from superkernel.ir.graph import SuperKernelScopeError

@@ -21,8 +21,11 @@ PROMPT_LEN, STEPS, WARMUP = 20, 4, 2  # the prompt is longer than the tiny slidi
 
 
 def sweep_one(model_type: str, *, strategy: str = "decoder_layer", mode: str = "reduce-overhead",
-              steps: int = STEPS, warmup: int = WARMUP, prompt_len: int = PROMPT_LEN) -> dict[str, Any]:
-    """A row of the sweep's table for ``model_type`` (see module doc); never raises for the model's sake."""
+              steps: int = STEPS, warmup: int = WARMUP, prompt_len: int = PROMPT_LEN,
+              quantize: str | None = None) -> dict[str, Any]:
+    """A row of the sweep's table for ``model_type`` (see module doc); never raises for the model's sake.
+    ``quantize``: the model is quantized first (``superkernel.tools.quantize``; the row compares the plan with
+    the *quantized* eager model: greedy-token agreement and max logit difference)."""
     import superkernel
     from superkernel.pipeline.capture_fallback import SuperKernelCaptureFallbackWarning
     from superkernel.tools.advisor.compiling import compile_superkernel
@@ -39,6 +42,12 @@ def sweep_one(model_type: str, *, strategy: str = "decoder_layer", mode: str = "
     stage = "analyze"
     model = build_tiny(model_type)
     try:
+        if quantize:
+            from superkernel.tools.quantize import quantize_model
+
+            stage = "quantize"
+            row["quantization"] = quantize_model(model, quantize).to_dict()
+            stage = "analyze"
         structure = analyze_structure(model)
         plan = plan_for(strategy, structure)
         row["scopes"] = len(plan.scopes)
@@ -74,6 +83,7 @@ def sweep_one(model_type: str, *, strategy: str = "decoder_layer", mode: str = "
             exit=0,
             bit_exact=bool(torch.equal(planned.logits, reference.logits)),
             max_abs_diff_vs_eager=float((planned.logits - eager.logits).abs().max()),
+            greedy_agreement_vs_eager=float((planned.logits.argmax(-1) == eager.logits.argmax(-1)).double().mean()),
             recompiles_timed=max(reference.dynamo.recompiles_timed, planned.dynamo.recompiles_timed),
             recompiles_warmup=max(reference.dynamo.recompiles_warmup, planned.dynamo.recompiles_warmup),
             recompile_reasons=(planned.dynamo.reasons or reference.dynamo.reasons)[:3],
