@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/llamacpp_peer.py [--layers 24 | --tiny] [--quants f16,q8_0,q4_0]
                                                  [--threads 1,all] [--prompt 32] [--steps 64] [--warmup 4]
                                                  [--rounds 3] [--check-steps 16] [--seed 0] [--pure]
+                                                 [--keep DIR [--rebuild]] [--no-perturb] [--flash-attn]
 
 What it does, in order:
 
@@ -35,8 +36,9 @@ What it does, in order:
    KV cache) is run beside it; llama.cpp F16 passes if its max abs difference from float32 is at most
    ``F16_TOLERANCE_FACTOR`` x that emulation's, and it never disagrees on the top-1 token where float32's
    top-1 / top-2 margin exceeds twice its own max abs difference. Q8_0 and Q4_0 report the same figures against
-   float32: that is quantization's own error (llama.cpp also quantizes the activations of a Q8_0 / Q4_0
-   matmul to 8 bits: the Q8_0 model computes W8A8).
+   float32: that is quantization's own error, split into the weights' part (the float32 model with the file's
+   weights dequantized by ``gguf``) and what llama.cpp adds to it (llama.cpp also quantizes the activations of a
+   Q8_0 / Q4_0 matmul to 8-bit blocks: its Q8_0 model computes W8A8).
 5. Times decode, batch 1: one ``Llama`` per (quantization, threads) with ``n_threads = n_threads_batch``, all
    loaded first (load time = the constructor's wall clock, file in the page cache, mmap), then ``--rounds``
    rounds in rotating order; each round resets the context, evaluates the prompt (prefill, timed apart),
@@ -46,7 +48,13 @@ What it does, in order:
    same steps (``llama_perf_context``: ``t_eval_ms / n_eval``). Every round's greedy tokens are checked
    against the configuration's first round (llama.cpp is deterministic at a fixed thread count) and compared
    with the float32 model's greedy tokens (the first divergence is reported). The CPU time other processes
-   took during the timing (``/proc/stat`` minus this process) is recorded: the box may be shared.
+   took during each round (``/proc/stat`` minus this process) is recorded: the box may be shared; rounds where
+   they kept fewer than ``QUIET_OTHERS_CORES`` busy are the quiet rounds, and their median is reported apart.
+
+``--keep DIR`` keeps the checkpoint, the GGUF files and the float32 logits; a later run with the same model,
+prompt, quantizations and library versions and ``--keep DIR`` reuses them (steps 1-3 and PyTorch are skipped;
+llama.cpp is checked against the stored float32 logits again before it is timed), for re-timing on a quieter
+machine without rebuilding.
 
 Writes ``benchmarks/results/llamacpp_peer_<shape>.{json,md}`` (shape: ``qwen2_0.5b``, ``qwen2_0.5b_<N>layers``
 or ``tiny``), overwritten in place. Needs the ``peers`` extra (``llama-cpp-python``, ``gguf``); not part of
@@ -356,6 +364,77 @@ def percentile(values: list[float], q: float) -> float:
 # ---------------------------------------------------------------------------------------------- main
 
 
+STATE_VERSION = 1
+
+
+def prepare(args, config: dict[str, Any], quants: list[str], threads: list[int], workdir: Path,
+            report: dict[str, Any]) -> dict[str, Any]:
+    """Steps 1-3 and the PyTorch side of step 4: the model, its checkpoint, the reference tokens and logits, the
+    GGUF files and the PyTorch logits they are compared with. With ``--keep DIR``, a DIR prepared by an earlier run
+    with the same model, prompt, quantizations and library versions is reused (``--rebuild`` refuses it): only
+    llama.cpp is then run again, checked against the stored float32 logits first."""
+    import gguf  # noqa: F401  (import errors were reported before)
+    import llama_cpp
+
+    timed_tokens = max(args.warmup + args.steps, args.check_steps)
+    key = {"state": STATE_VERSION, "config": config, "seed": args.seed, "perturb": not args.no_perturb,
+           "pure": args.pure, "prompt": args.prompt, "check_steps": args.check_steps,
+           "llama_cpp_python": llama_cpp.__version__, "gguf": _version("gguf"), "torch": torch.__version__,
+           "transformers": _version("transformers")}
+    state_file, arrays_file = workdir / "state.json", workdir / "reference.npz"
+    files = {q: workdir / f"model-{q}.gguf" for q in quants}
+    if args.keep is not None and not args.rebuild and state_file.exists() and arrays_file.exists():
+        state = json.loads(state_file.read_text())
+        arrays = np.load(arrays_file)
+        usable = (state["key"] == key and len(state["f32_greedy"]) >= timed_tokens
+                  and all(q in state["quants"] and files[q].exists() for q in quants))
+        if usable:
+            print(f"[reuse] {workdir}: checkpoint, GGUF files and float32 logits of an earlier run "
+                  f"({state['written']})", flush=True)
+            report.update(state["report"])
+            report["reused_from"] = {"dir": str(workdir), "written": state["written"]}
+            return {"prompt": state["prompt"], "check_tokens": state["check_tokens"],
+                    "f32_greedy": state["f32_greedy"], "ids": state["ids"], "ref_logits": arrays["ref_logits"],
+                    "torch_logits": {k[len("torch_"):]: arrays[k] for k in arrays.files if k.startswith("torch_")},
+                    "files": files}
+        print(f"[reuse] {workdir}: prepared for another configuration; rebuilding", flush=True)
+
+    # 1-2: the model, its checkpoint, the reference
+    t0 = time.perf_counter()
+    model = build_model(config, args.seed, perturb=not args.no_perturb)
+    checkpoint = workdir / "hf"
+    model.save_pretrained(checkpoint, safe_serialization=True)
+    del model
+    reference = load_reference(checkpoint)
+    print(f"[model] {report['shape']}: {sum(p.numel() for p in reference.parameters()) / 1e6:.1f} M parameters, "
+          f"checkpoint {time.perf_counter() - t0:.1f} s", flush=True)
+    rng = np.random.default_rng(args.seed)
+    prompt = [int(x) for x in rng.integers(N_SPECIAL, config["vocab_size"], size=args.prompt)]
+    f32_greedy = greedy(reference, prompt, timed_tokens)
+    check_tokens = f32_greedy[: args.check_steps]
+    ids = prompt + check_tokens[:-1]  # the rows of ids predict check_tokens (from position prompt-1 on)
+    ref_logits = teacher_forced_logits(reference, ids)
+    torch_logits = f16_emulation_logits(reference, ids)
+    del reference
+
+    # 3: GGUF files
+    t0 = time.perf_counter()
+    mapping = write_gguf_f16(checkpoint, config, files["f16"])
+    made = {"gguf_write_s": time.perf_counter() - t0, "gguf_tensors": len(mapping), "quantize_s": {}}
+    for q in quants:
+        if q != "f16":
+            made["quantize_s"][q] = quantize(files["f16"], files[q], q, args.pure, max(threads))
+            torch_logits[f"dequantized_{q}"] = dequantized_logits(checkpoint, files[q], mapping, ids)
+    report.update(made)
+    if args.keep is not None:
+        np.savez(arrays_file, ref_logits=ref_logits, **{f"torch_{k}": v for k, v in torch_logits.items()})
+        state_file.write_text(json.dumps({
+            "key": key, "quants": quants, "prompt": prompt, "check_tokens": check_tokens, "f32_greedy": f32_greedy,
+            "ids": ids, "report": made, "written": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=1) + "\n")
+    return {"prompt": prompt, "check_tokens": check_tokens, "f32_greedy": f32_greedy, "ids": ids,
+            "ref_logits": ref_logits, "torch_logits": torch_logits, "files": files}
+
+
 def thread_counts(spec: str) -> list[int]:
     cores = len(os.sched_getaffinity(0))
     counts = []
@@ -387,7 +466,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pure", action="store_true", help="every matrix the named type (llama-quantize --pure)")
     parser.add_argument("--no-perturb", action="store_true", help="keep HF's ones/zeros norms and biases")
     parser.add_argument("--flash-attn", action="store_true", help="llama.cpp flash attention (wrapper default: off)")
-    parser.add_argument("--keep", type=Path, help="write the checkpoint and GGUF files here (kept)")
+    parser.add_argument("--keep", type=Path, help="write the checkpoint, GGUF files and float32 logits here (kept); "
+                        "a later run with the same model and --keep DIR reuses them and runs only llama.cpp")
+    parser.add_argument("--rebuild", action="store_true", help="with --keep: rebuild even if DIR is reusable")
     parser.add_argument("--name", help="result file stem (default llamacpp_peer_<shape>)")
     args = parser.parse_args(argv)
 
@@ -424,39 +505,9 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(workdir_ctx.name) if workdir_ctx else args.keep
     workdir.mkdir(parents=True, exist_ok=True)
     try:
-        # 1-2: the model, its checkpoint, the reference
-        t0 = time.perf_counter()
-        model = build_model(config, args.seed, perturb=not args.no_perturb)
-        checkpoint = workdir / "hf"
-        model.save_pretrained(checkpoint, safe_serialization=True)
-        del model
-        reference = load_reference(checkpoint)
-        print(f"[model] {shape}: {sum(p.numel() for p in reference.parameters()) / 1e6:.1f} M parameters, "
-              f"checkpoint {time.perf_counter() - t0:.1f} s", flush=True)
-
-        rng = np.random.default_rng(args.seed)
-        prompt = [int(x) for x in rng.integers(N_SPECIAL, config["vocab_size"], size=args.prompt)]
-        check_tokens = greedy(reference, prompt, args.check_steps)
-        timed_tokens = max(args.warmup + args.steps, args.check_steps)
-        f32_greedy = greedy(reference, prompt, timed_tokens)
-        assert f32_greedy[: args.check_steps] == check_tokens
-        ids = prompt + check_tokens[:-1]  # the rows of ids predict check_tokens (from position prompt-1 on)
-        ref_logits = teacher_forced_logits(reference, ids)
-        emulations = f16_emulation_logits(reference, ids)
-        del reference
-
-        # 3: GGUF files
-        files: dict[str, Path] = {"f16": workdir / "model-f16.gguf"}
-        t0 = time.perf_counter()
-        mapping = write_gguf_f16(checkpoint, config, files["f16"])
-        report["gguf_write_s"] = time.perf_counter() - t0
-        report["gguf_tensors"] = len(mapping)
-        report["quantize_s"] = {}
-        for q in quants:
-            if q == "f16":
-                continue
-            files[q] = workdir / f"model-{q}.gguf"
-            report["quantize_s"][q] = quantize(files["f16"], files[q], q, args.pure, max(threads))
+        prep = prepare(args, config, quants, threads, workdir, report)
+        prompt, check_tokens, f32_greedy = prep["prompt"], prep["check_tokens"], prep["f32_greedy"]
+        ids, ref_logits, torch_logits, files = prep["ids"], prep["ref_logits"], prep["torch_logits"], prep["files"]
         report["files"] = {q: describe_gguf(files[q]) for q in quants}
         for q in quants:
             f = report["files"][q]
@@ -467,15 +518,15 @@ def main(argv: list[str] | None = None) -> int:
         check: dict[str, Any] = {}
         ranges = {"all": slice(0, len(ids)), "prefill": slice(0, args.prompt),
                   "generated": slice(args.prompt - 1, len(ids))}
-        for name, logits in emulations.items():
-            check[name] = {r: compare(ref_logits[s], logits[s]) for r, s in ranges.items()}
+        for name in ("f16_weights", "f16_emulation"):
+            check[name] = {r: compare(ref_logits[s], torch_logits[name][s]) for r, s in ranges.items()}
         for q in quants:
             llm = open_llama(files[q], max(threads), n_ctx=len(ids) + 8, logits_all=True, flash_attn=args.flash_attn)
             got = llama_logits(llm, prompt, check_tokens[:-1])
             del llm
             check[q] = {r: compare(ref_logits[s], got[s]) for r, s in ranges.items()}
             if q != "f16":  # split quantization's error: the weights alone, then what llama.cpp adds
-                deq = dequantized_logits(checkpoint, files[q], mapping, ids)
+                deq = torch_logits[f"dequantized_{q}"]
                 check[f"torch_{q}_weights"] = {r: compare(ref_logits[s], deq[s]) for r, s in ranges.items()}
                 check[f"{q}_vs_torch_{q}_weights"] = {r: compare(deq[s], got[s]) for r, s in ranges.items()}
         bound = F16_TOLERANCE_FACTOR * check["f16_emulation"]["all"]["max_abs"]
