@@ -53,6 +53,57 @@ def quant_error(float_logits: torch.Tensor, quant_logits: torch.Tensor) -> dict[
             "cosine": float(torch.nn.functional.cosine_similarity(f, q, dim=-1).mean())}
 
 
+def llamacpp_peers(model: torch.nn.Module, quants: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """llama.cpp on this model's own weights: a checkpoint, a GGUF F16 written from it (benchmarks/llamacpp_peer.py),
+    Q8_0 / Q4_0 quantized by llama.cpp; each opened with ``--threads`` and checked against the float32 model's
+    logits on a prompt first (F16 within F16 rounding; Q8_0 / Q4_0: their own error, reported)."""
+    import llamacpp_peer as lp
+
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="sk-quant-decode-gguf-"))
+    work.mkdir(parents=True, exist_ok=True)
+    checkpoint = work / "checkpoint"
+    model.save_pretrained(checkpoint, safe_serialization=True)
+    config = json.loads((checkpoint / "config.json").read_text())
+    rope = config.get("rope_parameters") or {}
+    config.setdefault("rope_theta", rope.get("rope_theta", getattr(model.config, "rope_theta", 10000.0)))
+    f16 = work / "model-f16.gguf"
+    lp.write_gguf_f16(checkpoint, config, f16)
+    prompt = [int(t) for t in torch.randint(lp.N_SPECIAL, config["vocab_size"], (32,),
+                                            generator=torch.Generator().manual_seed(7))]
+    follow = prompt[:8]
+    with torch.no_grad():
+        reference = lp.teacher_forced_logits(model, prompt + follow)
+    peers = []
+    for quant in quants:
+        path = f16 if quant == "f16" else work / f"model-{quant}.gguf"
+        if quant != "f16":
+            lp.quantize(f16, path, quant, pure=False, threads=2)
+        start = time.perf_counter()
+        check_llm = lp.open_llama(path, args.threads, 256, logits_all=True, flash_attn=False)
+        load_s = time.perf_counter() - start
+        got = lp.llama_logits(check_llm, prompt, follow)
+        del check_llm
+        check = lp.compare(reference, got)
+        check["top1_agreement"] = check["top1_agree"] / check["positions"]
+        # F16 weights round at 2^-11: near-flat random-weight logits may flip a top-1 or two, the distribution
+        # may not move (a wrong tensor mapping moves KL by orders of magnitude)
+        ok = quant != "f16" or (check["top1_agreement"] >= 0.9 and check["kl_mean"] < 1e-5)
+        check.update(ok=ok, what="F16 within F16 rounding" if quant == "f16" else "its own quantization error")
+        llm = lp.open_llama(path, args.threads, 32 + args.warmup + args.steps + 8, logits_all=False, flash_attn=False)
+        peers.append({"quant": quant, "llm": llm, "load_s": load_s, "step_ms": [], "check": check, "prompt": prompt,
+                      "file_bytes": path.stat().st_size})
+        print(f"llama.cpp {quant}: loaded in {load_s:.1f} s, check {check}", flush=True)
+    return peers
+
+
+def peer_round(peer: dict[str, Any], args: argparse.Namespace) -> float:
+    """One llama.cpp round like ours: the prompt, ``--warmup`` steps, then the median of ``--steps`` steps (ms)."""
+    import llamacpp_peer as lp
+
+    run = lp.decode_round(peer["llm"], peer["prompt"], args.warmup, args.steps)
+    return statistics.median(run["step_s"]) * 1e3
+
+
 def weight_bytes(model: torch.nn.Module) -> int:
     from superkernel.tools.quantize import _param_bytes
 
@@ -68,6 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--llamacpp", default="f16,q8_0,q4_0",
+                        help="llama.cpp peers (superkernel[peers]) on the same weights, timed in the same rounds: a GGUF "
+                             "written from this model, quantized by llama.cpp; '' for none")
+    parser.add_argument("--workdir", type=Path, default=None, help="where the checkpoint and GGUF files go (default: a "
+                                                                   "temporary folder, removed at the end)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     import superkernel as sk
@@ -96,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         for kind in kinds:
             plans.append({"model": name, "kind": kind, "session": session, "scoped": scoped})
     reference: dict[str, Any] = {}
+    peers = llamacpp_peers(base, [q for q in args.llamacpp.split(",") if q], args) if args.llamacpp else []
 
     def step_of(plan: dict[str, Any], run_eagerly: bool = False) -> Any:
         session, kind = plan["session"], plan["kind"]
@@ -133,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             order = list(range(len(plans)))
             order = order[r % len(order):] + order[:r % len(order)]
+            for peer in peers:  # llama.cpp: the same prompt length and steps, in every round
+                peer["step_ms"].append(peer_round(peer, args))
             for i in order:
                 plan = plans[i]
                 with plan["session"].dynamo_config():
@@ -163,22 +222,39 @@ def main(argv: list[str] | None = None) -> int:
                 fsession.tokens = fsession_tokens
             row["quantization_error"] = quant_error(float_logits, plan["logits"])
         rows.append(row)
+    q8 = next((p for p in peers if p["quant"] == "q8_0"), None)
+    for row in rows:
+        if q8 is not None:
+            row["vs_llamacpp_q8_0"] = row["median_ms"] / statistics.median(q8["step_ms"])
+    peer_rows = [{"peer": f"llama.cpp {p['quant'].upper()}", "median_ms": statistics.median(p["step_ms"]),
+                  "load_s": p["load_s"], "file_bytes": p["file_bytes"], "check": p["check"],
+                  "roofline_ms": p["file_bytes"] / bandwidth * 1e3} for p in peers]
     result = {"threads": args.threads, "layers": args.layers, "steps": args.steps, "rounds": args.rounds,
+              "llamacpp": peer_rows,
               "copy_bandwidth_GBps": bandwidth / 1e9, "torch": torch.__version__, "quantization": infos, "rows": rows}
     lines = ["# Quantized decode at real width (Qwen2-0.5B shape)", "",
              f"torch {torch.__version__}, {args.threads} thread(s), {args.layers} layers, {args.steps} timed steps x "
              f"{args.rounds} rotating rounds; roofline = weight bytes / {bandwidth / 1e9:.1f} GB/s measured copy. "
              "Ratios are medians of per-round ratios to float32 superkernel max-autotune.", "",
-             "| model | plan | ms/step | vs float32 sk max-autotune | x roofline | compile s | correct | quantization's own error |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| model | plan | ms/step | vs float32 sk max-autotune | vs llama.cpp Q8_0 | x roofline | compile s | correct | "
+             "quantization's own error |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         err = row.get("quantization_error")
         err_text = (f"top-1 {err['top1_agreement']:.3f}, max diff {err['max_abs_diff']:.3g}, KL {err['mean_kl']:.2e}"
                     if err else "")
         exact = {True: ", bit-exact", False: ", NOT bit-exact"}.get(row.get("bit_exact_vs_reference"), "")
+        q8_ratio = f"{row['vs_llamacpp_q8_0']:.2f}" if "vs_llamacpp_q8_0" in row else "-"
         lines.append(f"| {row['model']} | {row['kind']} | {row['median_ms']:.2f} | "
-                     f"{row['vs_float32_superkernel_max_autotune']:.2f} | {row['median_ms'] / row['roofline_ms']:.2f} | "
+                     f"{row['vs_float32_superkernel_max_autotune']:.2f} | {q8_ratio} | "
+                     f"{row['median_ms'] / row['roofline_ms']:.2f} | "
                      f"{row['compile_s']:.1f} | {'WRONG' if row['wrong_rounds'] else 'yes'}{exact} | {err_text} |")
+    for p in peer_rows:
+        c = p["check"]
+        lines.append(f"| (same weights, GGUF) | {p['peer']} | {p['median_ms']:.2f} | - | - | "
+                     f"{p['median_ms'] / p['roofline_ms']:.2f} | load {p['load_s']:.1f} | "
+                     f"{'yes' if c.get('ok') else 'NO'} ({c.get('what', '')}) | top-1 {c['top1_agreement']:.3f}, max diff "
+                     f"{c['max_abs']:.3g} against float32 |")
     args.output.mkdir(parents=True, exist_ok=True)
     from superkernel.util import atomic_write
 

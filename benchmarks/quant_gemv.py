@@ -11,7 +11,8 @@ lm_head 151936x896), batch 1, in float32 and in bfloat16:
 * superkernel's rewrite (``superkernel.runtime.inductor.quant_gemv``): the same graph as a reduction reading int8.
 
 Each is checked against a float64 reference first, then timed in interleaved rounds (median of per-round
-medians). The weight bytes read at the measured copy bandwidth give the roofline. Writes
+medians), rotating over enough copies of the weights that they come from memory, as in a decode step (one
+copy of a projection fits in the last-level cache and would time the cache). The weight bytes read at the measured copy bandwidth give the roofline. Writes
 ``benchmarks/results/quant_gemv.{json,md}``: the measurement behind the rewrite's rule.
 """
 
@@ -101,11 +102,26 @@ def main(argv: list[str] | None = None) -> int:
             s = s32.to(dtype)
             dense = (w.double() * s.double()[:, None]).to(dtype)
             ref = x.double() @ (w.double() * s.double()[:, None]).t()
+            from superkernel.runtime.inductor.gemm_timing import last_level_cache_bytes
+
+            copies = max(1, -(-3 * last_level_cache_bytes() // (n * k)))  # int8 copies past the cache, x3
+            ws = [w.clone() for _ in range(copies)]
+            denses = [dense.clone() for _ in range(max(1, -(-copies // (4 if dtype == torch.float32 else 2))))]
+            turn = {"w": 0, "d": 0}
+
+            def next_w() -> torch.Tensor:
+                turn["w"] = (turn["w"] + 1) % len(ws)
+                return ws[turn["w"]]
+
+            def next_dense() -> torch.Tensor:
+                turn["d"] = (turn["d"] + 1) % len(denses)
+                return denses[turn["d"]]
+
             plans: dict[str, Callable[[], Any]] = {
-                "float GEMV (Inductor)": (lambda f=torch.compile(_own(float_gemv), dynamic=False): f(x, dense)),
-                "ATen _weight_int8pack_mm": lambda: torch._weight_int8pack_mm(x, w, s),
-                "Inductor, torchao's graph": (lambda f=torch.compile(_own(woq_graph), dynamic=False): f(x, w, s)),
-                "superkernel rewrite": (lambda f=compile_rewritten(x, w, s): f(x, w, s)),
+                "float GEMV (Inductor)": (lambda f=torch.compile(_own(float_gemv), dynamic=False): f(x, next_dense())),
+                "ATen _weight_int8pack_mm": lambda: torch._weight_int8pack_mm(x, next_w(), s),
+                "Inductor, torchao's graph": (lambda f=torch.compile(_own(woq_graph), dynamic=False): f(x, next_w(), s)),
+                "superkernel rewrite": (lambda f=compile_rewritten(x, w, s): f(x, next_w(), s)),
             }
             errors = {}
             with torch.no_grad():
