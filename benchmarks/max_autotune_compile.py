@@ -1,7 +1,7 @@
 """Where a cold max-autotune compile's wall time goes, and what a change to the compile path saves.
 
     .venv/bin/python benchmarks/max_autotune_compile.py --models gpt_neox,real:3 [--strategy S]
-                     [--repeats 2] [--variants before,after] [--name max_autotune_compile_breakdown]
+                     [--repeats 2] [--variants before,after] [--name max_autotune_compile]
 
 Each run is a fresh process with its own empty TorchInductor cache directory: it builds the model
 (an architecture name of ``superkernel.tools.models.archs``, a zoo name such as ``llama-tiny``, or
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strategy", help="default: all_layers for tiny models, decoder_layer for real:N")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--variants", default="before,after")
-    parser.add_argument("--name", default="max_autotune_compile")
+    parser.add_argument("--name", default="max_autotune_compile", help="stem of the result files: a configuration's name, never a run's: its next run overwrites the file, git keeps the history")
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--note", action="append", dest="notes", default=[])
     parser.add_argument("--profile", type=Path, help="(child) cProfile the first step into this file")

@@ -1,4 +1,4 @@
-"""benchmarks/gemv_ceiling.py: its argument checks and the blocked layout its hand kernel reads (the kernels
+"""benchmarks/studies/gemv_ceiling.py: its argument checks and the blocked layout its hand kernel reads (the kernels
 themselves are checked against ATen by the benchmark before anything is timed)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 
 from tests._benchmarks import load_benchmark
 
-gemv_ceiling = load_benchmark("gemv_ceiling")
+gemv_ceiling = load_benchmark("studies/gemv_ceiling")
 
 
 @pytest.mark.parametrize("argv, message", [

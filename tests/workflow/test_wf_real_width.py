@@ -31,7 +31,7 @@ def test_save_checkpoint_refuses_an_existing_directory_and_a_bad_dtype(tmp_path,
 
 
 def test_each_page_setting_gets_only_its_own_switch():
-    hp = load_benchmark("real_width_hugepages")
+    hp = load_benchmark("studies/real_width_hugepages")
     parent = {"THP_MEM_ALLOC_ENABLE": "1", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1", "HOME": "/h"}
     four_k = hp.setting_env("4k", parent)
     assert four_k == {"HOME": "/h", "SUPERKERNEL_HUGEPAGES": "0"}
