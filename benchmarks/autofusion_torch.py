@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--freezing", choices=("auto", "true"), default="auto",
                         help="inductor.freezing of both variants (true: no plain-vs-frozen timing, so the only "
                              "difference between them is the planner)")
-    parser.add_argument("--output-name", default="autofusion_torch")
+    parser.add_argument("--output-name", default="autofusion_torch", help="stem of the result files: a configuration's name, never a run's: its next run overwrites the file, git keeps the history")
     parser.add_argument("--control", action="store_true",
                         help="also compile the unplanned variant a second time and time it in the same rounds (A/A: "
                              "the noise floor of the on/off ratio)")

@@ -271,7 +271,7 @@ def main(argv=None) -> int:
     p.add_argument("--malloc-hugepages", action="store_true",
                    help="run every timing process with GLIBC_TUNABLES=glibc.malloc.hugetlb=1 (glibc >= 2.35 "
                         "madvises its large allocations for transparent huge pages; every tool alike)")
-    p.add_argument("--name", default="onnx_real_width", help="base name of the JSON and markdown written to --out")
+    p.add_argument("--name", default="onnx_real_width", help="base name of the JSON and markdown written to --out: a configuration's name, never a run's: its next run overwrites the file, git keeps the history")
     p.add_argument("--calibration-cache", default="", help=argparse.SUPPRESS)  # internal: to one run
     p.add_argument("--one-run", default="", help=argparse.SUPPRESS)  # internal: one run, JSON to this path
     a = p.parse_args(argv)

@@ -18,8 +18,9 @@ here with the same thread count (the fastest of three STREAM-like reads of a 512
 best kept; a copy is reported beside it). Compile times are cold (a fresh
 Inductor cache directory per run, unless ``--warm-cache``), wall and CPU (user + sys, g++ included).
 Runs with PyTorch's ``THP_MEM_ALLOC_ENABLE=1`` (weights on transparent huge pages, every peer and the
-bandwidth measurement alike; ``SUPERKERNEL_HUGEPAGES=0``: 4 KiB pages; see real_width_hugepages.py).
-Writes benchmarks/results/real_width.{json,md}. It is slow: a max-autotune compile of 24 layers
+bandwidth measurement alike; ``SUPERKERNEL_HUGEPAGES=0``: 4 KiB pages; see studies/real_width_hugepages.py).
+Writes benchmarks/results/<--name>.{json,md} (default real_width: name a configuration, e.g.
+real_width_f32 for ``--dtypes float32``; the next run of it overwrites the file, git keeps the history). It is slow: a max-autotune compile of 24 layers
 takes minutes on 2 cores.
 """
 
@@ -342,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strategy", default="decoder_layer")
     parser.add_argument("--modes", default="reduce-overhead,max-autotune")
     parser.add_argument("--output", type=Path, default=RESULTS)
-    parser.add_argument("--name", default="real_width", help="stem of the result files")
+    parser.add_argument("--name", default="real_width",
+                        help="stem of the result files: a configuration's name, never a run's: its next run overwrites the file, git keeps the history (e.g. real_width_f32)")
     parser.add_argument("--warm-cache", action="store_true",
                         help="use the user's Inductor cache dir (default: a fresh one, so compile times are cold)")
     parser.add_argument("--save-checkpoint", type=Path, metavar="DIR",

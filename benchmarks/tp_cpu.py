@@ -103,17 +103,18 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="4 steps, llama-tiny only")
+    parser.add_argument("--output", type=Path, default=RESULTS, help="folder for tp_cpu.json and .md")
     args = parser.parse_args()
     if args.quick:
         args.models, args.steps = "llama-tiny", 4
     results = [run_model(m, args.nproc, args.steps, args.warmup) for m in args.models.split(",")]
-    RESULTS.mkdir(parents=True, exist_ok=True)
+    args.output.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(ROOT / "src"))
     from superkernel.util import atomic_write
 
-    atomic_write(RESULTS / "tp_cpu.json", json.dumps(results, indent=2) + "\n")
+    atomic_write(args.output / "tp_cpu.json", json.dumps(results, indent=2) + "\n")
     text = markdown(results, args)
-    atomic_write(RESULTS / "tp_cpu.md", text)
+    atomic_write(args.output / "tp_cpu.md", text)
     print(text)
     return 0 if all(r.get("exit") == 0 for r in results) else 1
 
