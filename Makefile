@@ -19,7 +19,7 @@ demo: $(STAMP)
 	$(VENV)/bin/superkernel optimize
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile --durations=25
 
 # The versions of the GPU machines (Python 3.12, torch 2.11 from PyPI -- its CUDA build, a few GB --,
 # transformers 5.17) on this CPU: the backend and decode tests, so GPU minutes are not spent on a version

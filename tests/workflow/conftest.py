@@ -45,7 +45,12 @@ def llama_session(llama):
 
 @pytest.fixture(scope="session")
 def e2e(tmp_path_factory):
-    """One real ``superkernel optimize`` run on llama-tiny: attention strategy, both modes, few steps."""
+    """One real ``superkernel optimize`` run on llama-tiny: attention strategy, both modes, few steps.
+
+    Prompt 8 + 1 warm-up + 3 steps, as ``llama_session`` and docs/workflow.md's quick example decode: the same
+    static-cache shapes give the same graphs, so the plain torch.compile baseline and the reduce-overhead native
+    modules compiled by the first of these runs are loaded from the Inductor and superkernel caches by the others.
+    """
     out = tmp_path_factory.mktemp("optimize_out")
     result = run_cli("optimize", "--model", "llama-tiny", "--strategy", "attention", "--steps", "3", "--warmup", "1",
                      "--prompt-len", "8", "--output", str(out), "--quiet")
