@@ -13,7 +13,7 @@ import torch
 
 from superkernel.tools.models import load_model
 
-from .wf_helpers import ZOO_NAMES, run_cli
+from .wf_helpers import E2E_SHAPES, ZOO_NAMES, run_cli
 
 
 @pytest.fixture(scope="package", autouse=True)
@@ -40,19 +40,17 @@ def llama(zoo):
 def llama_session(llama):
     from superkernel.tools.decode import prepare
 
-    return prepare(llama.model, prompt_len=8, steps=3, warmup=1, seed=0)
+    return prepare(llama.model, prompt_len=8, steps=3, warmup=1, seed=0)  # = E2E_SHAPES
 
 
 @pytest.fixture(scope="session")
 def e2e(tmp_path_factory):
     """One real ``superkernel optimize`` run on llama-tiny: attention strategy, both modes, few steps.
 
-    Prompt 8 + 1 warm-up + 3 steps, as ``llama_session`` and docs/workflow.md's quick example decode: the same
-    static-cache shapes give the same graphs, so the plain torch.compile baseline and the reduce-overhead native
-    modules compiled by the first of these runs are loaded from the Inductor and superkernel caches by the others.
+    At ``E2E_SHAPES`` (prompt 8, 1 warm-up + 3 steps), as ``llama_session`` and the other llama-tiny CLI runs.
     """
     out = tmp_path_factory.mktemp("optimize_out")
-    result = run_cli("optimize", "--model", "llama-tiny", "--strategy", "attention", "--steps", "3", "--warmup", "1",
-                     "--prompt-len", "8", "--output", str(out), "--quiet")
+    result = run_cli("optimize", "--model", "llama-tiny", "--strategy", "attention", *E2E_SHAPES, "--output", str(out),
+                     "--quiet")
     data = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else None
     return result, out, data

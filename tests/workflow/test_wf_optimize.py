@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from superkernel.tools.advisor import measure
 from superkernel.tools.advisor.plan_file import read_plan
 
-from .wf_helpers import error_lines, run_cli
+from .wf_helpers import E2E_SHAPES, error_lines, run_cli
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -171,8 +171,8 @@ def _perturbed_compile(real):
 
 def test_a_plan_that_is_not_bit_exact_fails_and_nothing_is_recommended(monkeypatch, tmp_path):
     monkeypatch.setattr(measure, "compile_superkernel", _perturbed_compile(measure.compile_superkernel))
-    result = run_cli("optimize", "--strategy", "attention", "--mode", "reduce-overhead", "--steps", "2",
-                     "--warmup", "1", "--prompt-len", "4", "--output", str(tmp_path), "--quiet")
+    result = run_cli("optimize", "--strategy", "attention", "--mode", "reduce-overhead", *E2E_SHAPES,
+                     "--output", str(tmp_path), "--quiet")
     assert result.code == 1
     lines = error_lines(result.err)
     assert len(lines) == 1 and "no plan passed precision" in lines[0] and "not bit-identical" in lines[0]
@@ -191,8 +191,7 @@ def test_a_model_that_cannot_be_captured_exits_nonzero(monkeypatch, tmp_path):
     def broken(session, mode, *, run_eagerly=False, **kwargs):
         raise RuntimeError("simulated capture failure")
     monkeypatch.setattr(measure, "compile_superkernel", broken)
-    result = run_cli("optimize", "--strategy", "attention", "--steps", "2", "--warmup", "1", "--prompt-len", "4",
-                     "--output", str(tmp_path), "--quiet")
+    result = run_cli("optimize", "--strategy", "attention", *E2E_SHAPES, "--output", str(tmp_path), "--quiet")
     assert result.code == 1
     lines = error_lines(result.err)
     assert len(lines) == 1 and "model cannot be captured" in lines[0] and "simulated capture failure" in lines[0]

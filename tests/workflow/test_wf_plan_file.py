@@ -12,7 +12,7 @@ from superkernel.util import OutputError, atomic_write
 from superkernel.tools.advisor.plan_file import PlanFile, PlanFileError, read_plan, write_plan
 from superkernel.tools.decode import run_decode
 
-from .wf_helpers import error_lines, run_cli
+from .wf_helpers import E2E_SHAPES, error_lines, run_cli
 
 ATTN = {"attention": ["model.layers.*.self_attn"]}
 
@@ -69,7 +69,7 @@ def test_apply_returns_a_compiled_model_with_the_scopes(llama_session):
 
 def test_bench_remeasures_a_plan(tmp_path):
     path = write_plan(tmp_path / "superkernel.yaml", PlanFile(scopes=ATTN, mode="reduce-overhead", model="llama-tiny"))
-    result = run_cli("bench", "--config", str(path), "--steps", "2", "--warmup", "1", "--prompt-len", "4", "--quiet")
+    result = run_cli("bench", "--config", str(path), *E2E_SHAPES, "--quiet")
     assert result.code == 0, result.err
     assert "eager" in result.out and "torch.compile" in result.out
     last = result.out.strip().splitlines()[-1]

@@ -8,6 +8,12 @@ from dataclasses import dataclass
 
 ZOO_NAMES = ("llama-tiny", "qwen3-moe-tiny", "deepseek-v3-tiny")
 
+#: The decode shapes of the llama-tiny CLI runs (the e2e ``optimize``, its failure paths, ``bench``, and
+#: docs/workflow.md's quick example; ``llama_session`` prepares the same): one static-cache length gives one
+#: set of graphs, so the plain torch.compile baseline and the reduce-overhead native modules the first of these
+#: runs compiles are loaded from the Inductor and superkernel caches by the others.
+E2E_SHAPES = ("--prompt-len", "8", "--warmup", "1", "--steps", "3")
+
 
 @dataclass
 class CliResult:
