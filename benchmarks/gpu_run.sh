@@ -5,7 +5,9 @@
 # 1. `pytest -m cuda` (the CUDA rows on the card: one graph per step, a sync heard, a deliberate failed capture
 #    followed by a healthy one) and the CPU bookkeeping tests of the step graphs under the machine's versions;
 # 2. the decode comparison (benchmarks/gpu_decode.py) on a Llama-3.2-1B-shaped bfloat16 model, then llama-tiny;
-# 3. generate() tokens/s against Hugging Face's static-cache recipe (benchmarks/gpu_generate.py).
+# 3. generate() tokens/s against Hugging Face's static-cache recipe (benchmarks/gpu_generate.py);
+# 4. the product end to end on the card: `superkernel optimize --device cuda` on llama-tiny (report, chart,
+#    plan), then `superkernel bench --config` of its plan on the card (prepared, not yet run on a GPU).
 # Everything lands in $OUT: gpu_run.log (all output), gpu_decode_*.{json,md}, gpu_generate_*.{json,md}.
 set -u
 cd "$(dirname "$0")/.."
@@ -34,5 +36,11 @@ TINY_PLANS=${TINY_PLANS:-eager,cudagraphs,cudagraphs-static-params,sk-ro-decoder
     echo "== generate llama-1b"
     timeout ${GEN_LIMIT:-90} $PY benchmarks/gpu_generate.py --model llama-1b --repeats 2 --out "$OUT" \
         --plans ${GEN_PLANS:-all_layers:reduce-overhead}
+    echo "== optimize --device cuda (llama-tiny), then bench --config of its plan"
+    timeout ${OPTIMIZE_LIMIT:-150} $PY -m superkernel optimize --model llama-tiny --device cuda \
+        --strategy decoder_layer --output "$OUT/optimize_cuda" --quiet
+    ls -l "$OUT/optimize_cuda" || true
+    timeout ${BENCH_LIMIT:-90} $PY -m superkernel bench --config "$OUT/optimize_cuda/superkernel.yaml" \
+        --device cuda --report "$OUT/optimize_cuda/bench.md"
     date -u
 } 2>&1 | tee "$OUT/gpu_run.log"

@@ -11,7 +11,8 @@ max-autotune). Each plan is compiled once (compile time = its first step, cold I
 are timed in rotating rounds on one cache restored in place; every round's logits are checked against the
 eager run of the same model (a wrong peer is marked). Quantization's own error is reported against the
 float32 model fed the same tokens: greedy-token agreement, max logit difference, mean KL(float || quant).
-The roofline is the weight bytes a step reads (quantized) over the copy bandwidth measured here. Writes
+The roofline is the weight bytes a step reads (quantized; embedding tables, of which a step reads a row, left
+out) over the copy bandwidth measured here; llama.cpp's is its GGUF file's bytes. Writes
 benchmarks/results/quant_decode.{json,md}. Slow: a max-autotune compile of 24 layers takes minutes on 2 cores.
 """
 
@@ -105,9 +106,15 @@ def peer_round(peer: dict[str, Any], args: argparse.Namespace) -> float:
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
-    from superkernel.tools.quantize import _param_bytes
+    """The parameter bytes a decode step reads: every parameter of a module other than an embedding table (of
+    which a step reads one row); a tied head (the float model's) counts, through the head."""
+    from superkernel.tools.quantize import tensor_bytes
 
-    return _param_bytes(model)
+    read: dict[int, torch.Tensor] = {}
+    for module in model.modules():
+        if not isinstance(module, torch.nn.Embedding):
+            read.update({id(p): p for p in module.parameters(recurse=False)})
+    return sum(tensor_bytes(p) for p in read.values())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,7 +45,7 @@ def float_gemv(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
 
 def compile_rewritten(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> Callable[..., Any]:
     """``woq_graph`` through superkernel's rewrite, compiled by Inductor (the max-autotune CPU path)."""
-    from superkernel.runtime.inductor.quant_gemv import rewrite_int8_weight_gemv
+    from superkernel.runtime.inductor.quant_gemv import rewrite_quantized_gemv
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         from torch._functorch.aot_autograd import aot_module_simplified
@@ -53,7 +53,7 @@ def compile_rewritten(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> Call
         from torch._inductor.decomposition import select_decomp_table
 
         def fw(g: torch.fx.GraphModule, inputs: list[Any]) -> Any:
-            rewrite_int8_weight_gemv(g)
+            rewrite_quantized_gemv(g)
             return compile_fx_inner(g, inputs, is_inference=True)
 
         return aot_module_simplified(gm, example_inputs, fw_compiler=fw, decompositions=select_decomp_table())

@@ -223,3 +223,43 @@ def test_python_integer_semantics():
 
     assert (-7) // 2 == -4 and (-7) % 2 == 1  # what sk_floordiv / sk_mod reproduce
     assert operator.floordiv in _INT_OPS and operator.mod in _INT_OPS
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_large_partitions_are_emitted_in_parts_and_stay_bit_exact(monkeypatch, dynamic):
+    """A partition over CHUNK_OPS operators becomes several C++ functions (one huge function took g++
+    ten minutes on a 24-layer W8A8 step); values crossing a part pass through sk_env, multi-output
+    operators stay with their getitems, in-place input updates and numbers still work."""
+    from superkernel.runtime.cpu.native import codegen, segment
+
+    sources = []
+    real = codegen.native_source
+
+    def recording(programs, **kw):
+        src = real(programs, **kw)
+        sources.append(src.source)
+        return src
+
+    monkeypatch.setattr(codegen, "CHUNK_OPS", 2)
+    monkeypatch.setattr(segment, "native_source", recording)
+
+    def f(x, w, cache, pos, n):
+        a, b = step(x, w, cache, pos, x.half())[:2]
+        with sk.super_kernel("sizes"):
+            k = max(n - 3, 0) + 1
+            return a, b, x[: (k * 2) // 2].sum(0) + (n % 4)
+
+    fast = sk.compile(f, sk.CompilerConfig.from_dict({"mode": "reduce-overhead"}), dynamic=dynamic)
+    ref = sk.compile(f, sk.CompilerConfig.from_dict({"mode": "reduce-overhead", "debug": {"run_eagerly": True}}),
+                     dynamic=dynamic)
+    x, w, cache, pos, _ = inputs()
+    cache_ref = cache.clone()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SuperKernelFallbackWarning)
+        for n in (5, 6):
+            for a, b in zip(fast(x, w, cache, pos, n), ref(x, w, cache_ref, pos, n)):
+                assert torch.equal(a, b) and a.stride() == b.stride()
+            assert torch.equal(cache, cache_ref)
+    assert {s.realization for s in sk.explain(fast).segments} == {"cpu-native"}
+    text = "\n".join(sources)
+    assert "_part1(sk_in, sk_env.data(), sk_out);" in text and "sk_env[0] = c10::IValue(" in text

@@ -95,6 +95,43 @@ def test_max_autotune_reads_int8_weights_once_in_float32():
     assert "rewrite: int8 weight-only GEMV (1, 128) x (384, 128)^T" in str(sk.explain(ma))
 
 
+def test_max_autotune_w8a8_reads_int8_weights_once_without_the_column_sum():
+    torch.manual_seed(0)
+    model = Mlp().eval()
+    quantize_model(model, "w8a8")
+    ma, ref = compiled(model, "max-autotune"), compiled(model, "max-autotune", run_eagerly=True)
+    with torch.no_grad():
+        for _ in range(2):
+            x = torch.randn(1, 1, 128)
+            torch.testing.assert_close(ma(x), ref(x), rtol=1e-4, atol=1e-5)
+    (seg,) = sk.explain(ma).segments
+    assert len(seg.rewrites) == 3 and all(r.startswith("W8A8 GEMV") for r in seg.rewrites), seg.rewrites
+
+
+def test_the_w8a8_rewrite_gives_the_same_integers():
+    """The rewritten graph run as Python: the int32 product equals _int_mm's, bit for bit (sums below 2^24)."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from superkernel.runtime.inductor import quant_gemv
+
+    def f(x, w):  # torchao's CPU W8A8 linear, after decomposition
+        u = (x.to(torch.int32) + 128).to(torch.uint8)
+        p = w.permute(1, 0)
+        return torch._int_mm(u, p) - p.sum([0], keepdim=True, dtype=torch.int32) * 128
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-128, 128, (2, 4864), dtype=torch.int8, generator=g)
+    w = torch.randint(-128, 128, (96, 4864), dtype=torch.int8, generator=g)
+    gm = make_fx(f, decomposition_table=select_decomp_table(), tracing_mode="fake")(x, w)  # the graph Inductor is given
+    want = gm(x, w)
+    assert torch.equal(want, torch._int_mm(x, w.t()))
+    assert [r.split(" (")[0] for r in quant_gemv.rewrite_quantized_gemv(gm)] == ["W8A8 GEMV"]
+    assert "_int_mm" not in gm.code
+    got = gm(x, w)
+    assert got.dtype == torch.int32 and torch.equal(got, want)
+
+
 def test_the_rewrite_leaves_large_left_operands_and_bfloat16_to_inductor():
     from superkernel.runtime.inductor.quant_gemv import MAX_ROWS
 

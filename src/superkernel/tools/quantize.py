@@ -136,14 +136,15 @@ def _config(scheme: str, group_size: int | None, device: torch.device) -> Any:
 
 
 def _param_bytes(model: torch.nn.Module) -> int:
-    total = 0
-    for p in model.parameters():
-        inner = getattr(p, "qdata", None)
-        if isinstance(inner, torch.Tensor):  # a torchao tensor: its packed data and scales
-            total += sum(t.numel() * t.element_size() for t in _tensor_parts(p))
-        else:
-            total += p.numel() * p.element_size()
-    return total
+    return sum(tensor_bytes(p) for p in model.parameters())
+
+
+def tensor_bytes(p: torch.Tensor) -> int:
+    """The bytes ``p`` holds: a torchao tensor's packed data and scales, or a plain tensor's elements."""
+    inner = getattr(p, "qdata", None)
+    if isinstance(inner, torch.Tensor):
+        return sum(t.numel() * t.element_size() for t in _tensor_parts(p))
+    return p.numel() * p.element_size()
 
 
 def _tensor_parts(t: torch.Tensor) -> list[torch.Tensor]:

@@ -50,9 +50,9 @@ def compile_partition(gm: fx.GraphModule, example_inputs: list[Any], *, device: 
     gm = _copy(gm)  # Inductor's passes rewrite the graph in place; identical partitions must stay identical
     rewrites: list[str] = []
     if device == "cpu":
-        from superkernel.runtime.inductor.quant_gemv import rewrite_int8_weight_gemv
+        from superkernel.runtime.inductor.quant_gemv import rewrite_quantized_gemv
 
-        rewrites = rewrite_int8_weight_gemv(gm)
+        rewrites = rewrite_quantized_gemv(gm)
     try:
         with inductor_config.patch(patches), output_logged():
             compiled = compile_fx_inner(

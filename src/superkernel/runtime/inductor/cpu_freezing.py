@@ -263,8 +263,8 @@ def _hint(value: Any) -> Any:
         try:
             from torch.fx.experimental.symbolic_shapes import has_guarding_hint as has_hint
             from torch.fx.experimental.symbolic_shapes import optimization_hint as hint
-        except ImportError:  # older torch names them has_hint / hint_int (neither guards)
-            from torch.fx.experimental.symbolic_shapes import has_hint, hint_int as hint
+        except ImportError:  # torch 2.11 names them has_hint / size_hint (neither guards; hint_int is deprecated)
+            from torch.fx.experimental.symbolic_shapes import has_hint, size_hint as hint
 
         if not has_hint(value):
             raise ValueError(f"data-dependent size {value}: no example value to time with")

@@ -209,14 +209,21 @@ class _Function(_TypedMixin):
         release_after: dict[fx.Node, list[fx.Node]] = {}
         for dep, user in last_use.items():
             release_after.setdefault(user, []).append(dep)
+        work = [n for n in nodes if n.op != "placeholder"]
+        parts = _parts(work, CHUNK_OPS)
+        chunked = len(parts) > 1
 
-        body = self.lines
+        self.inputs = {ph: i for i, ph in enumerate(placeholders)}
         checks = []
         for i, ph in enumerate(placeholders):
             val = ph.meta.get("val")
             if isinstance(val, torch.Tensor):
-                checks.append(f"  if (!sk_is_plain_tensor(args[{i}])) Py_RETURN_NOTIMPLEMENTED;\n"
-                              f"  at::Tensor a{i} = reinterpret_cast<THPVariable*>(args[{i}])->cdata;")
+                if chunked:  # the parts load it from sk_in
+                    checks.append(f"  if (!sk_is_plain_tensor(args[{i}])) Py_RETURN_NOTIMPLEMENTED;\n"
+                                  f"  sk_in[{i}] = c10::IValue(reinterpret_cast<THPVariable*>(args[{i}])->cdata);")
+                else:
+                    checks.append(f"  if (!sk_is_plain_tensor(args[{i}])) Py_RETURN_NOTIMPLEMENTED;\n"
+                                  f"  at::Tensor a{i} = reinterpret_cast<THPVariable*>(args[{i}])->cdata;")
                 self.tensors[ph] = f"a{i}"
                 continue
             elif _is_int_value(val):
@@ -230,43 +237,11 @@ class _Function(_TypedMixin):
                 raise NativeUnsupported(f"input {ph.name} is a {type(val).__name__}")
             self.values[ph] = f"sk_in[{i}]"
         outputs: list[str] = []
-        for node in nodes:
-            if node.op == "placeholder":
-                continue
-            if node.op == "output":
-                results = node.args[0]
-                if not isinstance(results, (list, tuple)):
-                    raise NativeUnsupported("the partition's output is not a tuple")
-                for r in results:
-                    val = r.meta.get("val") if isinstance(r, fx.Node) else None
-                    if not (isinstance(val, (torch.Tensor, float, torch.SymFloat, bool, torch.SymBool)) or _is_int_value(val)):
-                        raise NativeUnsupported(f"output {r!r} is not a tensor or a number")
-                    outputs.append(self.node_value(r))
-                continue
-            if node.op != "call_function":
-                raise NativeUnsupported(f"{node.op} node {node.name}")
-            if node.target is operator.getitem:
-                self.getitem(node)
-            elif node.target in _INT_OPS:
-                self.int_op(node)
-            elif isinstance(node.target, torch._ops.OpOverload):
-                self.call(node)
-            else:
-                raise NativeUnsupported(f"call of {getattr(node.target, '__name__', node.target)!r} (not an ATen operator)")
-            for dep in release_after.get(node, ()):
-                var = self.values.get(dep)
-                if var in self.owned:
-                    body.append(f"  {var} = c10::IValue();")
-                tvar = self.tensors.get(dep)
-                if tvar in self.owned:
-                    body.append(f"  {tvar}.reset();")
-                if dep in self.typed_multi:
-                    body.append(f"  {self.typed_multi[dep][0]} = {{}};")
-                for v in self.multi.get(dep, ()):
-                    body.append(f"  {v} = c10::IValue();")
-        n_in, n_out = len(placeholders), len(outputs)
+        n_in = len(placeholders)
+        n_out = len(_output_values(work))
         head = [
-            f"// {self.name}: {sum(1 for n in nodes if n.op == 'call_function')} operators",
+            f"// {self.name}: {sum(1 for n in nodes if n.op == 'call_function')} operators"
+            + (f" in {len(parts)} parts" if chunked else ""),
             f"static PyObject* {self.name}(PyObject*, PyObject* const* args, Py_ssize_t nargs) {{",
             f"  if (nargs != {n_in}) return sk_bad_nargs({n_in}, nargs);",
             f"  c10::IValue sk_in[{max(n_in, 1)}];",
@@ -281,11 +256,8 @@ class _Function(_TypedMixin):
                 "    if (!c10::GradMode::is_enabled())",
                 "      sk_below_autograd.emplace(c10::autograd_dispatch_keyset_with_ADInplaceOrView);",
             ] if self.inference else []),
-            "    torch::jit::Stack s;",
-            "    s.reserve(32);",
         ]
-        tail = [f"    sk_out[{k}] = {expr};" for k, expr in enumerate(outputs)]
-        tail += [
+        tail = [
             "  } catch (const c10::Error& e) {",
             "    PyErr_SetString(sk_error_type(e), e.what_without_backtrace());",
             "    return nullptr;",
@@ -296,7 +268,107 @@ class _Function(_TypedMixin):
             f"  return sk_wrap_outputs(sk_out, {n_out});",
             "}",
         ]
-        return "\n".join(head + ["  " + line for line in body] + tail) + "\n"
+        if not chunked:
+            for node in work:
+                self.node(node, outputs, release_after)
+            head += ["    torch::jit::Stack s;", "    s.reserve(32);"]
+            body = ["  " + line for line in self.lines]
+            body += [f"    sk_out[{k}] = {expr};" for k, expr in enumerate(outputs)]
+            return "\n".join(head + body + tail) + "\n"
+        return self.emit_parts(parts, head, tail, outputs, release_after)
+
+    def emit_parts(self, parts: list[list[fx.Node]], head: list[str], tail: list[str], outputs: list[str],
+                   release_after: dict[fx.Node, list[fx.Node]]) -> str:
+        """A large partition as several C++ functions called one after the other from its entry point.
+
+        One function of thousands of operators (a 24-layer W8A8 decode step is 8,800) takes the C++
+        compiler minutes: its time grows faster than the function's length. Parts of ``CHUNK_OPS``
+        operators keep it linear; a value one part makes and a later part uses passes through
+        ``sk_env`` (an IValue, released after its last use as the local would be). The operators, their
+        order and their arguments are the same as in one function."""
+        part_of = {node: k for k, part in enumerate(parts) for node in part}
+        slot: dict[fx.Node, int] = {}
+        for node in (n for part in parts for n in part):
+            if node.op != "output" and any(part_of[user] > part_of[node] for user in node.users):
+                slot[node] = len(slot)
+        functions = []
+        for k, part in enumerate(parts):
+            self.lines = []
+            loaded: dict[fx.Node, None] = {}
+            for node in part:
+                for dep in node.all_input_nodes:
+                    if part_of.get(dep, -1) < k:
+                        loaded[dep] = None
+            for dep in loaded:
+                if dep.op == "placeholder":
+                    if dep in self.tensors:
+                        self.lines.append(f"  at::Tensor {self.tensors[dep]} = sk_in[{self.inputs[dep]}].toTensor();")
+                    continue  # numbers are read from sk_in[i] where used
+                if dep in self.tensors:
+                    self.lines.append(f"  at::Tensor {self.tensors[dep]} = sk_env[{slot[dep]}].toTensor();")
+                elif dep in self.values:
+                    self.lines.append(f"  c10::IValue {self.values[dep]} = sk_env[{slot[dep]}];")
+                else:  # _parts keeps a multi-output operator and its getitems in one part
+                    raise NativeUnsupported(f"{dep.name}: a multi-output value used in a later part")
+            for node in part:
+                self.node(node, outputs, release_after, slot)
+                if node in slot:
+                    if node in self.tensors:
+                        self.lines.append(f"  sk_env[{slot[node]}] = c10::IValue({self.tensors[node]});")
+                    elif node in self.values:
+                        self.lines.append(f"  sk_env[{slot[node]}] = {self.values[node]};")
+                    else:
+                        raise NativeUnsupported(f"{node.name}: a multi-output value used in a later part")
+            if k == len(parts) - 1:
+                self.lines += [f"  sk_out[{j}] = {expr};" for j, expr in enumerate(outputs)]
+            functions.append("\n".join([
+                f"static void {self.name}_part{k}(c10::IValue* sk_in, c10::IValue* sk_env, c10::IValue* sk_out) {{",
+                "  torch::jit::Stack s;",
+                "  s.reserve(32);",
+                *self.lines,
+                "}",
+            ]))
+        calls = [f"    std::vector<c10::IValue> sk_env({max(len(slot), 1)});"]
+        calls += [f"    {self.name}_part{k}(sk_in, sk_env.data(), sk_out);" for k in range(len(parts))]
+        return "\n\n".join(functions) + "\n\n" + "\n".join(head + calls + tail) + "\n"
+
+    def node(self, node: fx.Node, outputs: list[str], release_after: dict[fx.Node, list[fx.Node]],
+             slot: dict[fx.Node, int] | None = None) -> None:
+        """Emit one operator (or the output's values into ``outputs``), then release what it used last."""
+        body = self.lines
+        if node.op == "output":
+            results = node.args[0]
+            if not isinstance(results, (list, tuple)):
+                raise NativeUnsupported("the partition's output is not a tuple")
+            for r in results:
+                val = r.meta.get("val") if isinstance(r, fx.Node) else None
+                if not (isinstance(val, (torch.Tensor, float, torch.SymFloat, bool, torch.SymBool)) or _is_int_value(val)):
+                    raise NativeUnsupported(f"output {r!r} is not a tensor or a number")
+                outputs.append(self.node_value(r))
+            return
+        if node.op != "call_function":
+            raise NativeUnsupported(f"{node.op} node {node.name}")
+        if node.target is operator.getitem:
+            self.getitem(node)
+        elif node.target in _INT_OPS:
+            self.int_op(node)
+        elif isinstance(node.target, torch._ops.OpOverload):
+            self.call(node)
+        else:
+            raise NativeUnsupported(f"call of {getattr(node.target, '__name__', node.target)!r} (not an ATen operator)")
+        for dep in release_after.get(node, ()):
+            var = self.values.get(dep)
+            if var in self.owned:
+                body.append(f"  {var} = c10::IValue();")
+            tvar = self.tensors.get(dep)
+            if tvar in self.owned:
+                body.append(f"  {tvar}.reset();")
+            if dep in self.typed_multi:
+                body.append(f"  {self.typed_multi[dep][0]} = {{}};")
+            for v in self.multi.get(dep, ()):
+                body.append(f"  {v} = c10::IValue();")
+            if slot is not None and dep in slot:
+                body.append(f"  sk_env[{slot[dep]}] = c10::IValue();")
 
     def int_op(self, node: fx.Node) -> None:
         """Python arithmetic/comparison on integer sizes (SymInts of a growing cache position)."""
@@ -393,6 +465,42 @@ class _Function(_TypedMixin):
                 outs.append(v)
             self.multi[node] = outs
         lines.append("  s.clear();")
+
+
+#: Operators per C++ function of a partition: a larger partition is emitted in parts (``_Function.emit_parts``).
+CHUNK_OPS = 600
+
+
+def _output_values(work: list[fx.Node]) -> list[Any]:
+    out = [n for n in work if n.op == "output"]
+    results = out[0].args[0] if out else ()
+    return list(results) if isinstance(results, (list, tuple)) else [results]
+
+
+def _parts(work: list[fx.Node], size: int) -> list[list[fx.Node]]:
+    """``work`` (the partition's nodes after its inputs) cut into runs of about ``size`` operators.
+
+    A cut falls only where no operator before it still has a ``getitem`` after it (its multi-output
+    value stays within one part), so only single values cross a cut."""
+    parts: list[list[fx.Node]] = [[]]
+    open_items: dict[fx.Node, int] = {}
+    ops = 0
+    for node in work:
+        if ops >= size and not open_items and node.op != "output":
+            parts.append([])
+            ops = 0
+        parts[-1].append(node)
+        if node.op == "call_function":
+            ops += 1
+        if node.target is operator.getitem and isinstance(node.args[0], fx.Node):
+            src = node.args[0]
+            open_items[src] = open_items.get(src, 0) - 1
+            if open_items[src] <= 0:
+                del open_items[src]
+        items = sum(1 for user in node.users if user.target is operator.getitem)
+        if items:
+            open_items[node] = open_items.get(node, 0) + items
+    return parts
 
 
 _PRELUDE = r"""
