@@ -83,3 +83,26 @@ def test_apply_for_generate_quantizes_a_float_model_as_the_plan_says(quantized_r
     with torch.no_grad():
         tokens = model.generate(prompt, max_new_tokens=6, do_sample=False)
     assert torch.equal(tokens, expected)
+
+
+def test_bench_generate_runs_every_peer_on_the_quantized_model(quantized_run, monkeypatch, tmp_path):
+    """bench --generate with a quantized plan: eager and torch.compile get the model the plan runs (quantized),
+    not the float checkpoint (the peers are copies of the model bench_generate is given)."""
+    from superkernel.tools import generate_bench
+    from superkernel.tools.cli import main
+    from superkernel.tools.quantize import is_quantized
+
+    given = []
+
+    class Stop(Exception):
+        pass
+
+    def recording(model, plan, **kwargs):
+        given.append(is_quantized(model))
+        raise Stop
+
+    monkeypatch.setattr(generate_bench, "bench_generate", recording)
+    with pytest.raises(Stop):
+        main(["bench", "--config", str(quantized_run / "superkernel.yaml"), "--generate", "--new-tokens", "2",
+              "--prompt-len", "4", "--rounds", "1", "--quiet"])
+    assert given == [True]

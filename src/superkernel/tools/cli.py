@@ -377,6 +377,9 @@ def _cmd_bench_generate(args) -> int:
     device = pick_device(args.device)
     loaded = load_model(model_name, seed=args.seed, device=device, dtype=args.dtype)
     threads = choose_threads(args.threads, device, loaded.num_parameters)
+    from superkernel.tools.advisor.plan_file import quantize_for_plan
+
+    quantize_for_plan(loaded.model, spec)  # eager and torch.compile run the quantized model the plan runs
     label = f"superkernel generate() ({spec.strategy or 'plan'} / {args.mode or spec.mode})" \
         if spec.backend == "superkernel" else "plan generate() (backend: torch.compile)"
     result = bench_generate(loaded.model, str(args.config), mode=args.mode, prompt_len=args.prompt_len,
