@@ -106,3 +106,25 @@ def test_bench_generate_runs_every_peer_on_the_quantized_model(quantized_run, mo
         main(["bench", "--config", str(quantized_run / "superkernel.yaml"), "--generate", "--new-tokens", "2",
               "--prompt-len", "4", "--rounds", "1", "--quiet"])
     assert given == [True]
+
+
+def test_static_compile_quantizes_as_the_plan_says(tmp_path):
+    """static-compile --config of a quantized plan builds for the quantized model (the scopes and the
+    quantization of the plan are applied before the decode step is captured); a plan that recommends plain
+    torch.compile (optimize writes one when no superkernel plan beats it) is refused with a reason."""
+    from superkernel.tools.models import load_model
+    from superkernel.tools.quantize import is_quantized
+    from superkernel.tools.static_session import build_config
+
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("version: 1\nmodel: llama-tiny\nstrategy: all_layers\nmode: max-autotune\n"
+                    "scopes:\n  all_layers: [model.layers.*]\nquantization:\n  scheme: int8-weight\n")
+    model = load_model("llama-tiny").model
+    cfg, sizes = build_config(model, tmp_path, plan=plan)
+    assert is_quantized(model) and sizes == [1] and cfg.mode == "max-autotune"
+    assert cfg.experimental_config.static_kernel.enable
+    plain = tmp_path / "plain.yaml"
+    plain.write_text("version: 1\nbackend: torch.compile\nmodel: llama-tiny\nscopes: {}\n")
+    assert read_plan(plain).backend == "torch.compile"
+    with pytest.raises(ValueError, match="recommends plain torch.compile"):
+        build_config(load_model("llama-tiny").model, tmp_path, plan=plain)

@@ -17,8 +17,8 @@ def check_plan(plan: Path | None) -> None:
 
 def build_config(model: Any, build_dir: Path, *, batch_sizes: list[int] | None = None, plan: Path | None = None,
                  mode: str | None = None, compiler_config: Any = None) -> tuple[Any, list[int]]:
-    """(the compiler config of a static build, its batch sizes); the plan's scopes are applied to ``model``
-    (None: only the config)."""
+    """(the compiler config of a static build, its batch sizes); the plan's scopes (and its quantization) are
+    applied to ``model`` (None: only the config)."""
     import copy
 
     import superkernel
@@ -29,9 +29,17 @@ def build_config(model: Any, build_dir: Path, *, batch_sizes: list[int] | None =
     if plan is not None:
         from superkernel.tools.advisor.plan_file import read_plan
 
+        from superkernel.tools.advisor.plan_file import TORCH_COMPILE
+
         spec = read_plan(plan)
+        if spec.backend == TORCH_COMPILE:
+            raise ValueError(f"{plan} recommends plain torch.compile (backend: torch.compile), which has no superkernel "
+                             "scopes to build; static-compile takes a superkernel plan, or --model without --config")
         cfg.mode = spec.mode
         if model is not None:
+            from superkernel.tools.advisor.plan_file import quantize_for_plan
+
+            quantize_for_plan(model, spec)  # a plan measured on a quantized model builds the quantized kernels
             superkernel.remove_scopes(model)
             superkernel.apply_scopes(model, spec.scopes, options=spec.options)
     if mode is not None:
