@@ -159,28 +159,46 @@ def _int8_activation(u: object) -> fx.Node | None:
     return x if _val(x) is not None and _val(x).dtype == torch.int8 else None
 
 
+def _w8a8_operands(node: fx.Node) -> tuple[fx.Node, fx.Node, str] | None:
+    """``(X, W, how)`` when ``node`` computes the int32 ``X @ W.T`` of an int8 ``X`` and int8 ``W`` ``[N, K]``:
+    torchao's uint8-shifted form with its column-sum correction (the ``sub``; torch >= 2.13 on the CPU), or a
+    plain ``_int_mm(X, W.T)`` (torch 2.11, whose CPU ``_int_mm`` takes int8 only); else None."""
+    if _call(node, aten.sub.Tensor):
+        mm, corr = node.args
+        if not (_call(mm, aten._int_mm.default) and _call(corr, aten.mul.Tensor) and corr.args[1] == 128):
+            return None
+        u, p = mm.args
+        colsum = corr.args[0]
+        if not (_call(colsum, aten.sum.dim_IntList) and colsum.args[0] is p and list(colsum.args[1]) == [0]):
+            return None
+        xq, how = _int8_activation(u), " (no column sum)"
+    elif _call(node, aten._int_mm.default):
+        xq, p = node.args
+        how = ""
+        if _val(xq) is None or _val(xq).dtype != torch.int8:
+            return None
+    else:
+        return None
+    if xq is None or not (_call(p, aten.permute.default) and list(p.args[1]) == [1, 0]):
+        return None
+    return xq, p.args[0], how
+
+
 def _rewrite_w8a8(gm: fx.GraphModule) -> list[str]:
     """torchao's CPU W8A8 linear computes ``_int_mm(uint8(X + 128), W.T) - 128 * colsum(W.T)``: exact, but the
     column sum reads the whole int8 weight a second time every step (4864x896: 0.33 ms on top of the 0.39 ms
     ``_int_mm``, measured; not folded, the weight is an input of the graph). For a decode-sized ``X`` the pair
-    becomes the reduction above over ``float(X)`` and the int8 weight, converted back to int32: products of two
-    int8 values and their sums are integers, exact in float32 up to 2^24 and rounded to a neighbouring integer
-    beyond (a relative 6e-8, far inside max-autotune's tolerance)."""
+    (or a plain ``_int_mm(X, W.T)``, as torch 2.11 runs it) becomes the reduction above over ``float(X)`` and the
+    int8 weight, converted back to int32: products of two int8 values and their sums are integers, exact in
+    float32 up to 2^24 and rounded to a neighbouring integer beyond (a relative 6e-8, far inside
+    max-autotune's tolerance)."""
     done: list[str] = []
     fake_mode = None
     for node in list(gm.graph.nodes):
-        if not _call(node, aten.sub.Tensor):
+        found = _w8a8_operands(node)
+        if found is None:
             continue
-        mm, corr = node.args
-        if not (_call(mm, aten._int_mm.default) and _call(corr, aten.mul.Tensor) and corr.args[1] == 128):
-            continue
-        u, p = mm.args
-        colsum = corr.args[0]
-        if not (_call(colsum, aten.sum.dim_IntList) and colsum.args[0] is p and list(colsum.args[1]) == [0]):
-            continue
-        if not (_call(p, aten.permute.default) and list(p.args[1]) == [1, 0]):
-            continue
-        w, xq = p.args[0], _int8_activation(u)
+        xq, w, how = found
         x, wv = _val(xq), _val(w)
         if x is None or wv is None or wv.dtype != torch.int8 or wv.dim() != 2 or x.dim() != 2 \
                 or x.shape[0] > MAX_ROWS or x.shape[1] != wv.shape[1]:
@@ -201,7 +219,7 @@ def _rewrite_w8a8(gm: fx.GraphModule) -> list[str]:
             new.meta.update({key: v for key, v in node.meta.items() if key not in ("val", "tensor_meta")})
         node.replace_all_uses_with(out)
         graph.erase_node(node)
-        done.append(f"W8A8 GEMV {tuple(x.shape)} x {tuple(wv.shape)}^T as a reduction reading int8 (no column sum)")
+        done.append(f"W8A8 GEMV {tuple(x.shape)} x {tuple(wv.shape)}^T as a reduction reading int8{how}")
     return done
 
 
