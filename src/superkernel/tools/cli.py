@@ -361,7 +361,7 @@ def _cmd_bench_generate(args) -> int:
 
     from superkernel.config import REDUCE_OVERHEAD
     from superkernel.tools.advisor.environment import choose_threads, hardware, pick_device
-    from superkernel.tools.advisor.plan_file import read_plan
+    from superkernel.tools.advisor.plan_file import quantize_for_plan, read_plan
     from superkernel.tools.generate_bench import bench_generate, markdown_section
     from superkernel.tools.models import load_model
     from superkernel.util import atomic_write, check_output_file
@@ -377,8 +377,6 @@ def _cmd_bench_generate(args) -> int:
     device = pick_device(args.device)
     loaded = load_model(model_name, seed=args.seed, device=device, dtype=args.dtype)
     threads = choose_threads(args.threads, device, loaded.num_parameters)
-    from superkernel.tools.advisor.plan_file import quantize_for_plan
-
     quantize_for_plan(loaded.model, spec)  # eager and torch.compile run the quantized model the plan runs
     label = f"superkernel generate() ({spec.strategy or 'plan'} / {args.mode or spec.mode})" \
         if spec.backend == "superkernel" else "plan generate() (backend: torch.compile)"

@@ -27,9 +27,7 @@ def build_config(model: Any, build_dir: Path, *, batch_sizes: list[int] | None =
     build_dir = resolve_build_dir(build_dir)
     cfg = copy.deepcopy(compiler_config) if compiler_config is not None else superkernel.CompilerConfig()
     if plan is not None:
-        from superkernel.tools.advisor.plan_file import read_plan
-
-        from superkernel.tools.advisor.plan_file import TORCH_COMPILE
+        from superkernel.tools.advisor.plan_file import TORCH_COMPILE, quantize_for_plan, read_plan
 
         spec = read_plan(plan)
         if spec.backend == TORCH_COMPILE:
@@ -37,8 +35,6 @@ def build_config(model: Any, build_dir: Path, *, batch_sizes: list[int] | None =
                              "scopes to build; static-compile takes a superkernel plan, or --model without --config")
         cfg.mode = spec.mode
         if model is not None:
-            from superkernel.tools.advisor.plan_file import quantize_for_plan
-
             quantize_for_plan(model, spec)  # a plan measured on a quantized model builds the quantized kernels
             superkernel.remove_scopes(model)
             superkernel.apply_scopes(model, spec.scopes, options=spec.options)

@@ -219,12 +219,9 @@ class _Function(_TypedMixin):
         for i, ph in enumerate(placeholders):
             val = ph.meta.get("val")
             if isinstance(val, torch.Tensor):
-                if chunked:  # the parts load it from sk_in
-                    checks.append(f"  if (!sk_is_plain_tensor(args[{i}])) Py_RETURN_NOTIMPLEMENTED;\n"
-                                  f"  sk_in[{i}] = c10::IValue(reinterpret_cast<THPVariable*>(args[{i}])->cdata);")
-                else:
-                    checks.append(f"  if (!sk_is_plain_tensor(args[{i}])) Py_RETURN_NOTIMPLEMENTED;\n"
-                                  f"  at::Tensor a{i} = reinterpret_cast<THPVariable*>(args[{i}])->cdata;")
+                tensor = f"reinterpret_cast<THPVariable*>(args[{i}])->cdata"
+                held = f"sk_in[{i}] = c10::IValue({tensor})" if chunked else f"at::Tensor a{i} = {tensor}"  # parts load sk_in
+                checks.append(f"  if (!sk_is_plain_tensor(args[{i}])) Py_RETURN_NOTIMPLEMENTED;\n  {held};")
                 self.tensors[ph] = f"a{i}"
                 continue
             elif _is_int_value(val):
@@ -238,8 +235,15 @@ class _Function(_TypedMixin):
                 raise NativeUnsupported(f"input {ph.name} is a {type(val).__name__}")
             self.values[ph] = f"sk_in[{i}]"
         outputs: list[str] = []
-        n_in = len(placeholders)
-        n_out = len(_output_values(work))
+        if chunked:
+            functions, body = self.emit_parts(parts, outputs, release_after)
+        else:
+            functions = ""
+            for node in work:
+                self.node(node, outputs, release_after)
+            body = ["    torch::jit::Stack s;", "    s.reserve(32);", *("  " + line for line in self.lines),
+                    *(f"    sk_out[{k}] = {expr};" for k, expr in enumerate(outputs))]
+        n_in, n_out = len(placeholders), len(outputs)
         head = [
             f"// {self.name}: {sum(1 for n in nodes if n.op == 'call_function')} operators"
             + (f" in {len(parts)} parts" if chunked else ""),
@@ -269,18 +273,12 @@ class _Function(_TypedMixin):
             f"  return sk_wrap_outputs(sk_out, {n_out});",
             "}",
         ]
-        if not chunked:
-            for node in work:
-                self.node(node, outputs, release_after)
-            head += ["    torch::jit::Stack s;", "    s.reserve(32);"]
-            body = ["  " + line for line in self.lines]
-            body += [f"    sk_out[{k}] = {expr};" for k, expr in enumerate(outputs)]
-            return "\n".join(head + body + tail) + "\n"
-        return self.emit_parts(parts, head, tail, outputs, release_after)
+        return functions + "\n".join(head + body + tail) + "\n"
 
-    def emit_parts(self, parts: list[list[fx.Node]], head: list[str], tail: list[str], outputs: list[str],
-                   release_after: dict[fx.Node, list[fx.Node]]) -> str:
-        """A large partition as several C++ functions called one after the other from its entry point.
+    def emit_parts(self, parts: list[list[fx.Node]], outputs: list[str],
+                   release_after: dict[fx.Node, list[fx.Node]]) -> tuple[str, list[str]]:
+        """A large partition as several C++ functions called one after the other from its entry point:
+        (their source, the entry point's body that calls them).
 
         One function of thousands of operators (a 24-layer W8A8 decode step is 8,800) takes the C++
         compiler minutes: its time grows faster than the function's length. Parts of ``CHUNK_OPS``
@@ -331,7 +329,7 @@ class _Function(_TypedMixin):
             ]))
         calls = [f"    std::vector<c10::IValue> sk_env({max(len(slot), 1)});"]
         calls += [f"    {self.name}_part{k}(sk_in, sk_env.data(), sk_out);" for k in range(len(parts))]
-        return "\n\n".join(functions) + "\n\n" + "\n".join(head + calls + tail) + "\n"
+        return "\n\n".join(functions) + "\n\n", calls
 
     def node(self, node: fx.Node, outputs: list[str], release_after: dict[fx.Node, list[fx.Node]],
              slot: dict[fx.Node, int] | None = None) -> None:
@@ -470,12 +468,6 @@ class _Function(_TypedMixin):
 
 #: Operators per C++ function of a partition: a larger partition is emitted in parts (``_Function.emit_parts``).
 CHUNK_OPS = 600
-
-
-def _output_values(work: list[fx.Node]) -> list[Any]:
-    out = [n for n in work if n.op == "output"]
-    results = out[0].args[0] if out else ()
-    return list(results) if isinstance(results, (list, tuple)) else [results]
 
 
 def _parts(work: list[fx.Node], size: int) -> list[list[fx.Node]]:
