@@ -82,12 +82,21 @@ def test_reduce_overhead_is_bit_identical_on_every_scheme(scheme):
     assert seg.realization == "cpu-native" and seg.fallback is None
 
 
+@pytest.mark.parametrize("kernel", [True, False], ids=["our-kernel", "reduction"])
 @pytest.mark.parametrize("scheme, explained", [
-    ("int8-weight", "rewrite: int8 weight-only GEMV (1, 128) x (384, 128)^T as a reduction reading int8"),
-    ("w8a8", "rewrite: W8A8 GEMV (1, 128) x (384, 128)^T as a reduction reading int8")])
-def test_max_autotune_reads_int8_weights_once(scheme, explained):
+    ("int8-weight", "rewrite: int8 weight-only GEMV (1, 128) x (384, 128)^T as "),
+    ("w8a8", "rewrite: W8A8 GEMV (1, 128) x (384, 128)^T as ")])
+def test_max_autotune_reads_int8_weights_once(scheme, explained, kernel, monkeypatch):
     """int8 weight-only: the float32 GEMV over a dequantized weight; W8A8: _int_mm with its column-sum
-    correction; both become a reduction reading the int8 weight once (float32 accumulation)."""
+    correction; both become superkernel's int8 kernel (where this CPU has its AVX-512 path) or else a
+    reduction reading the int8 weight once (float32 accumulation)."""
+    from superkernel.runtime.cpu import int8_gemv
+
+    if kernel and not int8_gemv.fast_path("int8_gemv" if scheme == "w8a8" else "int8_weight_gemv"):
+        pytest.skip(f"no vector int8 kernel on this CPU ({int8_gemv.unavailable_reason() or 'no AVX-512 VNNI'})")
+    if not kernel:
+        monkeypatch.setattr(int8_gemv, "fast_path", lambda op: False)
+    how = "superkernel's int8 kernel" if kernel else "a reduction reading int8"
     torch.manual_seed(0)
     model = Mlp().eval()
     quantize_model(model, scheme)
@@ -97,18 +106,26 @@ def test_max_autotune_reads_int8_weights_once(scheme, explained):
             x = torch.randn(1, 1, 128)
             torch.testing.assert_close(ma(x), ref(x), rtol=1e-4, atol=1e-5)
     (seg,) = sk.explain(ma).segments
-    assert len(seg.rewrites) == 3 and all("reading int8" in r for r in seg.rewrites), seg.rewrites
-    assert explained in str(sk.explain(ma))
+    assert len(seg.rewrites) == 3 and all(how in r for r in seg.rewrites), seg.rewrites
+    assert explained + how in str(sk.explain(ma))
 
 
+@pytest.mark.parametrize("kernel", [True, False], ids=["our-kernel", "reduction"])
 @pytest.mark.parametrize("shifted", [True, False])
-def test_the_w8a8_rewrite_gives_the_same_integers(shifted):
-    """The rewritten graph run as Python: the int32 product equals _int_mm's, bit for bit (sums below 2^24);
-    torchao's uint8-shifted form with its column sum (torch 2.13) and a plain int8 _int_mm (torch 2.11)."""
+def test_the_w8a8_rewrite_gives_the_same_integers(shifted, kernel, monkeypatch):
+    """The rewritten graph run as Python: the int32 product equals _int_mm's, bit for bit (our kernel: exact;
+    the reduction: sums below 2^24); torchao's uint8-shifted form with its column sum (torch 2.13) and a plain
+    int8 _int_mm (torch 2.11)."""
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
+    from superkernel.runtime.cpu import int8_gemv
     from superkernel.runtime.inductor import quant_gemv
+
+    if kernel and not int8_gemv.fast_path("int8_gemv"):
+        pytest.skip(f"no vector int8 kernel on this CPU ({int8_gemv.unavailable_reason() or 'no AVX-512 VNNI'})")
+    if not kernel:
+        monkeypatch.setattr(int8_gemv, "fast_path", lambda op: False)
 
     g = torch.Generator().manual_seed(0)
     x = torch.randint(-128, 128, (2, 4864), dtype=torch.int8, generator=g)
@@ -130,7 +147,7 @@ def test_the_w8a8_rewrite_gives_the_same_integers(shifted):
     want = gm(x, w)
     assert torch.equal(want, torch._int_mm(x, w.t()))
     assert [r.split(" (")[0] for r in quant_gemv.rewrite_quantized_gemv(gm)] == ["W8A8 GEMV"]
-    assert "_int_mm" not in gm.code
+    assert "_int_mm" not in gm.code and ("superkernel.int8_gemv" in gm.code) == kernel
     got = gm(x, w)
     assert got.dtype == torch.int32 and torch.equal(got, want)
 

@@ -114,6 +114,26 @@ def _fake_mode(*values: torch.Tensor) -> object:
     return detect_fake_mode(list(values)) or torch._subclasses.fake_tensor.FakeTensorMode()
 
 
+def _kernel_call(graph: fx.Graph, before: fx.Node, op: str, a: fx.Node, w: fx.Node, out: tuple[torch.Tensor, torch.Tensor],
+                 fake_mode: object, meta: dict) -> fx.Node | None:
+    """Insert, before ``before``, a call of our kernel ``torch.ops.superkernel.<op>(a, w)`` (module
+    :mod:`superkernel.runtime.cpu.int8_gemv`) giving a tensor like ``out``; None (nothing inserted) where the
+    kernel has no vector path on this CPU or cannot be built: the caller writes the reduction instead.
+    ``out``: the values of ``a`` and ``w``, giving the ``[M, N]`` result (int32 for the W8A8 dot)."""
+    from superkernel.runtime.cpu import int8_gemv
+
+    if not int8_gemv.fast_path(op):
+        return None
+    with graph.inserting_before(before):
+        call = graph.call_function(getattr(torch.ops.superkernel, op).default, (a, w))
+    with fake_mode:
+        x, wv = out
+        dtype = torch.int32 if op == "int8_gemv" else torch.float32
+        call.meta["val"] = torch.empty((x.shape[0], wv.shape[0]), dtype=dtype, device=x.device)
+    call.meta.update({key: v for key, v in meta.items() if key not in ("val", "tensor_meta")})
+    return call
+
+
 def rewrite_quantized_gemv(gm: fx.GraphModule) -> list[str]:
     """Rewrite every decode-sized float32 x int8-weight ``mm`` of ``gm`` as a reduction (see module doc), and
     every decode-sized W8A8 ``_int_mm`` with its column-sum correction (:func:`_rewrite_w8a8`); returns one
@@ -129,10 +149,14 @@ def rewrite_quantized_gemv(gm: fx.GraphModule) -> list[str]:
             continue
         wv = _val(w)
         fake_mode = fake_mode or _fake_mode(x, wv)
-        out = _reduction(gm.graph, node, a, x, w, wv, fake_mode, node.meta)
+        out = _kernel_call(gm.graph, node, "int8_weight_gemv", a, w, (x, wv), fake_mode, node.meta) \
+            if wv.is_contiguous() else None
+        how = "superkernel's int8 kernel" if out is not None else "a reduction reading int8"
+        if out is None:
+            out = _reduction(gm.graph, node, a, x, w, wv, fake_mode, node.meta)
         node.replace_all_uses_with(out)
         gm.graph.erase_node(node)
-        done.append(f"int8 weight-only GEMV {tuple(x.shape)} x {tuple(wv.shape)}^T as a reduction reading int8")
+        done.append(f"int8 weight-only GEMV {tuple(x.shape)} x {tuple(wv.shape)}^T as {how}")
     done += _rewrite_w8a8(gm)
     if done:
         gm.graph.eliminate_dead_code()
@@ -205,6 +229,13 @@ def _rewrite_w8a8(gm: fx.GraphModule) -> list[str]:
             continue
         fake_mode = fake_mode or _fake_mode(x, wv)
         graph = gm.graph
+        out = _kernel_call(graph, node, "int8_gemv", xq, w, (x, wv), fake_mode, node.meta) \
+            if wv.is_contiguous() else None
+        if out is not None:
+            node.replace_all_uses_with(out)
+            graph.erase_node(node)
+            done.append(f"W8A8 GEMV {tuple(x.shape)} x {tuple(wv.shape)}^T as superkernel's int8 kernel{how}")
+            continue
         with graph.inserting_before(node):
             xf = graph.call_function(prims.convert_element_type.default, (xq, torch.float32))
         with fake_mode:

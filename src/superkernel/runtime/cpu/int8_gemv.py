@@ -1,0 +1,287 @@
+"""Our int8 GEMV kernels for decode-sized quantized linears on x86 CPUs: ``torch.ops.superkernel.int8_gemv``
+(W8A8: int8 activation x int8 weight, the exact int32 dot) and ``torch.ops.superkernel.int8_weight_gemv``
+(float32 activation x int8 weight, float32 accumulation).
+
+Why a kernel of ours: Inductor has no template for an int8 GEMV on the CPU. Its C++ backend compiles the
+reduction :mod:`superkernel.runtime.inductor.quant_gemv` writes as a loop that widens every int8 weight to
+float32 and multiplies it: compute-bound here at 13-14 GB/s of weights, against 20.6 GB/s for llama.cpp's
+Q8_0 (measured, ``benchmarks/results/quant_decode_t1.md``). These kernels read each weight row once with
+AVX-512: the W8A8 one multiplies bytes with VNNI's ``vpdpbusd`` (the weight's sign bit flipped to make it the
+unsigned operand, ``128 * sum(x)`` subtracted after: exact integers, the very values of ``torch._int_mm``);
+the weight-only one widens 16 weights at a time and uses FMA. Eight rows go at once, the eight rows after the
+next eight are prefetched into L2 as these are read (measured at Qwen2-0.5B's shapes by ``benchmarks/quant_gemv.py``:
+without the prefetch a row block waits on memory, 8-12 GB/s). Threads split the rows (``at::parallel_for``,
+torch's thread count). Without AVX-512 (or VNNI) a plain loop computes the same values, slowly, so a kernel
+built elsewhere still runs: :func:`fast_path` tells the rewrite whether to use them at all.
+
+The module is built from this source by this user (the native build cache: private, signed, keyed by the
+source, torch and compiler) and loaded once per process. No compiler, or a failed build: :func:`load`
+returns None with the reason, and the rewrite keeps Inductor's reduction.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+
+#: rows of a block (each block's accumulators stay in registers) and blocks per parallel task
+ROWS = 8
+
+_SOURCE = r"""
+// superkernel int8 GEMV kernels (superkernel.runtime.cpu.int8_gemv). Do not edit.
+#include <Python.h>
+#include <torch/library.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <immintrin.h>
+#include <cstdint>
+
+#pragma GCC optimize("O2")
+
+#define SK_CAT2(a, b) a##b
+#define SK_CAT(a, b) SK_CAT2(a, b)
+#define SK_STR2(a) #a
+#define SK_STR(a) SK_STR2(a)
+
+namespace {
+
+constexpr int64_t kRows = %(rows)d;
+
+bool g_vectors = true;  // off: the plain loops everywhere (the path of a CPU without AVX-512; for tests)
+bool has_avx512() { return g_vectors && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"); }
+bool has_vnni() { return has_avx512() && __builtin_cpu_supports("avx512vnni"); }
+
+// ---- W8A8: y[m, n] = sum_k x[m, k] * w[n, k], exact in int32 ----
+void w8a8_plain(const int8_t* x, const int8_t* w, int32_t* y, int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t m = 0; m < M; ++m) {
+      int32_t s = 0;
+      for (int64_t k = 0; k < K; ++k) s += int32_t(x[m * K + k]) * int32_t(w[n * K + k]);
+      y[m * N + n] = s;
+    }
+}
+
+// R rows of w at once; (w + 128) as vpdpbusd's unsigned operand, x signed: sum((w + 128) * x) - 128 * sum(x).
+template <int R>
+__attribute__((target("avx512f,avx512bw,avx512vnni")))
+void w8a8_block(const int8_t* x, const int8_t* w, int32_t* y, int64_t M, int64_t N, int64_t K, int64_t n,
+                const int32_t* xsum) {
+  const __m512i flip = _mm512_set1_epi8((char)0x80);
+  const int64_t kmain = K & ~int64_t(63);
+  const __mmask64 tail = K > kmain ? (~0ULL >> (64 - (K - kmain))) : 0;
+  const int8_t* w0 = w + n * K;
+  for (int64_t m = 0; m < M; ++m) {
+    const int8_t* xr = x + m * K;
+    __m512i a[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) a[r] = _mm512_setzero_si512();
+    const char* pf = (const char*)(w0 + 2 * R * K);  // the block after next, one line per row per step
+    for (int64_t k = 0; k < kmain; k += 64) {
+      if (m == 0) {
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) _mm_prefetch(pf + 64 * r, _MM_HINT_T1);
+        pf += 64 * R;
+      }
+      const __m512i xv = _mm512_loadu_si512(xr + k);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r)
+        a[r] = _mm512_dpbusd_epi32(a[r], _mm512_xor_si512(_mm512_loadu_si512(w0 + r * K + k), flip), xv);
+    }
+    if (tail) {  // masked: x is 0 there, so the flipped weight adds nothing
+      const __m512i xv = _mm512_maskz_loadu_epi8(tail, xr + kmain);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r)
+        a[r] = _mm512_dpbusd_epi32(a[r], _mm512_xor_si512(_mm512_maskz_loadu_epi8(tail, w0 + r * K + kmain), flip), xv);
+    }
+    const int32_t c = 128 * xsum[m];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) y[m * N + n + r] = _mm512_reduce_add_epi32(a[r]) - c;
+  }
+}
+
+// ---- weight-only: y[m, n] = sum_k x[m, k] * float(w[n, k]), float32 ----
+void woq_plain(const float* x, const int8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n)
+    for (int64_t m = 0; m < M; ++m) {
+      float s = 0.f;
+      for (int64_t k = 0; k < K; ++k) s += x[m * K + k] * float(w[n * K + k]);
+      y[m * N + n] = s;
+    }
+}
+
+template <int R>
+__attribute__((target("avx512f,avx512bw")))
+void woq_block(const float* x, const int8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t n) {
+  const int64_t kmain = K & ~int64_t(15);
+  const int8_t* w0 = w + n * K;
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x + m * K;
+    __m512 a[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) a[r] = _mm512_setzero_ps();
+    const char* pf = (const char*)(w0 + 2 * R * K);
+    for (int64_t k = 0; k < kmain; k += 16) {
+      if (m == 0 && (k & 63) == 0) {
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) _mm_prefetch(pf + 64 * r, _MM_HINT_T1);
+        pf += 64 * R;
+      }
+      const __m512 xv = _mm512_loadu_ps(xr + k);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r)
+        a[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                   _mm_loadu_si128((const __m128i*)(w0 + r * K + k)))), xv, a[r]);
+    }
+    float s[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) s[r] = _mm512_reduce_add_ps(a[r]);
+    for (int64_t k = kmain; k < K; ++k)
+      for (int r = 0; r < R; ++r) s[r] += xr[k] * float(w0[r * K + k]);
+    for (int r = 0; r < R; ++r) y[m * N + n + r] = s[r];
+  }
+}
+
+void check(const at::Tensor& x, const at::Tensor& w, c10::ScalarType xtype, const char* op) {
+  TORCH_CHECK(x.scalar_type() == xtype && w.scalar_type() == at::kChar && x.dim() == 2 && w.dim() == 2 &&
+              x.size(1) == w.size(1) && x.device().is_cpu() && w.device().is_cpu(),
+              "superkernel::", op, ": a [M, K] ", c10::toString(xtype), " and an int8 [N, K] CPU tensor expected, got ",
+              x.scalar_type(), x.sizes(), " and ", w.scalar_type(), w.sizes());
+}
+
+// Rows [n0, n1) of the output: blocks of kRows, then single rows (still vectorized).
+template <typename Block, typename Row, typename Plain>
+void rows(int64_t n0, int64_t n1, bool fast, Block block, Row row, Plain plain) {
+  if (!fast) { plain(n0, n1); return; }
+  int64_t n = n0;
+  for (; n + kRows <= n1; n += kRows) block(n);
+  for (; n < n1; ++n) row(n);
+}
+
+at::Tensor int8_gemv(const at::Tensor& x_, const at::Tensor& w_) {
+  check(x_, w_, at::kChar, "int8_gemv");
+  const at::Tensor x = x_.contiguous(), w = w_.contiguous();
+  const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
+  at::Tensor y = at::empty({M, N}, x.options().dtype(at::kInt));
+  const int8_t* xp = x.const_data_ptr<int8_t>();
+  const int8_t* wp = w.const_data_ptr<int8_t>();
+  int32_t* yp = y.mutable_data_ptr<int32_t>();
+  std::vector<int32_t> xsum(M, 0);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) xsum[m] += xp[m * K + k];
+  const bool fast = has_vnni();
+  const int64_t blocks = (N + kRows - 1) / kRows;
+  at::parallel_for(0, blocks, 8, [&](int64_t b0, int64_t b1) {
+    rows(b0 * kRows, std::min(N, b1 * kRows), fast,
+         [&](int64_t n) { w8a8_block<kRows>(xp, wp, yp, M, N, K, n, xsum.data()); },
+         [&](int64_t n) { w8a8_block<1>(xp, wp, yp, M, N, K, n, xsum.data()); },
+         [&](int64_t a, int64_t b) { w8a8_plain(xp, wp, yp, M, N, K, a, b); });
+  });
+  return y;
+}
+
+at::Tensor int8_weight_gemv(const at::Tensor& x_, const at::Tensor& w_) {
+  check(x_, w_, at::kFloat, "int8_weight_gemv");
+  const at::Tensor x = x_.contiguous(), w = w_.contiguous();
+  const int64_t M = x.size(0), N = w.size(0), K = x.size(1);
+  at::Tensor y = at::empty({M, N}, x.options());
+  const float* xp = x.const_data_ptr<float>();
+  const int8_t* wp = w.const_data_ptr<int8_t>();
+  float* yp = y.mutable_data_ptr<float>();
+  const bool fast = has_avx512();
+  const int64_t blocks = (N + kRows - 1) / kRows;
+  at::parallel_for(0, blocks, 8, [&](int64_t b0, int64_t b1) {
+    rows(b0 * kRows, std::min(N, b1 * kRows), fast,
+         [&](int64_t n) { woq_block<kRows>(xp, wp, yp, M, N, K, n); },
+         [&](int64_t n) { woq_block<1>(xp, wp, yp, M, N, K, n); },
+         [&](int64_t a, int64_t b) { woq_plain(xp, wp, yp, M, N, K, a, b); });
+  });
+  return y;
+}
+
+PyObject* sk_fast_path(PyObject*, PyObject*) {
+  return Py_BuildValue("{s:O,s:O}", "int8_gemv", has_vnni() ? Py_True : Py_False,
+                       "int8_weight_gemv", has_avx512() ? Py_True : Py_False);
+}
+
+PyObject* sk_use_vectors(PyObject*, PyObject* flag) {
+  g_vectors = PyObject_IsTrue(flag) == 1;
+  Py_RETURN_NONE;
+}
+
+PyMethodDef sk_methods[] = {{"fast_path", sk_fast_path, METH_NOARGS, nullptr},
+                            {"use_vectors", sk_use_vectors, METH_O, nullptr}, {nullptr, nullptr, 0, nullptr}};
+PyModuleDef sk_module = {PyModuleDef_HEAD_INIT, SK_STR(SK_MODULE), nullptr, -1, sk_methods};
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(superkernel, m) {
+  m.def("int8_gemv(Tensor x, Tensor w) -> Tensor");
+  m.def("int8_weight_gemv(Tensor x, Tensor w) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(superkernel, CPU, m) {
+  m.impl("int8_gemv", &int8_gemv);
+  m.impl("int8_weight_gemv", &int8_weight_gemv);
+}
+
+extern "C" __attribute__((visibility("default"))) PyObject* SK_CAT(PyInit_, SK_MODULE)(void) {
+  return PyModule_Create(&sk_module);
+}
+"""
+
+_lock = threading.Lock()
+_state: dict[str, Any] = {}
+
+
+def source() -> str:
+    return _SOURCE % {"rows": ROWS}
+
+
+def _register_fakes() -> None:
+    """Shapes for tracing (Inductor's fake tensors): ``[M, N]``, int32 for the W8A8 dot, float32 otherwise."""
+    def gemv_fake(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x.new_empty((x.shape[0], w.shape[0]), dtype=torch.int32)
+
+    def weight_gemv_fake(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x.new_empty((x.shape[0], w.shape[0]))
+
+    torch.library.register_fake("superkernel::int8_gemv", gemv_fake)
+    torch.library.register_fake("superkernel::int8_weight_gemv", weight_gemv_fake)
+
+
+def load() -> Any | None:
+    """The built module (its ops registered in ``torch.ops.superkernel``), once per process; None when it
+    cannot be built here (:func:`unavailable_reason` says why)."""
+    with _lock:
+        if "module" in _state:
+            return _state["module"]
+        from superkernel.runtime.cpu.native.build import NativeSource, build_library, load_library, native_key
+        from superkernel.runtime.cpu.native.literals import NativeBuildError
+
+        text = source()
+        src = NativeSource(text, native_key(text), ())
+        try:
+            module = load_library(build_library(src), src.module_name)
+            _register_fakes()
+        except (NativeBuildError, OSError, ImportError, RuntimeError) as exc:
+            _state["module"], _state["error"] = None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return None
+        _state["module"], _state["error"] = module, None
+        return module
+
+
+def unavailable_reason() -> str | None:
+    return _state.get("error")
+
+
+def fast_path(op: str) -> bool:
+    """Whether ``op`` (``"int8_gemv"`` or ``"int8_weight_gemv"``) has its vector kernel on this CPU (the module
+    is built if needed); False where it cannot be built."""
+    module = load()
+    return bool(module is not None and module.fast_path().get(op))
+
+
+__all__ = ["ROWS", "fast_path", "load", "source", "unavailable_reason"]

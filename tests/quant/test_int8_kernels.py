@@ -1,0 +1,71 @@
+"""superkernel's own int8 GEMV kernels (superkernel.runtime.cpu.int8_gemv), against exact references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from superkernel.runtime.cpu import int8_gemv
+
+SHAPES = [(1, 896, 896), (3, 131, 900), (8, 17, 64), (1, 5, 7), (2, 9, 4864)]  # block + single rows, K tails
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    module = int8_gemv.load()
+    if module is None:
+        pytest.skip(f"the int8 kernels cannot be built here: {int8_gemv.unavailable_reason()}")
+    return module
+
+
+@pytest.fixture(params=[True, False], ids=["vectors", "plain"])
+def path(request, kernels):
+    """Both code paths on this CPU: the AVX-512 kernels (where it has them) and the plain loops."""
+    if request.param and not kernels.fast_path()["int8_gemv"]:
+        pytest.skip("this CPU has no AVX-512 VNNI")
+    kernels.use_vectors(request.param)
+    yield request.param
+    kernels.use_vectors(True)
+
+
+@pytest.mark.parametrize("m, n, k", SHAPES)
+def test_the_w8a8_dot_is_exact(path, m, n, k):
+    g = torch.Generator().manual_seed(m * n + k)
+    x = torch.randint(-128, 128, (m, k), dtype=torch.int8, generator=g)
+    w = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
+    x[0, :3], w[0, :3] = -128, -128  # the extremes: (-128) * (-128) and the sign flip of -128
+    got = torch.ops.superkernel.int8_gemv(x, w)
+    assert got.dtype == torch.int32 and torch.equal(got, (x.long() @ w.long().t()).int())
+
+
+@pytest.mark.parametrize("m, n, k", SHAPES)
+def test_the_weight_only_gemv_is_float32_close(path, m, n, k):
+    g = torch.Generator().manual_seed(m * n + k)
+    x = torch.randn(m, k, generator=g)
+    w = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
+    got = torch.ops.superkernel.int8_weight_gemv(x, w)
+    want = x.double() @ w.double().t()
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6 * want.abs().max().item())
+
+
+def test_threads_split_the_rows_without_changing_a_value(kernels):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(-128, 128, (1, 896), dtype=torch.int8, generator=g)
+    w = torch.randint(-128, 128, (1000, 896), dtype=torch.int8, generator=g)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = torch.ops.superkernel.int8_gemv(x, w), torch.ops.superkernel.int8_weight_gemv(x.float(), w)
+        torch.set_num_threads(2)
+        two = torch.ops.superkernel.int8_gemv(x, w), torch.ops.superkernel.int8_weight_gemv(x.float(), w)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1])
+
+
+def test_bad_operands_are_refused_with_what_is_expected(kernels):
+    with pytest.raises(RuntimeError, match=r"int8 \[N, K\] CPU tensor expected"):
+        torch.ops.superkernel.int8_gemv(torch.zeros(1, 8), torch.zeros(4, 8, dtype=torch.int8))
+    with pytest.raises(RuntimeError, match="expected"):
+        torch.ops.superkernel.int8_weight_gemv(torch.zeros(1, 8), torch.zeros(4, 9, dtype=torch.int8))
