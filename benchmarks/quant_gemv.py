@@ -8,7 +8,12 @@ lm_head 151936x896), batch 1, in float32 and in bfloat16:
 * float GEMV: ``F.linear`` on the dequantized weight, compiled by Inductor (what the float model runs);
 * ATen ``_weight_int8pack_mm`` (Inductor's own weight-only pattern rewrites to it, for bfloat16 only);
 * Inductor's compile of the graph torchao's int8 weight-only linear produces (``mm(x, float(w_int8).T) * s``);
-* superkernel's rewrite (``superkernel.runtime.inductor.quant_gemv``): the same graph as a reduction reading int8.
+* superkernel's rewrite (``superkernel.runtime.inductor.quant_gemv``) of the same graph, both ways it can go:
+  our int8 kernel (``superkernel.runtime.cpu.int8_gemv``, where this CPU has AVX-512) and Inductor's reduction
+  reading int8 (elsewhere, and for bfloat16);
+* for float32 also the W8A8 dot of the same weight with an int8 activation: ATen's ``torch._int_mm`` and our
+  kernel (``torch.ops.superkernel.int8_gemv``);
+* a plain ``sum`` over a float32 view of the same int8 bytes: the rate this core reads memory at here.
 
 Each is checked against a float64 reference first, then timed in interleaved rounds (median of per-round
 medians), rotating over enough copies of the weights that they come from memory, as in a decode step (one
@@ -43,9 +48,20 @@ def float_gemv(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.linear(x, dense)
 
 
-def compile_rewritten(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> Callable[..., Any]:
-    """``woq_graph`` through superkernel's rewrite, compiled by Inductor (the max-autotune CPU path)."""
+def compile_rewritten(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, kernel: bool = True) -> Callable[..., Any]:
+    """``woq_graph`` through superkernel's rewrite, compiled by Inductor (the max-autotune CPU path); with
+    ``kernel=False`` the rewrite is told our kernel is not there (Inductor's reduction)."""
+    from superkernel.runtime.cpu import int8_gemv
     from superkernel.runtime.inductor.quant_gemv import rewrite_quantized_gemv
+
+    def rewrite(g: torch.fx.GraphModule) -> None:
+        saved = int8_gemv.fast_path
+        if not kernel:
+            int8_gemv.fast_path = lambda op: False
+        try:
+            rewrite_quantized_gemv(g)
+        finally:
+            int8_gemv.fast_path = saved
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         from torch._functorch.aot_autograd import aot_module_simplified
@@ -53,7 +69,7 @@ def compile_rewritten(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> Call
         from torch._inductor.decomposition import select_decomp_table
 
         def fw(g: torch.fx.GraphModule, inputs: list[Any]) -> Any:
-            rewrite_quantized_gemv(g)
+            rewrite(g)
             return compile_fx_inner(g, inputs, is_inference=True)
 
         return aot_module_simplified(gm, example_inputs, fw_compiler=fw, decompositions=select_decomp_table())
@@ -81,6 +97,13 @@ def timed(fn: Callable[[], Any], reps: int) -> float:
     return statistics.median(samples) * 1e3
 
 
+def _cell(plan: dict[str, Any] | None) -> str:
+    if plan is None:
+        return "-"
+    error = "" if plan["rel_error"] is None else f" ({plan['rel_error']:.0e})"
+    return f"{plan['ms']:.3f}{error}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
@@ -89,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
+    from superkernel.runtime.cpu import int8_gemv
     from superkernel.runtime.inductor.autofusion.machine import measure_bandwidth
 
     bandwidth = measure_bandwidth(256, 5)
@@ -121,13 +145,25 @@ def main(argv: list[str] | None = None) -> int:
                 "float GEMV (Inductor)": (lambda f=torch.compile(_own(float_gemv), dynamic=False): f(x, next_dense())),
                 "ATen _weight_int8pack_mm": lambda: torch._weight_int8pack_mm(x, next_w(), s),
                 "Inductor, torchao's graph": (lambda f=torch.compile(_own(woq_graph), dynamic=False): f(x, next_w(), s)),
-                "superkernel rewrite": (lambda f=compile_rewritten(x, w, s): f(x, next_w(), s)),
+                "superkernel rewrite, reduction": (lambda f=compile_rewritten(x, w, s, False): f(x, next_w(), s)),
             }
-            errors = {}
+            if int8_gemv.fast_path("int8_weight_gemv") and dtype == torch.float32:
+                plans["superkernel rewrite, our kernel"] = lambda f=compile_rewritten(x, w, s): f(x, next_w(), s)
+            if dtype == torch.float32:
+                xq = torch.randint(-127, 128, (1, k), dtype=torch.int8, generator=g)
+                plans["W8A8: ATen _int_mm"] = lambda: torch._int_mm(xq, next_w().t())
+                if int8_gemv.fast_path("int8_gemv"):
+                    plans["W8A8: our kernel"] = lambda: torch.ops.superkernel.int8_gemv(xq, next_w())
+                plans["plain sum over the int8 bytes"] = lambda: next_w().view(torch.float32).sum()
+            errors: dict[str, float | None] = {}
             with torch.no_grad():
                 for label, fn in plans.items():
                     out = fn().double()
-                    errors[label] = float((out - ref).abs().max() / ref.abs().max())
+                    if label.startswith("plain sum"):
+                        errors[label] = None  # not a GEMV: the read rate only
+                        continue
+                    want = (xq.double() @ w.double().t()) if label.startswith("W8A8") else ref
+                    errors[label] = float((out - want).abs().max() / want.abs().max())
                 times: dict[str, list[float]] = {label: [] for label in plans}
                 reps = max(3, args.reps // (20 if n > 100000 else 1))
                 for r in range(args.rounds):
@@ -144,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
             print(dtype, name, {k: round(v["ms"], 3) for k, v in row["plans"].items()}, flush=True)
     result = {"threads": args.threads, "rounds": args.rounds, "copy_bandwidth_GBps": bandwidth / 1e9,
               "torch": torch.__version__, "rows": rows}
-    labels = list(rows[0]["plans"])
+    labels = list(dict.fromkeys(label for row in rows for label in row["plans"]))
     lines = ["# int8 weight-only GEMV at a Qwen2-0.5B step's shapes (batch 1)", "",
              f"torch {torch.__version__}, {args.threads} thread(s), {args.rounds} interleaved rounds (median of per-round "
              f"medians); roofline = int8 weight bytes at the measured copy bandwidth {bandwidth / 1e9:.1f} GB/s. "
@@ -152,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
              "| dtype | shape (N x K) | roofline ms | " + " | ".join(f"{label} ms (err)" for label in labels) + " |",
              "|---|---|---|" + "---|" * len(labels)]
     for row in rows:
-        cells = " | ".join(f"{row['plans'][label]['ms']:.3f} ({row['plans'][label]['rel_error']:.0e})" for label in labels)
+        cells = " | ".join(_cell(row["plans"].get(label)) for label in labels)
         lines.append(f"| {row['dtype']} | {row['shape']} {row['n']}x{row['k']} | {row['roofline_int8_ms']:.3f} | {cells} |")
     args.output.mkdir(parents=True, exist_ok=True)
     atomic_write(args.output / "quant_gemv.json", json.dumps(result, indent=2) + "\n")

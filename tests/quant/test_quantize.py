@@ -82,10 +82,11 @@ def test_reduce_overhead_is_bit_identical_on_every_scheme(scheme):
     assert seg.realization == "cpu-native" and seg.fallback is None
 
 
-@pytest.mark.parametrize("kernel", [True, False], ids=["our-kernel", "reduction"])
-@pytest.mark.parametrize("scheme, explained", [
-    ("int8-weight", "rewrite: int8 weight-only GEMV (1, 128) x (384, 128)^T as "),
-    ("w8a8", "rewrite: W8A8 GEMV (1, 128) x (384, 128)^T as ")])
+@pytest.mark.parametrize("scheme, explained, kernel", [
+    ("int8-weight", "rewrite: int8 weight-only GEMV (1, 128) x (384, 128)^T as ", True),
+    ("w8a8", "rewrite: W8A8 GEMV (1, 128) x (384, 128)^T as ", True),
+    ("int8-weight", "rewrite: int8 weight-only GEMV (1, 128) x (384, 128)^T as ", False)],  # (W8A8's: integers test)
+    ids=["int8-weight-our-kernel", "w8a8-our-kernel", "int8-weight-reduction"])
 def test_max_autotune_reads_int8_weights_once(scheme, explained, kernel, monkeypatch):
     """int8 weight-only: the float32 GEMV over a dequantized weight; W8A8: _int_mm with its column-sum
     correction; both become superkernel's int8 kernel (where this CPU has its AVX-512 path) or else a

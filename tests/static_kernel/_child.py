@@ -1,7 +1,7 @@
 """Child process of the static kernel tests: compile a tiny scoped model with static kernels.
 
     python _child.py BUILD_DIR BATCH OUT.pt [--no-static] [--function] [--graph-break] [--then-batch N]
-                     [--reduce-overhead]
+                     [--reduce-overhead] [--quantize SCHEME]
 
 Prints one line ``RESULT {json}`` with the backend's and the static kernel compiler's counters, the
 number of C++ compilations TorchInductor started and the number of frames Dynamo traced
@@ -10,7 +10,8 @@ precompiled frame) instead of the model; ``--graph-break`` puts a graph break in
 ``--then-batch N`` also calls it with a batch of N after the two calls with BATCH.
 ``--reduce-overhead`` compiles in that mode (CPU: native modules) and also saves the exactness
 reference's output (``debug.run_eagerly``) as ``ref``; the result then names every segment's
-realization and whether this process has a C++ compiler.
+realization and whether this process has a C++ compiler. ``--quantize SCHEME`` quantizes the model first
+(torchao, ``superkernel.tools.quantize``).
 """
 
 from __future__ import annotations
@@ -89,6 +90,10 @@ def main() -> int:
     _count_dynamo_traces()
     torch.manual_seed(0)
     model = Tiny().eval()
+    if "--quantize" in sys.argv:
+        from superkernel.tools.quantize import quantize_model
+
+        quantize_model(model, sys.argv[sys.argv.index("--quantize") + 1])
     cfg = CompilerConfig()
     reduce_overhead = "--reduce-overhead" in sys.argv
     if reduce_overhead:

@@ -21,6 +21,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
+from superkernel.ir.graph import device_kind
 from superkernel.static_kernel import compat
 from superkernel.static_kernel.constants import materialize
 from superkernel.static_kernel.loader import install_kernels
@@ -88,9 +89,12 @@ class Builder:
 
         Raises whatever TorchInductor raises (the caller compiles the normal way then).
         """
+        from superkernel.runtime.inductor.compile import graph_rewrites
+
         staging = self.staging
         start = time.perf_counter()
         inputs = [materialize(v) for v in example_inputs] + constants
+        rewrites = graph_rewrites(lifted, device_kind(inputs))  # what compile_partition does first, the same here
         with compat.inductor_cache_dir_at(str(staging)):
             artifact = compat.standalone_compile(lifted, inputs, patches)
             path = staging.parent / ".artifacts" / f"{key}.bin"
@@ -104,6 +108,7 @@ class Builder:
             "num_ops": sum(1 for n in gm.graph.nodes if n.op == "call_function"),
             "compile_seconds": round(time.perf_counter() - start, 3),
         }, data)
+        self.counters["rewrites"] += len(rewrites)
         return artifact
 
     def pending(self, holding: bool) -> bool:

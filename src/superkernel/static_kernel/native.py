@@ -118,6 +118,33 @@ class NativeModules:
                                                       "built (or loaded from this user's cache) the normal way")
             return module
 
+    def load_op_libraries(self, pkg: Package) -> None:
+        """Load the operator libraries ``pkg`` carries (superkernel's int8 kernels), before any of its partitions:
+        compiled code calls their operators by name. Verified, trusted and same-ABI only, like every module; one
+        that cannot load leaves the partitions that need it to fail to load and be built again."""
+        import superkernel.runtime.cpu.int8_gemv as int8_gemv
+
+        with self.ws.mutex:
+            for key, entry in pkg.native.items():
+                if entry.get("ops") is not True or key in self.loaded:
+                    continue
+                why = abi_difference(entry["abi"], abi_fingerprint())
+                if why is not None:
+                    self.ws.counters["native_abi_mismatch"] += 1
+                    self._notice(key, f"operator library {key[:12]} in package {pkg.path.name} was built for another "
+                                      f"torch/Python ABI ({why}); not loading it")
+                    continue
+                try:
+                    module = load_library(self.ws.loader.install_native(pkg, key), entry["module"])
+                except Exception as exc:  # noqa: BLE001 - a package never crashes the run
+                    self.ws.counters["native_load_failed"] += 1
+                    self._notice(key, f"could not load operator library {key[:12]} from {pkg.path.name} "
+                                      f"({exception_summary(exc)})")
+                    continue
+                self.ws.counters["native_loaded"] += 1
+                self.loaded[key] = module
+                int8_gemv.adopt(module)
+
     def _may_add(self, extend: bool) -> bool:
         ws = self.ws
         if ws.holding:
@@ -133,6 +160,8 @@ class NativeModules:
         ws = self.ws
         entry = {"file": f"native/{key}.so", "module": src.module_name, "abi": abi_fingerprint(),
                  "graph": ws.current_graph, "entries": list(src.entries)}
+        if getattr(src, "registers_ops", False):
+            entry["ops"] = True  # loaded before any partition of the package (they call its operators)
         ws.builder.new_native[key] = Artifact(entry, data)
         ws.counters["native_built"] += 1
 

@@ -182,8 +182,10 @@ class Workspace:
                 return with_constants(fn, constants)
             fn = None
             if self.package is not None and key in self.package.artifacts:
+                self.natives.load_op_libraries(self.package)
                 fn = self.loader.load(key, self.package.artifact_bytes(key), self.package)
             if fn is None and key in self.builder.carried:  # extending a package: its artifacts load as well
+                self.natives.load_op_libraries(self.builder.carried_from)
                 fn = self.loader.load(key, self.builder.carried[key].data, self.builder.carried_from)
             if fn is None:
                 return None

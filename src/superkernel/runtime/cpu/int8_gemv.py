@@ -21,16 +21,23 @@ returns None with the reason, and the rewrite keeps Inductor's reduction.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import torch
 
-#: rows of a block (each block's accumulators stay in registers) and blocks per parallel task
+#: rows of a block (each block's accumulators stay in registers)
 ROWS = 8
+#: ``at::parallel_for`` is OpenMP inside the header: without ``-fopenmp`` it runs on one thread (measured: the
+#: 2-thread step as slow as the 1-thread one). The module then needs ``libgomp.so.1``, the OpenMP runtime
+#: torch has already loaded (the one Inductor's own C++ kernels use).
+FLAGS = ("-fopenmp",)
 
 _SOURCE = r"""
 // superkernel int8 GEMV kernels (superkernel.runtime.cpu.int8_gemv). Do not edit.
+// Built with: %(flags)s
 #include <Python.h>
 #include <torch/library.h>
 #include <ATen/core/Tensor.h>
@@ -234,10 +241,32 @@ extern "C" __attribute__((visibility("default"))) PyObject* SK_CAT(PyInit_, SK_M
 
 _lock = threading.Lock()
 _state: dict[str, Any] = {}
+#: while a static-kernel build or load is compiling: ``provider(source)`` gives the loaded module from the
+#: package, or builds it and adds it to the package being built (the native modules' seam)
+_PROVIDER: contextvars.ContextVar[Callable[[Any], Any] | None] = contextvars.ContextVar("sk_int8_provider",
+                                                                                      default=None)
 
 
 def source() -> str:
-    return _SOURCE % {"rows": ROWS}
+    return _SOURCE % {"rows": ROWS, "flags": " ".join(FLAGS)}
+
+
+def native_source() -> Any:
+    """The module as a :class:`~superkernel.runtime.cpu.native.build.NativeSource` (an operator library)."""
+    from superkernel.runtime.cpu.native.build import NativeSource, native_key
+
+    text = source()
+    return NativeSource(text, native_key(text, FLAGS), (), FLAGS, registers_ops=True)
+
+
+@contextlib.contextmanager
+def provided_by(provider: Callable[[Any], Any] | None) -> Iterator[None]:
+    """Within this block :func:`load` takes the module from ``provider`` (a static-kernel workspace)."""
+    token = _PROVIDER.set(provider)
+    try:
+        yield
+    finally:
+        _PROVIDER.reset(token)
 
 
 def _register_fakes() -> None:
@@ -252,20 +281,30 @@ def _register_fakes() -> None:
     torch.library.register_fake("superkernel::int8_weight_gemv", weight_gemv_fake)
 
 
+def adopt(module: Any) -> None:
+    """``module`` (this source, loaded from a package) is the one whose operators are registered."""
+    with _lock:
+        if _state.get("module") is None:
+            _register_fakes()
+            _state["module"], _state["error"] = module, None
+
+
 def load() -> Any | None:
     """The built module (its ops registered in ``torch.ops.superkernel``), once per process; None when it
-    cannot be built here (:func:`unavailable_reason` says why)."""
-    with _lock:
-        if "module" in _state:
-            return _state["module"]
-        from superkernel.runtime.cpu.native.build import NativeSource, build_library, load_library, native_key
-        from superkernel.runtime.cpu.native.literals import NativeBuildError
+    cannot be built here (:func:`unavailable_reason` says why). Inside :func:`provided_by` the provider is
+    asked every time (it adds the module to the package being built once)."""
+    from superkernel.runtime.cpu.native.build import build_library, load_library
+    from superkernel.runtime.cpu.native.literals import NativeBuildError
 
-        text = source()
-        src = NativeSource(text, native_key(text), ())
+    provider = _PROVIDER.get()
+    with _lock:
+        if "module" in _state and (provider is None or _state["module"] is None):
+            return _state["module"]
+        src = native_source()
         try:
-            module = load_library(build_library(src), src.module_name)
-            _register_fakes()
+            module = provider(src) if provider is not None else load_library(build_library(src), src.module_name)
+            if _state.get("module") is None:
+                _register_fakes()
         except (NativeBuildError, OSError, ImportError, RuntimeError) as exc:
             _state["module"], _state["error"] = None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return None
@@ -284,4 +323,5 @@ def fast_path(op: str) -> bool:
     return bool(module is not None and module.fast_path().get(op))
 
 
-__all__ = ["ROWS", "fast_path", "load", "source", "unavailable_reason"]
+__all__ = ["FLAGS", "ROWS", "adopt", "fast_path", "load", "native_source", "provided_by", "source",
+           "unavailable_reason"]

@@ -21,6 +21,17 @@ def inductor_patches(device: str, *, cpp_wrapper: bool = True, autotune: bool = 
     return patches
 
 
+def graph_rewrites(gm: fx.GraphModule, device: str) -> list[str]:
+    """superkernel's own rewrites of a partition's ATen graph before Inductor compiles it, in place (the
+    decode-sized quantized GEMVs on the CPU: :mod:`superkernel.runtime.inductor.quant_gemv`); one line each.
+    A static-kernel build applies them too, so a package runs what the normal compile runs."""
+    if device != "cpu":
+        return []
+    from superkernel.runtime.inductor.quant_gemv import rewrite_quantized_gemv
+
+    return rewrite_quantized_gemv(gm)
+
+
 def compile_partition(gm: fx.GraphModule, example_inputs: list[Any], *, device: str,
                       cpp_wrapper: bool = True, autotune: bool = False, pdl: bool = False) -> Callable[..., Any]:
     """Compile ``gm`` as one unit and return a plain ``fn(*args)``.
@@ -48,11 +59,7 @@ def compile_partition(gm: fx.GraphModule, example_inputs: list[Any], *, device: 
     if context is not None:
         context.output_strides = None
     gm = _copy(gm)  # Inductor's passes rewrite the graph in place; identical partitions must stay identical
-    rewrites: list[str] = []
-    if device == "cpu":
-        from superkernel.runtime.inductor.quant_gemv import rewrite_quantized_gemv
-
-        rewrites = rewrite_quantized_gemv(gm)
+    rewrites = graph_rewrites(gm, device)
     try:
         with inductor_config.patch(patches), output_logged():
             compiled = compile_fx_inner(

@@ -28,6 +28,8 @@ class NativeSource:
     source: str
     key: str
     entries: tuple[str, ...]  # entry point names, one per segment, in the order given
+    flags: tuple[str, ...] = ()  # compiler flags of this module alone (part of its key: see native_key)
+    registers_ops: bool = False  # a library of torch operators: a package loads it before any partition
 
     @property
     def module_name(self) -> str:
@@ -100,10 +102,12 @@ def build_fingerprint() -> str:
     return "\n".join(parts)
 
 
-def native_key(source: str) -> str:
-    """Content hash of a native module: its source and :func:`build_fingerprint`."""
+def native_key(source: str, flags: tuple[str, ...] = ()) -> str:
+    """Content hash of a native module: its source, its own flags and :func:`build_fingerprint`."""
     h = hashlib.sha256()
     h.update(source.encode())
+    if flags:
+        h.update(b"\0" + " ".join(flags).encode())
     h.update(b"\0")
     try:
         h.update(build_fingerprint().encode())
@@ -253,8 +257,8 @@ def build_library(src: NativeSource, directory: Path | None = None) -> Path:
         cpp = work / f"{src.module_name}.cpp"
         cpp.write_text(src.source)
         tmp_so = work / out.name
-        _run([compiler(), *_compile_flags(), f"-I{pch}", f"-DSK_MODULE={src.module_name}", "-shared", str(cpp),
-              "-o", str(tmp_so), *_link_flags()], f"building native module {src.module_name}")
+        _run([compiler(), *_compile_flags(), f"-I{pch}", f"-DSK_MODULE={src.module_name}", "-shared", *getattr(src, "flags", ()),
+              str(cpp), "-o", str(tmp_so), *_link_flags()], f"building native module {src.module_name}")
         os.replace(tmp_so, out)
         _sign_library(out)
         try:
