@@ -9,14 +9,16 @@ Q8_0 (measured, ``benchmarks/results/quant_decode_t1.md``). These kernels read e
 AVX-512: the W8A8 one multiplies bytes with VNNI's ``vpdpbusd`` (the weight's sign bit flipped to make it the
 unsigned operand, ``128 * sum(x)`` subtracted after: exact integers, the very values of ``torch._int_mm``);
 the weight-only one widens 16 weights at a time and uses FMA. Eight rows go at once, the eight rows after the
-next eight are prefetched into L2 as these are read (measured at Qwen2-0.5B's shapes by ``benchmarks/quant_gemv.py``:
-without the prefetch a row block waits on memory, 8-12 GB/s). Threads split the rows (``at::parallel_for``,
-torch's thread count). Without AVX-512 (or VNNI) a plain loop computes the same values, slowly, so a kernel
-built elsewhere still runs: :func:`fast_path` tells the rewrite whether to use them at all.
+next eight are prefetched into L2 as these are read (without the prefetch a row block waits on memory: 8-12
+GB/s, measured with ``benchmarks/quant_gemv.py``'s shapes); in a Qwen2-0.5B step they read 20-24 GB/s
+(``benchmarks/results/quant_decode_t1.md``). Threads split the rows (``at::parallel_for``, torch's thread
+count). Without AVX-512 (or VNNI) a plain loop computes the same values, slowly, so a kernel built elsewhere
+still runs: :func:`fast_path` tells the rewrite whether to use them at all.
 
 The module is built from this source by this user (the native build cache: private, signed, keyed by the
 source, torch and compiler) and loaded once per process. No compiler, or a failed build: :func:`load`
-returns None with the reason, and the rewrite keeps Inductor's reduction.
+returns None with the reason, and the rewrite keeps Inductor's reduction. A static-kernel package built
+with them carries the module (an operator library: a loading process loads it before any partition).
 """
 
 from __future__ import annotations
