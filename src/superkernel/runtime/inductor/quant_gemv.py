@@ -10,8 +10,9 @@ activations only, and ATen's float32 ``_weight_int8pack_mm`` is a reference loop
 
 For a decode-sized left operand (at most :data:`MAX_ROWS` rows) this pass rewrites the ``mm`` as a call of
 superkernel's own int8 kernel (:mod:`superkernel.runtime.cpu.int8_gemv`, where the CPU has AVX-512: 20-24 GB/s
-of int8 in a step, against 13-14 GB/s for the reduction below), else as a reduction, ``sum(x[:, None, :] * float(w_int8), -1)``, which Inductor's C++ backend emits as one
-vectorized loop that loads int8, converts and accumulates in float32. ``x`` is materialized first
+of int8 in a step, against 13-14 GB/s for the reduction below), else as a reduction,
+``sum(x[:, None, :] * float(w_int8), -1)``, which Inductor's C++ backend emits as one vectorized loop that
+loads int8, converts and accumulates in float32. ``x`` is materialized first
 (``prims.inductor_force_stride_order``): left to Inductor, the pointwise work that produces it (a norm's
 scaling before the head) is fused into the loop and recomputed for every output row — 22.8 ms instead of
 7.8 ms for Qwen2-0.5B's 151936-row head, measured. With it: 0.27 ms for the 4864x896 GEMV
@@ -115,8 +116,8 @@ def _fake_mode(*values: torch.Tensor) -> object:
     return detect_fake_mode(list(values)) or torch._subclasses.fake_tensor.FakeTensorMode()
 
 
-def _kernel_call(graph: fx.Graph, before: fx.Node, op: str, a: fx.Node, w: fx.Node, out: tuple[torch.Tensor, torch.Tensor],
-                 fake_mode: object, meta: dict) -> fx.Node | None:
+def _kernel_call(graph: fx.Graph, before: fx.Node, op: str, a: fx.Node, w: fx.Node,
+                 out: tuple[torch.Tensor, torch.Tensor], fake_mode: object, meta: dict) -> fx.Node | None:
     """Insert, before ``before``, a call of our kernel ``torch.ops.superkernel.<op>(a, w)`` (module
     :mod:`superkernel.runtime.cpu.int8_gemv`) giving a tensor like ``out``; None (nothing inserted) where the
     kernel has no vector path on this CPU or cannot be built: the caller writes the reduction instead.
