@@ -18,7 +18,6 @@ import shutil
 import stat
 import subprocess
 import sysconfig
-import types
 from pathlib import Path
 
 import pytest
@@ -131,7 +130,7 @@ def test_planted_native_module_is_never_loaded(case, monkeypatch, record):
 
     monkeypatch.setenv("CXX", "false")  # the rebuild it triggers fails fast: the planted file must not load
     monkeypatch.setattr(native_build, "_loaded", {})
-    src = types.SimpleNamespace(module_name=f"sk_native_hostile_{record}", source="// planted\n")
+    src = native_build.NativeSource("// planted\n", f"hostile_{record}", ())  # module sk_native_hostile_<record>
     cache = private_cache_dir("native_cpu")
     planted = cache / f"{src.module_name}{sysconfig.get_config_var('EXT_SUFFIX') or '.so'}"
     shutil.copy(_payload_library(case.work, case.marker, "payload"), planted)

@@ -87,25 +87,10 @@ class NativeModules:
                 return module
             found = self._find(key)
             if found is not None:
-                pkg, entry = found
-                why = abi_difference(entry["abi"], abi_fingerprint())
-                if why is None:
-                    try:
-                        path = ws.loader.install_native(pkg, key)  # (verified and trusted, else PackageError)
-                        module = load_library(path, entry["module"])
-                    except Exception as exc:  # noqa: BLE001 - a package never crashes the run
-                        ws.counters["native_load_failed"] += 1
-                        self._notice(key, f"could not load native module {key[:12]} from {pkg.path.name} "
-                                          f"({exception_summary(exc)}); building it here")
-                    else:
-                        ws.counters["native_loaded"] += 1
-                        self.loaded[key] = module
-                        return module
-                else:
-                    ws.counters["native_abi_mismatch"] += 1
-                    self._notice(key, f"native module {key[:12]} in package {pkg.path.name} was built for another "
-                                      f"torch/Python ABI ({why}); not loading it, building it here "
-                                      "(the flat program runs if there is no C++ compiler)")
+                module = self._from_package(*found, key, "native module", mismatch=", building it here (the flat "
+                                            "program runs if there is no C++ compiler)", failed="; building it here")
+                if module is not None:
+                    return module
             module = load(src)  # built here (or from this user's cache); NativeBuildError when it cannot be
             self.loaded[key] = module
             if found is None and self._may_add(extend):
@@ -126,24 +111,33 @@ class NativeModules:
 
         with self.ws.mutex:
             for key, entry in pkg.native.items():
-                if entry.get("ops") is not True or key in self.loaded:
-                    continue
-                why = abi_difference(entry["abi"], abi_fingerprint())
-                if why is not None:
-                    self.ws.counters["native_abi_mismatch"] += 1
-                    self._notice(key, f"operator library {key[:12]} in package {pkg.path.name} was built for another "
-                                      f"torch/Python ABI ({why}); not loading it")
-                    continue
-                try:
-                    module = load_library(self.ws.loader.install_native(pkg, key), entry["module"])
-                except Exception as exc:  # noqa: BLE001 - a package never crashes the run
-                    self.ws.counters["native_load_failed"] += 1
-                    self._notice(key, f"could not load operator library {key[:12]} from {pkg.path.name} "
-                                      f"({exception_summary(exc)})")
-                    continue
-                self.ws.counters["native_loaded"] += 1
-                self.loaded[key] = module
-                int8_gemv.adopt(module)
+                if entry.get("ops") is True and key not in self.loaded:
+                    module = self._from_package(pkg, entry, key, "operator library", mismatch="", failed="")
+                    if module is not None:
+                        int8_gemv.adopt(module)
+
+    def _from_package(self, pkg: Package, entry: dict[str, Any], key: str, what: str, *, mismatch: str,
+                      failed: str) -> Any | None:
+        """Module ``key`` of ``pkg`` loaded (verified and trusted, same ABI), or None with a notice (``what`` names
+        it, ``mismatch`` / ``failed`` end the notice: what happens instead)."""
+        ws = self.ws
+        why = abi_difference(entry["abi"], abi_fingerprint())
+        if why is not None:
+            ws.counters["native_abi_mismatch"] += 1
+            self._notice(key, f"{what} {key[:12]} in package {pkg.path.name} was built for another torch/Python ABI "
+                              f"({why}); not loading it{mismatch}")
+            return None
+        try:
+            path = ws.loader.install_native(pkg, key)  # (verified and trusted, else PackageError)
+            module = load_library(path, entry["module"])
+        except Exception as exc:  # noqa: BLE001 - a package never crashes the run
+            ws.counters["native_load_failed"] += 1
+            self._notice(key, f"could not load {what} {key[:12]} from {pkg.path.name} "
+                              f"({exception_summary(exc)}){failed}")
+            return None
+        ws.counters["native_loaded"] += 1
+        self.loaded[key] = module
+        return module
 
     def _may_add(self, extend: bool) -> bool:
         ws = self.ws
@@ -160,7 +154,7 @@ class NativeModules:
         ws = self.ws
         entry = {"file": f"native/{key}.so", "module": src.module_name, "abi": abi_fingerprint(),
                  "graph": ws.current_graph, "entries": list(src.entries)}
-        if getattr(src, "registers_ops", False):
+        if src.registers_ops:
             entry["ops"] = True  # loaded before any partition of the package (they call its operators)
         ws.builder.new_native[key] = Artifact(entry, data)
         ws.counters["native_built"] += 1

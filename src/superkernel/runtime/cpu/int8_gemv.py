@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import threading
 from typing import Any, Callable, Iterator
 
@@ -253,6 +254,7 @@ def source() -> str:
     return _SOURCE % {"rows": ROWS, "flags": " ".join(FLAGS)}
 
 
+@functools.lru_cache(maxsize=1)
 def native_source() -> Any:
     """The module as a :class:`~superkernel.runtime.cpu.native.build.NativeSource` (an operator library)."""
     from superkernel.runtime.cpu.native.build import NativeSource, native_key

@@ -31,6 +31,8 @@ aten, prims = torch.ops.aten, torch.ops.prims
 
 #: rewrite only GEMVs of decode size: a left operand of at most this many rows
 MAX_ROWS = 8
+#: how a rewrite computes the GEMV (explain's line)
+KERNEL, REDUCTION = "superkernel's int8 kernel", "a reduction reading int8"
 #: Inductor's C++ backend sums a float reduction longer than 4096 through a cascade helper (for accuracy), about
 #: twice as slow here (896x4864: 1.3 ms against 0.62 ms for the float GEMV); a longer K is summed in chunks
 #: of at most this many elements, then over the chunks
@@ -116,20 +118,19 @@ def _fake_mode(*values: torch.Tensor) -> object:
     return detect_fake_mode(list(values)) or torch._subclasses.fake_tensor.FakeTensorMode()
 
 
-def _kernel_call(graph: fx.Graph, before: fx.Node, op: str, a: fx.Node, w: fx.Node,
-                 out: tuple[torch.Tensor, torch.Tensor], fake_mode: object, meta: dict) -> fx.Node | None:
+def _kernel_call(graph: fx.Graph, before: fx.Node, op: str, a: fx.Node, w: fx.Node, x: torch.Tensor,
+                 wv: torch.Tensor, fake_mode: object, meta: dict) -> fx.Node | None:
     """Insert, before ``before``, a call of our kernel ``torch.ops.superkernel.<op>(a, w)`` (module
-    :mod:`superkernel.runtime.cpu.int8_gemv`) giving a tensor like ``out``; None (nothing inserted) where the
-    kernel has no vector path on this CPU or cannot be built: the caller writes the reduction instead.
-    ``out``: the values of ``a`` and ``w``, giving the ``[M, N]`` result (int32 for the W8A8 dot)."""
+    :mod:`superkernel.runtime.cpu.int8_gemv`; ``x``, ``wv``: the values of ``a`` and ``w``) giving the ``[M, N]``
+    result (int32 for the W8A8 dot); None (nothing inserted) where the weight is not contiguous or the kernel
+    has no vector path on this CPU or cannot be built: the caller writes the reduction instead."""
     from superkernel.runtime.cpu import int8_gemv
 
-    if not int8_gemv.fast_path(op):
+    if not wv.is_contiguous() or not int8_gemv.fast_path(op):
         return None
     with graph.inserting_before(before):
         call = graph.call_function(getattr(torch.ops.superkernel, op).default, (a, w))
     with fake_mode:
-        x, wv = out
         dtype = torch.int32 if op == "int8_gemv" else torch.float32
         call.meta["val"] = torch.empty((x.shape[0], wv.shape[0]), dtype=dtype, device=x.device)
     call.meta.update({key: v for key, v in meta.items() if key not in ("val", "tensor_meta")})
@@ -151,9 +152,8 @@ def rewrite_quantized_gemv(gm: fx.GraphModule) -> list[str]:
             continue
         wv = _val(w)
         fake_mode = fake_mode or _fake_mode(x, wv)
-        out = _kernel_call(gm.graph, node, "int8_weight_gemv", a, w, (x, wv), fake_mode, node.meta) \
-            if wv.is_contiguous() else None
-        how = "superkernel's int8 kernel" if out is not None else "a reduction reading int8"
+        out = _kernel_call(gm.graph, node, "int8_weight_gemv", a, w, x, wv, fake_mode, node.meta)
+        how = KERNEL if out is not None else REDUCTION
         if out is None:
             out = _reduction(gm.graph, node, a, x, w, wv, fake_mode, node.meta)
         node.replace_all_uses_with(out)
@@ -210,6 +210,24 @@ def _w8a8_operands(node: fx.Node) -> tuple[fx.Node, fx.Node, str] | None:
     return xq, p.args[0], how
 
 
+def _w8a8_reduction(graph: fx.Graph, node: fx.Node, xq: fx.Node, x: torch.Tensor, w: fx.Node, wv: torch.Tensor,
+                    fake_mode: object) -> fx.Node:
+    """Insert, before ``node``, ``int32(reduction(float(xq), w))``: the int32 ``[M, N]`` product (see below)."""
+    with graph.inserting_before(node):
+        xf = graph.call_function(prims.convert_element_type.default, (xq, torch.float32))
+    with fake_mode:
+        xv = torch.empty_strided(x.shape, x.stride(), dtype=torch.float32, device=x.device)
+        xf.meta["val"] = xv
+    total = _reduction(graph, node, xf, xv, w, wv, fake_mode, node.meta)
+    with graph.inserting_before(node):
+        out = graph.call_function(prims.convert_element_type.default, (total, torch.int32))
+    with fake_mode:
+        out.meta["val"] = torch.empty((x.shape[0], wv.shape[0]), dtype=torch.int32, device=x.device)
+    for new in (xf, out):
+        new.meta.update({key: v for key, v in node.meta.items() if key not in ("val", "tensor_meta")})
+    return out
+
+
 def _rewrite_w8a8(gm: fx.GraphModule) -> list[str]:
     """torchao's CPU W8A8 linear computes ``_int_mm(uint8(X + 128), W.T) - 128 * colsum(W.T)``: exact, but the
     column sum reads the whole int8 weight a second time every step (4864x896: 0.33 ms on top of the 0.39 ms
@@ -231,28 +249,13 @@ def _rewrite_w8a8(gm: fx.GraphModule) -> list[str]:
             continue
         fake_mode = fake_mode or _fake_mode(x, wv)
         graph = gm.graph
-        out = _kernel_call(graph, node, "int8_gemv", xq, w, (x, wv), fake_mode, node.meta) \
-            if wv.is_contiguous() else None
-        if out is not None:
-            node.replace_all_uses_with(out)
-            graph.erase_node(node)
-            done.append(f"W8A8 GEMV {tuple(x.shape)} x {tuple(wv.shape)}^T as superkernel's int8 kernel{how}")
-            continue
-        with graph.inserting_before(node):
-            xf = graph.call_function(prims.convert_element_type.default, (xq, torch.float32))
-        with fake_mode:
-            xv = torch.empty_strided(x.shape, x.stride(), dtype=torch.float32, device=x.device)
-            xf.meta["val"] = xv
-        total = _reduction(graph, node, xf, xv, w, wv, fake_mode, node.meta)
-        with graph.inserting_before(node):
-            out = graph.call_function(prims.convert_element_type.default, (total, torch.int32))
-        with fake_mode:
-            out.meta["val"] = torch.empty((x.shape[0], wv.shape[0]), dtype=torch.int32, device=x.device)
-        for new in (xf, out):
-            new.meta.update({key: v for key, v in node.meta.items() if key not in ("val", "tensor_meta")})
+        out = _kernel_call(graph, node, "int8_gemv", xq, w, x, wv, fake_mode, node.meta)
+        way = KERNEL if out is not None else REDUCTION
+        if out is None:
+            out = _w8a8_reduction(graph, node, xq, x, w, wv, fake_mode)
         node.replace_all_uses_with(out)
         graph.erase_node(node)
-        done.append(f"W8A8 GEMV {tuple(x.shape)} x {tuple(wv.shape)}^T as a reduction reading int8{how}")
+        done.append(f"W8A8 GEMV {tuple(x.shape)} x {tuple(wv.shape)}^T as {way}{how}")
     return done
 
 

@@ -257,7 +257,7 @@ def build_library(src: NativeSource, directory: Path | None = None) -> Path:
         cpp = work / f"{src.module_name}.cpp"
         cpp.write_text(src.source)
         tmp_so = work / out.name
-        _run([compiler(), *_compile_flags(), f"-I{pch}", f"-DSK_MODULE={src.module_name}", "-shared", *getattr(src, "flags", ()),
+        _run([compiler(), *_compile_flags(), f"-I{pch}", f"-DSK_MODULE={src.module_name}", "-shared", *src.flags,
               str(cpp), "-o", str(tmp_so), *_link_flags()], f"building native module {src.module_name}")
         os.replace(tmp_so, out)
         _sign_library(out)
