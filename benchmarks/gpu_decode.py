@@ -231,7 +231,17 @@ def profile_counts(step: Callable[..., Any], session: Any, inputs: list[tuple[to
             counts[key] = counts.get(key, 0) + 1
         if getattr(event, "device_type", None) == torch.autograd.DeviceType.CUDA:
             counts["gpu_kernels"] = counts.get("gpu_kernels", 0) + 1
-    return {k: v / steps for k, v in sorted(counts.items())}
+    result: dict[str, Any] = {k: v / steps for k, v in sorted(counts.items())}
+    result["top_kernels_us"] = top_kernels(prof, steps) if cuda else []
+    return result
+
+
+def top_kernels(prof: Any, steps: int, n: int = 12) -> list[tuple[str, float, float]]:
+    """The device kernels that took the most GPU time: (name, µs per step, calls per step), largest first.
+    Where two plans differ in GPU time, this says which kernels the difference is in."""
+    rows = [(e.key[:120], e.self_device_time_total / steps, e.count / steps) for e in prof.key_averages()
+            if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA and e.self_device_time_total > 0]
+    return sorted(rows, key=lambda r: -r[1])[:n]
 
 
 def dynamo_marks() -> tuple[int, int]:
@@ -433,6 +443,14 @@ def markdown(result: dict[str, Any]) -> str:
                      f"{f(r['top1_min'], '%.3f')} | {f(r['max_diff'], '%.2e')} | {f(r['compile_s'], '%.1f')} | "
                      f"{f(r['peak_GiB'], '%.2f')} | {prof} | {late.get('guard_failures', 0)}/{late.get('recaptures', 0)} | "
                      f"{', '.join(r['realizations'])[:200]} |")
+    profiled = [r for r in result["rows"] if r.get("profile", {}).get("top_kernels_us")]
+    if profiled:
+        lines += ["", "## Where each plan's GPU time goes (profiler, per step)", ""]
+        for r in profiled:
+            top = r["profile"]["top_kernels_us"]
+            lines += [f"### {r['plan']}", "", "| kernel | µs/step | calls/step |", "|---|---|---|"]
+            lines += [f"| `{name}` | {us:.1f} | {calls:.0f} |" for name, us, calls in top]
+            lines.append("")
     explained = [r for r in result["rows"] if r.get("explain")]
     if explained:
         lines += ["", "## What each superkernel plan compiled (explain)", ""]

@@ -8,6 +8,8 @@
 # 3. generate() tokens/s against Hugging Face's static-cache recipe (benchmarks/gpu_generate.py);
 # 4. the product end to end on the card: `superkernel optimize --device cuda` on llama-tiny (report, chart,
 #    plan), then `superkernel bench --config` of its plan on the card (prepared, not yet run on a GPU).
+# PARTS picks parts (default all): pytest,big,tiny,generate,product; a lease's second run repeats only what
+# the first one showed wrong.
 # Everything lands in $OUT: gpu_run.log (all output), gpu_decode_*.{json,md}, gpu_generate_*.{json,md}.
 set -u
 cd "$(dirname "$0")/.."
@@ -18,29 +20,41 @@ PY=${PYTHON:-python3}
 BIG_BUDGET=${BIG_BUDGET:-130}
 TINY_BUDGET=${TINY_BUDGET:-40}
 BIG_PLANS=${BIG_PLANS:-eager,cudagraphs,cudagraphs-static-params,sk-ro-all_layers,sk-ro-decoder_layer,sk-ro-all_layers-precompiled,inductor-reduce-overhead,sk-ma-all_layers,sk-ma-all_layers-pdl,inductor-max-autotune}
+PARTS=",${PARTS:-pytest,big,tiny,generate,product},"
+part() { [[ $PARTS == *",$1,"* ]]; }
 TINY_PLANS=${TINY_PLANS:-eager,cudagraphs,cudagraphs-static-params,sk-ro-decoder_layer,sk-ro-all_layers,sk-ro-all_layers-precompiled,inductor-reduce-overhead,sk-ma-all_layers,sk-ma-all_layers-pdl}
 {
     date -u
     nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,clocks.max.sm,power.limit --format=csv || true
+    if part pytest; then
     echo "== pytest -m cuda"
     timeout ${PYTEST_LIMIT:-90} $PY -m pytest -m cuda tests/backend/test_cuda.py tests/backend/test_streams.py -q \
         -p no:cacheprovider -p no:logging -rs -s --durations=10
     echo "== step-graph bookkeeping (CPU, recording fake) under this machine's versions"
     timeout 40 $PY -m pytest tests/backend/test_step_graphs.py -q -p no:cacheprovider -p no:logging
+    fi
+    if part big; then
     echo "== decode llama-1b"
     timeout $((BIG_BUDGET + 100)) $PY benchmarks/gpu_decode.py --model llama-1b --dtype bfloat16 \
-        --budget $BIG_BUDGET --out "$OUT" --plans $BIG_PLANS
+        --budget $BIG_BUDGET --out "$OUT" --plans $BIG_PLANS --rounds ${BIG_ROUNDS:-5}
+    fi
+    if part tiny; then
     echo "== decode llama-tiny"
     timeout $((TINY_BUDGET + 60)) $PY benchmarks/gpu_decode.py --model llama-tiny --budget $TINY_BUDGET --out "$OUT" \
         --plans $TINY_PLANS
+    fi
+    if part generate; then
     echo "== generate llama-1b"
     timeout ${GEN_LIMIT:-90} $PY benchmarks/gpu_generate.py --model llama-1b --repeats 2 --out "$OUT" \
         --plans ${GEN_PLANS:-all_layers:reduce-overhead}
+    fi
+    if part product; then
     echo "== optimize --device cuda (llama-tiny), then bench --config of its plan"
     timeout ${OPTIMIZE_LIMIT:-150} $PY -m superkernel optimize --model llama-tiny --device cuda \
         --strategy decoder_layer --output "$OUT/optimize_cuda" --quiet
     ls -l "$OUT/optimize_cuda" || true
     timeout ${BENCH_LIMIT:-90} $PY -m superkernel bench --config "$OUT/optimize_cuda/superkernel.yaml" \
         --device cuda --report "$OUT/optimize_cuda/bench.md"
+    fi
     date -u
 } 2>&1 | tee "$OUT/gpu_run.log"
