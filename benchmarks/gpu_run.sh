@@ -54,7 +54,7 @@ TINY_PLANS=${TINY_PLANS:-eager,cudagraphs,cudagraphs-static-params,sk-ro-decoder
         --strategy decoder_layer --output "$OUT/optimize_cuda" --quiet
     ls -l "$OUT/optimize_cuda" || true
     timeout ${BENCH_LIMIT:-90} $PY -m superkernel bench --config "$OUT/optimize_cuda/superkernel.yaml" \
-        --device cuda --report "$OUT/optimize_cuda/bench.md"
+        --device cuda
     fi
     date -u
 } 2>&1 | tee "$OUT/gpu_run.log"

@@ -91,3 +91,27 @@ def test_register_refuses_bad_rows(args, message):
     with pytest.raises((ValueError, TypeError), match=message):
         register(*args)
     assert ("max-autotune", "xpu") not in REALIZATIONS
+
+
+@pytest.mark.parametrize("autotune", [False, True])
+def test_cuda_max_autotune_traces_a_gemv_as_torch_compile_max_autotune_does(autotune):
+    """With inductor.autotune the CUDA max-autotune row traces with coordinate descent tuning on, so
+    Inductor's own mm decomposition turns a one-row product into a multiply-and-sum (what
+    ``torch.compile(mode="max-autotune")`` fuses into its neighbours); without it the product stays ``mm``.
+    Traced on the meta device (any device but the CPU takes the decomposition), no GPU involved."""
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    cfg = sk.CompilerConfig()
+    cfg.mode = "max-autotune"
+    cfg.inductor.autotune = autotune
+    row = realization_for(cfg, "cuda")
+    x, w = torch.randn(1, 64, device="meta"), torch.randn(64, 32, device="meta")
+    with row.tracing(cfg):
+        gm = make_fx(lambda a, b: a @ b, decomposition_table=select_decomp_table())(x, w)
+    ops = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    assert (torch.ops.aten.mm.default in ops) is not autotune
+    assert (torch.ops.aten.sum.dim_IntList in ops) is autotune
+    from torch._inductor import config as inductor_config
+
+    assert not inductor_config.coordinate_descent_tuning  # set only while tracing

@@ -84,9 +84,10 @@ class SuperKernelBackend:
         self._pending_break = break_text(reason) if getattr(reason, "graph_break", False) else None
         row = realization_for(self.config, device_kind(example_inputs))
         # the real inputs travel with the graph (CPU freezing matches them to the ATen graph's inputs)
-        return capture(gm, example_inputs,
-                       functools.partial(self.compile_aten, name=name, real_inputs=example_inputs, row=row),
-                       decompositions=row.decompositions(self.config))
+        with row.tracing(self.config):
+            return capture(gm, example_inputs,
+                           functools.partial(self.compile_aten, name=name, real_inputs=example_inputs, row=row),
+                           decompositions=row.decompositions(self.config))
 
     # -- ATen graph -> one step ----------------------------------------------------
     def compile_aten(self, gm: fx.GraphModule, example_inputs: list[Any], *, name: str,

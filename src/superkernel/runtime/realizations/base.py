@@ -11,9 +11,10 @@ graph's native modules can be packaged, and the extra cut rule segmentation appl
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Protocol
+from typing import Any, Callable, ClassVar, ContextManager, Protocol
 
 import torch
 import torch.fx as fx
@@ -112,6 +113,12 @@ class Realization:
     def decompositions(cls, config: CompilerConfig) -> dict[Any, Any] | None:
         """The decomposition table capture (AOTAutograd) applies; None: ATen as Dynamo traced it."""
         return None
+
+    @classmethod
+    def tracing(cls, config: CompilerConfig) -> ContextManager[Any]:
+        """Settings in force while capture (AOTAutograd) traces the graph with :meth:`decompositions`
+        (some decompositions read compiler settings at trace time)."""
+        return contextlib.nullcontext()
 
     @classmethod
     def compiles(cls, config: CompilerConfig) -> bool:
