@@ -51,7 +51,6 @@ LLAMA_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num
 ALL_PLANS = ("eager", "cudagraphs", "cudagraphs-static-params", "sk-ro-decoder_layer", "sk-ro-all_layers",
              "sk-ro-all_layers-precompiled", "inductor", "inductor-reduce-overhead", "sk-ma-decoder_layer",
              "sk-ma-all_layers", "sk-ma-all_layers-pdl", "sk-ma-all_layers-autotune", "sk-ma-all_layers-autotune-pdl",
-             "sk-ma-all_layers-cdt", "sk-ma-all_layers-cdt-pdl",
              "inductor-max-autotune")
 
 #: vendor memory bandwidth (bytes/s) by card name, for the roofline the issue's targets use
@@ -139,7 +138,7 @@ def compile_plan(plan: Plan, model: torch.nn.Module, session: Any, scoped: dict[
         strategy = name.split("-")[2]
         mode = {"ro": "reduce-overhead", "ma": "max-autotune"}[name.split("-")[1]]
         fn = own_code(make_step(scoped[strategy], session), name.replace("-", "_"))
-        flags = set(name.split("-")[3:])  # precompiled, pdl, autotune, cdt
+        flags = set(name.split("-")[3:])  # precompiled, pdl, autotune
         cfg = sk.CompilerConfig.from_dict({"mode": mode, "cuda": {"pdl": "pdl" in flags},
                                            "inductor": {"autotune": "autotune" in flags}})
         if "precompiled" in flags:
@@ -150,8 +149,6 @@ def compile_plan(plan: Plan, model: torch.nn.Module, session: Any, scoped: dict[
         else:
             plan.backend = sk.get_backend(cfg)
             plan.step = torch.compile(fn, backend=plan.backend, dynamic=False)
-        if "cdt" in flags:
-            plan.step = first_call_with_coordinate_descent(plan.step)
         return
     fn = own_code(make_step(model, session), name.replace("-", "_"))
     if name == "eager":
@@ -176,24 +173,6 @@ def compile_plan(plan: Plan, model: torch.nn.Module, session: Any, scoped: dict[
         plan.step = torch.compile(fn, mode="max-autotune", dynamic=False)
     else:
         raise ValueError(f"unknown plan {name!r}; known: {', '.join(ALL_PLANS)}")
-
-
-def first_call_with_coordinate_descent(step: Callable[..., Any]) -> Callable[..., Any]:
-    """A study plan (``-cdt``): the compile (the first call) with Inductor's coordinate descent tuning on, so
-    its mm decomposition turns the decode GEMVs into reductions, without ``inductor.autotune`` (no GEMM
-    autotuning): what that costs and gains beside max-autotune's GEMM search."""
-    from torch._inductor import config as inductor_config
-
-    pending = [True]
-
-    def wrapped(*args: Any) -> Any:
-        if pending:
-            pending.clear()
-            with inductor_config.patch(coordinate_descent_tuning=True):
-                return step(*args)
-        return step(*args)
-
-    return wrapped
 
 
 def run_round(step: Callable[..., Any], session: Any, inputs: list[tuple[torch.Tensor, torch.Tensor]],

@@ -93,25 +93,32 @@ def test_register_refuses_bad_rows(args, message):
     assert ("max-autotune", "xpu") not in REALIZATIONS
 
 
-@pytest.mark.parametrize("autotune", [False, True])
-def test_cuda_max_autotune_traces_a_gemv_as_torch_compile_max_autotune_does(autotune):
-    """With inductor.autotune the CUDA max-autotune row traces with coordinate descent tuning on, so
-    Inductor's own mm decomposition turns a one-row product into a multiply-and-sum (what
-    ``torch.compile(mode="max-autotune")`` fuses into its neighbours); without it the product stays ``mm``.
-    Traced on the meta device (any device but the CPU takes the decomposition), no GPU involved."""
+@pytest.mark.parametrize("device, autotune", [("cuda", False), ("cuda", True), ("cpu", False)])
+def test_cuda_max_autotune_traces_a_gemv_as_torch_compile_max_autotune_does(device, autotune):
+    """The CUDA max-autotune row traces with coordinate descent tuning on, so Inductor's own mm decomposition
+    turns a one-row product into a multiply-and-sum (what ``torch.compile(mode="max-autotune")`` fuses into
+    its neighbours); the CPU row traces without it and the product stays ``mm``. Traced on the meta device
+    (any device but the CPU takes the decomposition), no GPU involved."""
+    from torch._inductor import config as inductor_config
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
     cfg = sk.CompilerConfig()
     cfg.mode = "max-autotune"
     cfg.inductor.autotune = autotune
-    row = realization_for(cfg, "cuda")
+    row = realization_for(cfg, device)
     x, w = torch.randn(1, 64, device="meta"), torch.randn(64, 32, device="meta")
     with row.tracing(cfg):
         gm = make_fx(lambda a, b: a @ b, decomposition_table=select_decomp_table())(x, w)
     ops = {n.target for n in gm.graph.nodes if n.op == "call_function"}
-    assert (torch.ops.aten.mm.default in ops) is not autotune
-    assert (torch.ops.aten.sum.dim_IntList in ops) is autotune
-    from torch._inductor import config as inductor_config
-
+    as_reduction = device == "cuda"
+    assert (torch.ops.aten.mm.default in ops) is not as_reduction
+    assert (torch.ops.aten.sum.dim_IntList in ops) is as_reduction
     assert not inductor_config.coordinate_descent_tuning  # set only while tracing
+
+
+def test_cuda_partitions_compile_with_coordinate_descent_tuning():
+    from superkernel.runtime.inductor.compile import inductor_patches
+
+    assert inductor_patches("cuda")["coordinate_descent_tuning"] is True
+    assert "coordinate_descent_tuning" not in inductor_patches("cpu")

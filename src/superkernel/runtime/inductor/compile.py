@@ -12,10 +12,15 @@ import torch.fx as fx
 def inductor_patches(device: str, *, cpp_wrapper: bool = True, autotune: bool = False,
                      pdl: bool = False) -> dict[str, Any]:
     """TorchInductor options for one partition (static kernel builds use the same ones). ``pdl``: Triton
-    programmatic dependent launch on CUDA (``cuda.pdl``)."""
+    programmatic dependent launch on CUDA (``cuda.pdl``). On CUDA coordinate descent tuning is always on, as
+    in ``torch.compile(mode="max-autotune")``: the decode GEMVs become reductions
+    (:meth:`superkernel.runtime.realizations.cuda_rows.InductorCudaGraph.tracing`), which reach the memory
+    bandwidth only with tuned block sizes; ``autotune`` adds Inductor's kernel and GEMM search."""
     patches: dict[str, Any] = {"triton.cudagraphs": False, "cpp_wrapper": bool(cpp_wrapper and device == "cpu")}
     if autotune:
         patches.update({"max_autotune": True, "coordinate_descent_tuning": True})
+    if device == "cuda":
+        patches["coordinate_descent_tuning"] = True
     if pdl and device == "cuda":
         patches["triton.enable_pdl"] = True
     return patches

@@ -155,14 +155,13 @@ class InductorCudaGraph(_StepGraphs, Inductor):
 
     @classmethod
     def tracing(cls, config: Any) -> Any:
-        """With ``inductor.autotune``, trace as ``torch.compile(mode="max-autotune")`` does: Inductor's
-        decomposition of ``mm`` turns a one-row product (the decode GEMV) into a multiply-and-sum that Inductor
-        fuses with its neighbours (the norm before, the activation after) only when coordinate descent tuning
-        is on while AOTAutograd traces. Set only at compile time, the GEMVs stayed matrix products: Triton
-        templates at 1.91 ms/step against torch.compile's 1.14 ms (Llama-3.2-1B-shaped bf16 on an H200,
-        benchmarks/results/gpu_decode_llama-1b_H200.md)."""
-        if not config.inductor.autotune:
-            return super().tracing(config)
+        """Trace as ``torch.compile(mode="max-autotune")`` does: Inductor's decomposition of ``mm`` turns a
+        one-row product (the decode GEMV) into a multiply-and-sum that Inductor fuses with its neighbours (the
+        norm before, the activation after), but only when coordinate descent tuning is on while AOTAutograd
+        traces (compile_partition keeps it on for the compile, which tunes those reductions). Measured on a
+        Llama-3.2-1B-shaped bf16 step on an H200 (benchmarks/results/gpu_decode_llama-1b_ma_gap_H200_run2.md):
+        1.48 ms/step with the GEMVs left to cuBLAS, 1.18 ms as reductions (torch.compile max-autotune 1.13 ms),
+        at twice the compile time (21 s to 43 s)."""
         from torch._inductor import config as inductor_config
 
         return inductor_config.patch(coordinate_descent_tuning=True)
