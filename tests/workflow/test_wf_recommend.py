@@ -67,3 +67,19 @@ def test_a_busy_machine_is_named_in_the_outcome_not_hidden_behind_a_recommendati
     assert busy.unsteady and busy.kind == "torch.compile"
     text = outcome_message(results, busy)
     assert "240%" in text and "re-run on an idle machine" in text and "use torch.compile" in text
+
+
+def test_a_faster_reduce_overhead_baseline_is_named_beside_the_plan():
+    """On CUDA optimize also measures torch.compile(mode="reduce-overhead"); the recommendation compares with
+    plain torch.compile, so when that peer beat the plan (an H200 run: 0.368 ms against 0.403 ms) the outcome
+    line and the report say so."""
+    from superkernel.tools.advisor.results import REDUCE_OVERHEAD_BASELINE, faster_reduce_overhead_baseline
+    from superkernel.tools.advisor.workflow import outcome_message
+
+    slow_ro = _results(4.5, 1.6, _run("a / ma", 0.40), _run(REDUCE_OVERHEAD_BASELINE, 0.50, "baseline"))
+    fast_ro = _results(4.5, 1.6, _run("a / ma", 0.40), _run(REDUCE_OVERHEAD_BASELINE, 0.37, "baseline"))
+    for results, named in ((slow_ro, False), (fast_ro, True)):
+        d = decide(results)
+        assert d.kind == "plan" and d.name == "a / ma"
+        assert (faster_reduce_overhead_baseline(results, d.plan, d.noise) is not None) is named
+        assert ('torch.compile(mode="reduce-overhead") ran faster, 0.370 ms/step' in outcome_message(results, d)) is named

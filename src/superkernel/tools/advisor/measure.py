@@ -13,7 +13,7 @@ from superkernel.tools.advisor.compiling import compile_inductor, compile_superk
 from superkernel.tools.advisor.plan_file import inductor_choices
 from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE, compare, judge
 from superkernel.tools.advisor.progress import Reporter
-from superkernel.tools.advisor.results import RunResult
+from superkernel.tools.advisor.results import REDUCE_OVERHEAD_BASELINE, RunResult
 from superkernel.tools.advisor.precision import default_tolerance
 from superkernel.tools.peer_check import PeerCheck
 from superkernel.tools.advisor.strategies import ScopePlan
@@ -50,7 +50,7 @@ def run_baselines(session: DecodeSession, reporter: Reporter, *, keep: bool = Fa
     results.append(eager)
     variants = [("torch.compile", None)]
     if session.device.type == "cuda":
-        variants.append(("torch.compile reduce-overhead", "reduce-overhead"))
+        variants.append((REDUCE_OVERHEAD_BASELINE, "reduce-overhead"))
     for name, mode in variants:
         res = RunResult(name=name, kind="baseline")
         try:

@@ -7,7 +7,9 @@ from typing import Any
 
 from superkernel.tools.advisor.analysis import Analysis
 from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE
-from superkernel.tools.advisor.results import UNSTEADY_DRIFT, RunResult
+from superkernel.tools.advisor.results import (
+    NOISE_FLOOR, UNSTEADY_DRIFT, RunResult, faster_reduce_overhead_baseline,
+)
 from superkernel.tools.advisor.strategies import DESCRIPTIONS
 from superkernel.tools.advisor.table import fmt_diff, markdown_table
 
@@ -181,6 +183,13 @@ def render(*, analysis: Analysis, model_name: str, model_source: str, notes: lis
         lines += [f"- `{r.name}`: {_not_recommended(r, inductor)}" for r in plans]
     else:
         lines += _why(recommended, plans, eager, inductor)
+        ro = faster_reduce_overhead_baseline(results, recommended,
+                                             decision.noise if decision is not None else NOISE_FLOOR)
+        if ro is not None:
+            lines.append(f"- Note: `torch.compile(mode=\"reduce-overhead\")` (Inductor's kernels in one CUDA graph) ran "
+                         f"at {ro.median_ms:.3f} ms, faster than this plan ({recommended.median_ms / ro.median_ms:.2f}x "
+                         "its time); the recommendation compares with plain torch.compile. On this GPU, weigh "
+                         "that peer before deploying the plan.")
         lines += ["", "## Cuts, graph breaks and fallbacks", "", *cuts_section(results), "",
                   "## How to apply", "", *apply_section(recommended, settings["options"], model_name)]
         if plan_yaml:

@@ -31,7 +31,9 @@ from superkernel.tools.advisor.profile_report import PROFILE_CHART_NAME
 from superkernel.tools.advisor.run_log import LOG_NAME, RunLog
 from superkernel.tools.advisor.retime import Interleaved, session_copy
 from superkernel.tools.advisor.search import run_search
-from superkernel.tools.advisor.results import Recommendation, RunResult, decide, fill_speedups, recommendable
+from superkernel.tools.advisor.results import (
+    Recommendation, RunResult, decide, faster_reduce_overhead_baseline, fill_speedups, recommendable,
+)
 from superkernel.tools.advisor.structure import analyze_structure
 from superkernel.tools.advisor.strategies import ScopePlan, StrategyChoice, parse_strategy, select_plans
 from superkernel.util import exception_summary
@@ -352,8 +354,13 @@ def _outcome(results: list[RunResult], decision: Recommendation) -> str:
     plan_results = [r for r in results if r.kind == "plan"]
     if decision.kind == "plan":
         best = decision.plan
-        return (f"recommended: {best.name} — {best.median_ms:.3f} ms/step, {best.speedup_vs_eager or 0:.2f}x vs eager, "
+        text = (f"recommended: {best.name} — {best.median_ms:.3f} ms/step, {best.speedup_vs_eager or 0:.2f}x vs eager, "
                 f"{best.speedup_vs_compile or 0:.2f}x vs torch.compile ({decision.reason})")
+        ro = faster_reduce_overhead_baseline(results, best, decision.noise)
+        if ro is not None:
+            text += (f"; note: torch.compile(mode=\"reduce-overhead\") ran faster, {ro.median_ms:.3f} ms/step "
+                     f"({best.median_ms / ro.median_ms:.2f}x this plan's time)")
+        return text
     if decision.kind == "eager":
         return f"recommended: keep eager — {decision.reason}"
     if decision.kind == "torch.compile":
