@@ -7,10 +7,11 @@ reduction :mod:`superkernel.runtime.inductor.quant_gemv` writes as a loop that w
 float32 and multiplies it: compute-bound here at 13-14 GB/s of weights, against 20.6 GB/s for llama.cpp's
 Q8_0 (measured, ``benchmarks/results/quant_decode_t1.md``). These kernels read each weight row once with
 AVX-512: the W8A8 one multiplies bytes with VNNI's ``vpdpbusd`` (the weight's sign bit flipped to make it the
-unsigned operand, ``128 * sum(x)`` subtracted after: exact integers, the very values of ``torch._int_mm``);
-the weight-only one widens 16 weights at a time and uses FMA. Eight rows go at once, the eight rows after the
-next eight are prefetched into L2 as these are read (without the prefetch a row block waits on memory: 8-12
-GB/s, measured with ``benchmarks/quant_gemv.py``'s shapes); in a Qwen2-0.5B step they read 20-24 GB/s
+unsigned operand, ``128 * sum(x)`` subtracted after: exact integers, the very values of ``torch._int_mm``) one
+row at a time, so the weight is read as one sequential stream, and prefetches the row four rows on into L2;
+the weight-only one widens 16 weights at a time and uses FMA, eight rows at once, the eight rows after the next
+eight prefetched (without a prefetch a row block waits on memory: 8-12 GB/s, measured with
+``benchmarks/quant_gemv.py``'s shapes); in a Qwen2-0.5B step they read 20-24 GB/s
 (``benchmarks/results/quant_decode_t1.md``). Threads split the rows (``at::parallel_for``, torch's thread
 count). Without AVX-512 (or VNNI) a plain loop computes the same values, slowly, so a kernel built elsewhere
 still runs: :func:`fast_path` tells the rewrite whether to use them at all.
@@ -31,8 +32,13 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-#: rows of a block (each block's accumulators stay in registers)
+#: rows of a weight-only block (each block's accumulators stay in registers), prefetched two blocks ahead
 ROWS = 8
+#: the W8A8 kernel reads one row at a time (one sequential stream through the weight) and prefetches the row
+#: ``W8A8_AHEAD`` rows on. ``benchmarks/quant_gemv.py``, 1 thread, Zen 4, against eight-row blocks prefetched
+#: two blocks ahead: the 151936x896 lm_head 4.92 ms against 7.23 ms (a plain sum over its bytes: 4.04 ms), the
+#: layers' shapes equal within the runs' noise (the weight-only kernel measured slower that way and keeps 8)
+W8A8_ROWS, W8A8_AHEAD = 1, 4
 #: ``at::parallel_for`` is OpenMP inside the header: without ``-fopenmp`` it runs on one thread (measured: the
 #: 2-thread step as slow as the 1-thread one). The module then needs ``libgomp.so.1``, the OpenMP runtime
 #: torch has already loaded (the one Inductor's own C++ kernels use).
@@ -58,7 +64,9 @@ _SOURCE = r"""
 
 namespace {
 
-constexpr int64_t kRows = %(rows)d;
+constexpr int64_t kRows = %(rows)d;            // weight-only: rows per block
+constexpr int kW8A8Rows = %(w8a8_rows)d;         // W8A8: rows per block
+constexpr int kW8A8Ahead = %(w8a8_ahead)d;       // W8A8: prefetch distance in rows
 
 bool g_vectors = true;  // off: the plain loops everywhere (the path of a CPU without AVX-512; for tests)
 bool has_avx512() { return g_vectors && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"); }
@@ -75,7 +83,7 @@ void w8a8_plain(const int8_t* x, const int8_t* w, int32_t* y, int64_t M, int64_t
 }
 
 // R rows of w at once; (w + 128) as vpdpbusd's unsigned operand, x signed: sum((w + 128) * x) - 128 * sum(x).
-template <int R>
+template <int R, int AHEAD>
 __attribute__((target("avx512f,avx512bw,avx512vnni")))
 void w8a8_block(const int8_t* x, const int8_t* w, int32_t* y, int64_t M, int64_t N, int64_t K, int64_t n,
                 const int32_t* xsum) {
@@ -88,7 +96,7 @@ void w8a8_block(const int8_t* x, const int8_t* w, int32_t* y, int64_t M, int64_t
     __m512i a[R];
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) a[r] = _mm512_setzero_si512();
-    const char* pf = (const char*)(w0 + 2 * R * K);  // the block after next, one line per row per step
+    const char* pf = (const char*)(w0 + AHEAD * K);  // the rows AHEAD rows on, R lines per step
     for (int64_t k = 0; k < kmain; k += 64) {
       if (m == 0) {
 #pragma GCC unroll 16
@@ -161,12 +169,12 @@ void check(const at::Tensor& x, const at::Tensor& w, c10::ScalarType xtype, cons
               x.scalar_type(), x.sizes(), " and ", w.scalar_type(), w.sizes());
 }
 
-// Rows [n0, n1) of the output: blocks of kRows, then single rows (still vectorized).
-template <typename Block, typename Row, typename Plain>
+// Rows [n0, n1) of the output: blocks of RB rows, then single rows (still vectorized).
+template <int64_t RB, typename Block, typename Row, typename Plain>
 void rows(int64_t n0, int64_t n1, bool fast, Block block, Row row, Plain plain) {
   if (!fast) { plain(n0, n1); return; }
   int64_t n = n0;
-  for (; n + kRows <= n1; n += kRows) block(n);
+  for (; n + RB <= n1; n += RB) block(n);
   for (; n < n1; ++n) row(n);
 }
 
@@ -182,11 +190,11 @@ at::Tensor int8_gemv(const at::Tensor& x_, const at::Tensor& w_) {
   for (int64_t m = 0; m < M; ++m)
     for (int64_t k = 0; k < K; ++k) xsum[m] += xp[m * K + k];
   const bool fast = has_vnni();
-  const int64_t blocks = (N + kRows - 1) / kRows;
-  at::parallel_for(0, blocks, 8, [&](int64_t b0, int64_t b1) {
-    rows(b0 * kRows, std::min(N, b1 * kRows), fast,
-         [&](int64_t n) { w8a8_block<kRows>(xp, wp, yp, M, N, K, n, xsum.data()); },
-         [&](int64_t n) { w8a8_block<1>(xp, wp, yp, M, N, K, n, xsum.data()); },
+  const int64_t blocks = (N + kW8A8Rows - 1) / kW8A8Rows;
+  at::parallel_for(0, blocks, 64 / kW8A8Rows, [&](int64_t b0, int64_t b1) {
+    rows<kW8A8Rows>(b0 * kW8A8Rows, std::min(N, b1 * kW8A8Rows), fast,
+         [&](int64_t n) { w8a8_block<kW8A8Rows, kW8A8Ahead>(xp, wp, yp, M, N, K, n, xsum.data()); },
+         [&](int64_t n) { w8a8_block<1, kW8A8Ahead>(xp, wp, yp, M, N, K, n, xsum.data()); },
          [&](int64_t a, int64_t b) { w8a8_plain(xp, wp, yp, M, N, K, a, b); });
   });
   return y;
@@ -203,7 +211,7 @@ at::Tensor int8_weight_gemv(const at::Tensor& x_, const at::Tensor& w_) {
   const bool fast = has_avx512();
   const int64_t blocks = (N + kRows - 1) / kRows;
   at::parallel_for(0, blocks, 8, [&](int64_t b0, int64_t b1) {
-    rows(b0 * kRows, std::min(N, b1 * kRows), fast,
+    rows<kRows>(b0 * kRows, std::min(N, b1 * kRows), fast,
          [&](int64_t n) { woq_block<kRows>(xp, wp, yp, M, N, K, n); },
          [&](int64_t n) { woq_block<1>(xp, wp, yp, M, N, K, n); },
          [&](int64_t a, int64_t b) { woq_plain(xp, wp, yp, M, N, K, a, b); });
@@ -251,7 +259,7 @@ _PROVIDER: contextvars.ContextVar[Callable[[Any], Any] | None] = contextvars.Con
 
 
 def source() -> str:
-    return _SOURCE % {"rows": ROWS, "flags": " ".join(FLAGS)}
+    return _SOURCE % {"rows": ROWS, "w8a8_rows": W8A8_ROWS, "w8a8_ahead": W8A8_AHEAD, "flags": " ".join(FLAGS)}
 
 
 @functools.lru_cache(maxsize=1)
