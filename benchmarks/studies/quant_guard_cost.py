@@ -33,9 +33,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--precompiled", action="store_true",
+                        help="add superkernel.precompile_step of the same step (its frame skips the quantized weights' "
+                             "guards; the watch stands in for them); implies --stance-only")
     parser.add_argument("--stance-only", action="store_true",
                         help="leave out the second compile (every guard dropped): compare with the stance only")
     args = parser.parse_args(argv)
+    args.stance_only = args.stance_only or args.precompiled
     torch.set_num_threads(args.threads)
     import superkernel as sk
     from quant_decode import build
@@ -65,6 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         steps["no guard"] = torch.compile(own_code(session.step_fn(), "unguarded"), backend=backend,
                                           options={"guard_filter_fn": lambda entries: [False] * len(entries)})
     steps["skip_guard_eval_unsafe"] = steady
+    if args.precompiled:
+        with torch.no_grad(), session.dynamo_config():
+            steps["precompile_step"] = sk.precompile_step(own_code(session.step_fn(), "precompiled"),
+                                                          session.inputs(0), sk.CompilerConfig.from_dict(
+                                                              {"mode": "max-autotune"}))
     times: dict[str, list[float]] = {name: [] for name in steps}
     with torch.no_grad(), session.dynamo_config():
         first = {name: run_decode(session, step).logits for name, step in steps.items()}
@@ -84,7 +93,9 @@ def main(argv: list[str] | None = None) -> int:
              "| step | ms per decode run | ms per step (run / 19) | vs every guard |", "|---|---|---|---|"]
     lines += [f"| {name} | {med[name]:.1f} | {med[name] / calls:.2f} | {med[name] / med['every guard']:.3f} |"
               for name in steps]
-    out = HERE.parent / "results" / ("quant_guard_cost_stance.md" if args.stance_only else "quant_guard_cost.md")
+    name = ("quant_guard_cost_precompiled.md" if args.precompiled else
+            "quant_guard_cost_stance.md" if args.stance_only else "quant_guard_cost.md")
+    out = HERE.parent / "results" / name
     atomic_write(out, "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -11,7 +11,7 @@ from typing import Any, Callable
 import torch
 
 from superkernel.config import CompilerConfig
-from superkernel.static_kernel.frames import FrameUnsupported, precompile
+from superkernel.static_kernel.frames import FrameUnsupported, GuardFilter, precompile
 from superkernel.static_kernel.step import ON_VIOLATION, PrecompiledStep, PrecompiledStepError
 
 
@@ -35,12 +35,15 @@ def precompile_step(fn: Callable[..., Any], example_args: tuple[Any, ...],
                         "model), not a module: wrap the module call in a function")
     backend = get_backend(compiler_config)
     args = tuple(example_args)
-    aot_fn = precompile(fn, backend, args, {})
+    # quantized (tensor-subclass) weights cannot be guarded by a frame; the watch stands in for them
+    guard_filter = GuardFilter(skip_subclass_weights=True)
+    aot_fn = precompile(fn, backend, args, {}, guard_filter)
 
     def guarded() -> Callable[..., Any]:
         return torch.compile(fn, backend=backend, dynamic=False)
 
-    step = PrecompiledStep(fn, aot_fn, guarded, on_violation=on_violation)
+    step = PrecompiledStep(fn, aot_fn, guarded, on_violation=on_violation,
+                           unguarded_subclass_guards=guard_filter.skipped)
     register_compiled(step, backend)
     return step
 

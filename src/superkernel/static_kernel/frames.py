@@ -264,21 +264,47 @@ _FUNCTORCH_KEYS = ("strict_autograd_cache", "bypass_autograd_cache_key", "bundle
 
 # --- build and load --------------------------------------------------------------------------
 
-def serializable_guard_filter() -> Callable[[Any], list[bool]]:
-    """Keep the guards torch can serialize (tensor, shape, constant and grad-mode guards)."""
-    from torch._dynamo.guards import CheckFunctionManager
+class GuardFilter:
+    """Keep the guards torch can serialize (tensor, shape, constant and grad-mode guards).
 
-    unsupported = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+    ``skip_subclass_weights``: also leave out every guard on a tensor-subclass value and on what is reached
+    through it (a torchao quantized weight and its inner tensors). Torch serializes a guarded subclass through
+    ``torch.empty_like(t, device="meta")``, which torchao's ``Int8Tensor`` does not implement, so such a
+    frame cannot be built otherwise. Only for in-process frames (:func:`superkernel.precompile_step`, whose
+    watch stands in for those guards); a package's frame, loaded elsewhere, keeps them all (and is refused).
+    ``skipped`` counts the guards left out that way.
+    """
 
-    def keep(entries: Any) -> list[bool]:
+    def __init__(self, *, skip_subclass_weights: bool = False) -> None:
+        from torch._dynamo.guards import CheckFunctionManager
+
+        self.unsupported = set(CheckFunctionManager.UNSUPPORTED_SERIALIZATION_GUARD_TYPES)
+        self.skip_subclass_weights = skip_subclass_weights
+        self.skipped = 0
+
+    def __call__(self, entries: Any) -> list[bool]:
         # Guards reaching into a function's closure (a decorator's or apply_scopes' wrapper)
         # need that function object at load, which torch cannot carry: the frame key (scope
         # labels and options) and the source checks stand in for them.
-        return [not (e.is_global or e.guard_type in unsupported or "__closure__" in str(e.name)
-                     or any(t in unsupported for t in (e.derived_guard_types or ())))
+        keep = [not (e.is_global or e.guard_type in self.unsupported or "__closure__" in str(e.name)
+                     or any(t in self.unsupported for t in (e.derived_guard_types or ())))
                 for e in entries]
+        if self.skip_subclass_weights:
+            from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-    return keep
+            roots = {str(e.name) for e in entries
+                     if isinstance(getattr(e, "value", None), torch.Tensor) and is_traceable_wrapper_subclass(e.value)}
+            for i, e in enumerate(entries):
+                name = str(e.name)
+                if keep[i] and any(name == r or name.startswith((r + ".", r + "[")) for r in roots):
+                    keep[i] = False
+                    self.skipped += 1
+        return keep
+
+
+def serializable_guard_filter() -> GuardFilter:
+    """Keep the guards torch can serialize (:class:`GuardFilter` without options)."""
+    return GuardFilter()
 
 
 def _aot_compile_enabled() -> Any:
@@ -290,17 +316,19 @@ def _aot_compile_enabled() -> Any:
     return contextlib.nullcontext()
 
 
-def precompile(fn: Any, backend: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def precompile(fn: Any, backend: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+               guard_filter: GuardFilter | None = None) -> Any:
     """Trace ``fn`` once with Dynamo (fullgraph) and compile it with ``backend``; an ``AOTCompiledFunction``.
 
-    Raises :class:`FrameUnsupported` when this torch lacks AOT precompile or the function
-    cannot be one frame (a graph break, an unserializable guard, ...).
+    ``guard_filter``: which guards the frame keeps (default: those torch can serialize). Raises
+    :class:`FrameUnsupported` when this torch lacks AOT precompile or the function cannot be one frame (a
+    graph break, an unserializable guard, ...).
     """
     try:
         # torch 2.11 attaches ``aot_compile`` only with this switch on (2.13 always does)
         with _aot_compile_enabled():
             compiled = torch.compile(fn, fullgraph=True, dynamic=False, backend=FrameBackend(backend),
-                                     options={"guard_filter_fn": serializable_guard_filter()})
+                                     options={"guard_filter_fn": guard_filter or serializable_guard_filter()})
         if not hasattr(compiled, "aot_compile"):
             raise FrameUnsupported(f"torch {torch.__version__} has no AOT precompile (torch.compile(...).aot_compile)")
         with _aot_compile_enabled():
@@ -363,5 +391,5 @@ def call(aot_fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bo
 
 
 __all__ = ["AtenCapture", "FrameBackend", "FrameGraph", "FrameUnsupported", "call", "check_loads", "current_capture",
-           "direct_call_blocker", "frame_level", "load", "precompile", "rejection", "serializable_guard_filter",
+           "GuardFilter", "direct_call_blocker", "frame_level", "load", "precompile", "rejection", "serializable_guard_filter",
            "serialize"]

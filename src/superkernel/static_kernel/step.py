@@ -53,9 +53,13 @@ class WatchedFrame:
     Python state make the next call check the guards again.
     """
 
-    def __init__(self, fn: Callable[..., Any], aot_fn: Any) -> None:
+    def __init__(self, fn: Callable[..., Any], aot_fn: Any, unguarded_subclass_guards: int = 0) -> None:
         self.fn = fn
         self.aot = aot_fn
+        #: guards on tensor-subclass weights the frame was built without (:class:`.frames.GuardFilter`): once
+        #: the watch saw a change, torch's remaining guards cannot vouch for those weights, so the call leaves
+        #: the frame
+        self.unguarded_subclass_guards = unguarded_subclass_guards
         self.watch: StateWatch | None = None
         self.unsupported: str | None = None  # why this frame cannot be watched (every call checks its guards)
         self.guard_check_us: float | None = None  # the last check of torch's frame guards took this long
@@ -68,6 +72,8 @@ class WatchedFrame:
     def accepts(self, frame_args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """Torch's guards of the frame; on acceptance, a new snapshot for the fast path."""
         self.counters["guard_checks"] += 1
+        if self.unguarded_subclass_guards and (self.watch is not None or self.unsupported is not None):
+            return False  # something changed since a watched call, and the frame does not guard the weights
         start = time.perf_counter()
         accepted = self.aot.guard_check(*frame_args, **kwargs)
         self.guard_check_us = (time.perf_counter() - start) * 1e6
@@ -95,11 +101,11 @@ class PrecompiledStep:
     """
 
     def __init__(self, fn: Callable[..., Any], aot_fn: Any, guarded: Callable[[], Callable[..., Any]], *,
-                 on_violation: str = "fallback") -> None:
+                 on_violation: str = "fallback", unguarded_subclass_guards: int = 0) -> None:
         if on_violation not in ON_VIOLATION:
             raise ValueError(f"on_violation={on_violation!r}: allowed values are {', '.join(ON_VIOLATION)}")
         self._fn = fn
-        self._frame = WatchedFrame(fn, aot_fn)
+        self._frame = WatchedFrame(fn, aot_fn, unguarded_subclass_guards)
         self._aot = aot_fn
         self._guarded_factory = guarded
         self._guarded: Callable[..., Any] | None = None
@@ -136,8 +142,15 @@ class PrecompiledStep:
             return self._aot.fn(*frame_args, **kwargs)
         return self._violated(args, kwargs, frame_args)
 
+    @property
+    def unguarded_subclass_guards(self) -> int:
+        """How many guards on tensor-subclass (quantized) weights the frame was built without (see
+        :class:`WatchedFrame`)."""
+        return self._frame.unguarded_subclass_guards
+
     def _violated(self, args: tuple[Any, ...], kwargs: dict[str, Any], frame_args: tuple[Any, ...]) -> Any:
-        reason = frames.rejection(self._aot, frame_args, kwargs)
+        reason = (frames.rejection(self._aot, frame_args, kwargs) if not self._frame.unguarded_subclass_guards else
+                  "the watched state changed, and the frame does not guard its tensor-subclass (quantized) weights")
         self.last_violation = reason
         self.counters["rejected"] += 1
         if self.on_violation == "error":

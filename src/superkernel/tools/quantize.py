@@ -157,6 +157,27 @@ def is_quantized(model: torch.nn.Module) -> bool:
     return any(hasattr(p, "qdata") for p in model.parameters())
 
 
+def extra_repr(self: torch.nn.Module) -> str:
+    """A quantized linear's ``extra_repr``, as a plain function (named like the method it stands for)."""
+    weight = getattr(self, "weight", None)
+    return (f"in_features={getattr(self, 'in_features', '?')}, out_features={getattr(self, 'out_features', '?')}, "
+            f"weight={type(weight).__name__}")
+
+
+def _plain_extra_repr(model: torch.nn.Module) -> None:
+    """torchao binds each quantized linear's ``extra_repr`` as a method over a ``functools.partial``; Dynamo's
+    guard serializer (a :func:`superkernel.precompile_step` frame) cannot name such a method. Bind a plain
+    function of this module instead (the printed line keeps the shapes and names the weight's class)."""
+    import functools
+    import inspect
+    import types
+
+    for module in model.modules():
+        bound = vars(module).get("extra_repr")
+        if inspect.ismethod(bound) and isinstance(bound.__func__, functools.partial):
+            module.extra_repr = types.MethodType(extra_repr, module)
+
+
 def quantize_model(model: torch.nn.Module, scheme: str, *, group_size: int | None = None) -> Quantization:
     """Quantize ``model``'s linear layers in place with torchao (``scheme``: a key of :data:`SCHEMES`).
 
@@ -190,6 +211,7 @@ def quantize_model(model: torch.nn.Module, scheme: str, *, group_size: int | Non
         return True
 
     quantize_(model, config, filter_fn=take)
+    _plain_extra_repr(model)
     if not chosen:
         raise QuantizationError(f"{scheme}: the model has no linear layer it can quantize"
                                 + (f" ({'; '.join(info.skipped[:3])})" if info.skipped else ""))

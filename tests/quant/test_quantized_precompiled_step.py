@@ -1,0 +1,49 @@
+"""``precompile_step`` on a torchao-quantized model: one frame, no guard tree per call, the watch standing in
+for the quantized weights' guards (which torch cannot serialize), a swapped weight leaving the frame."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import superkernel as sk
+
+pytest.importorskip("torchao")
+
+
+def _model() -> torch.nn.Module:
+    from superkernel.tools.quantize import quantize_model
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.SiLU(), torch.nn.Linear(128, 32)).eval()
+    model.requires_grad_(False)
+    quantize_model(model, "w8a8")
+    sk.apply_scopes(model, {"mlp": ["0", "1", "2"]})
+    return model
+
+
+def test_a_quantized_step_is_one_precompiled_frame_and_leaves_it_when_a_weight_is_swapped():
+    model = _model()
+    x = torch.randn(1, 64)
+
+    def step(inp):
+        return model(inp)
+
+    cfg = sk.CompilerConfig.from_dict({"mode": "reduce-overhead"})
+    with torch.no_grad():
+        eager = model(x)
+        compiled = sk.precompile_step(step, (x,), cfg)
+        outs = [compiled(x) for _ in range(4)]
+        assert all(torch.equal(o, eager) for o in outs)  # reduce-overhead: eager's bits
+        assert compiled.guard_path == "precompiled" and compiled.unguarded_subclass_guards > 0
+        assert compiled.counters["guard_checks"] == 1 and not compiled.counters["fallback_calls"]
+
+        swapped = model[2].weight
+        model[2].weight = torch.nn.Parameter(swapped.detach().clone(), requires_grad=False)
+        assert torch.equal(compiled(x), model(x))
+        assert compiled.counters["fallback_calls"] == 1
+        assert "does not guard its tensor-subclass (quantized) weights" in compiled.last_violation
+
+
+def test_quantized_linears_print_their_weight_class():
+    assert "weight=Int8Tensor" in repr(_model()[0])
