@@ -129,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--llamacpp", default="f16,q8_0,q4_0",
                         help="llama.cpp peers (superkernel[peers]) on the same weights, timed in the same rounds: a GGUF "
                              "written from this model, quantized by llama.cpp; '' for none")
+    parser.add_argument("--precompiled", action="store_true",
+                        help="also time each quantized model's max-autotune plan as a superkernel.precompile_step (what "
+                             "optimize and bench run for a quantized model: no Dynamo guard tree per call)")
     parser.add_argument("--workdir", type=Path, default=None, help="where the checkpoint and GGUF files go (default: a "
                                                                    "temporary folder, removed at the end)")
     args = parser.parse_args(argv)
@@ -155,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         scoped = copy.deepcopy(model)
         sk.apply_scopes(scoped, scopes)
         kinds = ["eager", "superkernel max-autotune"] if name == "float32" else \
-            ["eager", "torch.compile", "superkernel reduce-overhead", "superkernel max-autotune"]
+            ["eager", "torch.compile", "superkernel reduce-overhead", "superkernel max-autotune",
+             "superkernel max-autotune, precompiled step"][:None if args.precompiled else 4]
         for kind in kinds:
             plans.append({"model": name, "kind": kind, "session": session, "scoped": scoped})
     reference: dict[str, Any] = {}
@@ -173,15 +177,19 @@ def main(argv: list[str] | None = None) -> int:
             fn = own_code(session.step_fn(), tag)
         finally:
             session.model = model
-        mode = kind.split()[-1]
+        precompiled = kind.endswith(", precompiled step")
+        mode = kind.removesuffix(", precompiled step").split()[-1]
         cfg = sk.CompilerConfig.from_dict({"mode": mode, "debug": {"run_eagerly": run_eagerly}})
+        if precompiled:  # what optimize / bench run for a quantized model: no guard tree per call
+            with session.dynamo_config():
+                return sk.precompile_step(fn, session.inputs(0), cfg)
         return sk.compile(fn, cfg)
 
     with torch.no_grad():
         for plan in plans:
             session = plan["session"]
+            start = time.perf_counter()  # a precompiled step is built in step_of: its build is its compile
             plan["step"] = step_of(plan)
-            start = time.perf_counter()
             with session.dynamo_config():
                 first = run_decode(session, plan["step"])
             plan["compile_s"] = time.perf_counter() - start

@@ -44,9 +44,9 @@ def compile_superkernel(session: DecodeSession, mode: str, *, run_eagerly: bool 
                         precompiled: bool | None = None, keep: bool = False) -> tuple[StepFn, Any]:
     """The session's decode step under a new superkernel backend; returns (step, backend).
 
-    ``precompiled`` (default: reduce-overhead, not the exactness reference, and a cache without Python ints
-    that grow every step — those are dynamic sources a precompiled frame would specialize): the step is a
-    ``superkernel.precompile_step``, built now (its seconds in ``step.build_seconds``) and called without
+    ``precompiled`` (default: reduce-overhead, or any mode for a quantized model, not the exactness reference,
+    and a cache without Python ints that grow every step — those are dynamic sources a precompiled frame would
+    specialize): the step is a ``superkernel.precompile_step``, built now (its seconds in ``step.build_seconds``) and called without
     Dynamo's guard tree; a step that cannot be one precompiled frame is compiled the usual way.
     ``keep``: no reset, the step compiled from :func:`own_code` (other compiled steps stay valid).
     """
@@ -56,8 +56,12 @@ def compile_superkernel(session: DecodeSession, mode: str, *, run_eagerly: bool 
         torch._dynamo.reset()
     fn = own_code(session.step_fn()) if keep else session.step_fn()
     if precompiled is None:
-        precompiled = (mode == REDUCE_OVERHEAD and not run_eagerly and not session.growing_ints
-                       and not session.compile_dynamic)
+        from superkernel.tools.quantize import is_quantized
+
+        # max-autotune too for a quantized model: its tensor-subclass weights make Dynamo's guard tree cost
+        # ~3 ms a step (benchmarks/results/quant_guard_cost*.md)
+        precompiled = ((mode == REDUCE_OVERHEAD or is_quantized(session.model)) and not run_eagerly
+                       and not session.growing_ints and not session.compile_dynamic)
     if precompiled:
         import superkernel
         from superkernel.precompiled import FrameUnsupported
