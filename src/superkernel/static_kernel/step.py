@@ -60,6 +60,7 @@ class WatchedFrame:
         #: the watch saw a change, torch's remaining guards cannot vouch for those weights, so the call leaves
         #: the frame
         self.unguarded_subclass_guards = unguarded_subclass_guards
+        self.refusal: str | None = None  # why the last refused call was refused without asking torch's guards
         self.watch: StateWatch | None = None
         self.unsupported: str | None = None  # why this frame cannot be watched (every call checks its guards)
         self.guard_check_us: float | None = None  # the last check of torch's frame guards took this long
@@ -72,8 +73,11 @@ class WatchedFrame:
     def accepts(self, frame_args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
         """Torch's guards of the frame; on acceptance, a new snapshot for the fast path."""
         self.counters["guard_checks"] += 1
+        self.refusal = None
         if self.unguarded_subclass_guards and (self.watch is not None or self.unsupported is not None):
-            return False  # something changed since a watched call, and the frame does not guard the weights
+            self.refusal = ("the watched state changed, and the frame does not guard its tensor-subclass (quantized) "
+                            "weights")
+            return False
         start = time.perf_counter()
         accepted = self.aot.guard_check(*frame_args, **kwargs)
         self.guard_check_us = (time.perf_counter() - start) * 1e6
@@ -149,8 +153,7 @@ class PrecompiledStep:
         return self._frame.unguarded_subclass_guards
 
     def _violated(self, args: tuple[Any, ...], kwargs: dict[str, Any], frame_args: tuple[Any, ...]) -> Any:
-        reason = (frames.rejection(self._aot, frame_args, kwargs) if not self._frame.unguarded_subclass_guards else
-                  "the watched state changed, and the frame does not guard its tensor-subclass (quantized) weights")
+        reason = self._frame.refusal or frames.rejection(self._aot, frame_args, kwargs)
         self.last_violation = reason
         self.counters["rejected"] += 1
         if self.on_violation == "error":

@@ -18,8 +18,8 @@ def inductor_patches(device: str, *, cpp_wrapper: bool = True, autotune: bool = 
     bandwidth only with tuned block sizes; ``autotune`` adds Inductor's kernel and GEMM search."""
     patches: dict[str, Any] = {"triton.cudagraphs": False, "cpp_wrapper": bool(cpp_wrapper and device == "cpu")}
     if autotune:
-        patches.update({"max_autotune": True, "coordinate_descent_tuning": True})
-    if device == "cuda":
+        patches["max_autotune"] = True
+    if autotune or device == "cuda":
         patches["coordinate_descent_tuning"] = True
     if pdl and device == "cuda":
         patches["triton.enable_pdl"] = True

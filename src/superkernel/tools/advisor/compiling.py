@@ -46,8 +46,8 @@ def compile_superkernel(session: DecodeSession, mode: str, *, run_eagerly: bool 
 
     ``precompiled`` (default: reduce-overhead, or any mode for a quantized model, not the exactness reference,
     and a cache without Python ints that grow every step — those are dynamic sources a precompiled frame would
-    specialize): the step is a ``superkernel.precompile_step``, built now (its seconds in ``step.build_seconds``) and called without
-    Dynamo's guard tree; a step that cannot be one precompiled frame is compiled the usual way.
+    specialize): the step is a ``superkernel.precompile_step``, built now (its seconds in ``step.build_seconds``)
+    and called without Dynamo's guard tree; a step that cannot be one precompiled frame is compiled the usual way.
     ``keep``: no reset, the step compiled from :func:`own_code` (other compiled steps stay valid).
     """
     import time
