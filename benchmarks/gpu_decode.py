@@ -282,6 +282,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     dtype = getattr(torch, args.dtype)
     model = build_model(args.model, dtype, device)
+    if args.quantize:  # every plan, eager included, runs the quantized model (torchao's tensors)
+        from superkernel.tools.quantize import quantize_model
+
+        log_q = quantize_model(model, args.quantize)
+        print(f"quantized {log_q.layers} linear layers {args.quantize} with {log_q.library}: "
+              f"{log_q.weight_bytes_before / 1e9:.2f} -> {log_q.weight_bytes_after / 1e9:.2f} GB", flush=True)
     session = prepare(model, prompt_len=args.prompt_len, steps=args.steps - 1, warmup=1, device=device)
     inputs = [(session.tokens[i].reshape(1, 1).clone(), torch.tensor([args.prompt_len + i], device=device))
               for i in range(args.steps)]
@@ -367,7 +373,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 plan.counters = dict(plan.backend.counters)
                 plan.explain = str(sk.explain(plan.step if plan.name.endswith("precompiled") else plan.backend))
     bandwidth = measure_bandwidth(1024, 10, device)
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    from superkernel.tools.quantize import tensor_bytes
+
+    weights = sum(tensor_bytes(p) for p in model.parameters())
     kv = sum(t.numel() * t.element_size() for layer in session.cache.layers
              for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(t, torch.Tensor))
     roofline_ms = (weights + kv) / bandwidth * 1e3
@@ -401,7 +409,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         if plan.error:
             row["error"] = plan.error
         rows.append(row)
-    return {"model": args.model, "dtype": args.dtype, "steps": args.steps, "rounds": args.rounds,
+    return {"model": args.model, "dtype": args.dtype + (f", {args.quantize}" if args.quantize else ""), "steps": args.steps, "rounds": args.rounds,
             "environment": environment(), "copy_bandwidth_GBps": bandwidth / 1e9, "weight_bytes": weights,
             "kv_bytes": kv, "roofline_ms": roofline_ms, "spec_bandwidth_GBps": spec / 1e9 if spec else None,
             "spec_roofline_ms": spec_roofline_ms, "dynamo_after_warmup": {
@@ -469,6 +477,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plans", default=",".join(ALL_PLANS))
     parser.add_argument("--budget", type=float, default=240.0, help="seconds after which no further plan compiles")
     parser.add_argument("--out", type=Path, default=ROOT / "results")
+    parser.add_argument("--quantize", default=None, choices=("int8-weight", "w8a8"),
+                        help="quantize the model's linear layers with torchao first (superkernel.tools.quantize)")
     parser.add_argument("--device", default="cuda", help="cuda; cpu only dry-runs the instrument itself")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -476,7 +486,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     result = measure(args)
     card = result["environment"].get("card", "gpu").replace("NVIDIA ", "").replace(" ", "_")
-    stem = f"gpu_decode_{args.model}_{card}"
+    stem = f"gpu_decode_{args.model}{'_' + args.quantize if args.quantize else ''}_{card}"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     text = markdown(result)

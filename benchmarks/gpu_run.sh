@@ -8,12 +8,16 @@
 # 3. generate() tokens/s against Hugging Face's static-cache recipe (benchmarks/gpu_generate.py);
 # 4. the product end to end on the card: `superkernel optimize --device cuda` on llama-tiny (report, chart,
 #    plan), then `superkernel bench --config` of its plan on the card (prepared, not yet run on a GPU).
-# PARTS picks parts (default all): pytest,big,tiny,generate,product; a lease's second run repeats only what
+# 5. quant: the decode comparison on the Llama-3.2-1B shape quantized int8 weight-only by torchao (torchao is not in
+#    the image: carry its wheel, installed with --target and put on PYTHONPATH before this script);
+# 6. static: `superkernel static-compile --device cuda` on llama-tiny twice, building a package and then loading it;
+# 7. qproduct: `superkernel optimize --device cuda --quantize int8-weight` on llama-tiny (needs torchao as in 5).
+# PARTS picks parts (default pytest,big,tiny,generate,product); a lease's second run repeats only what
 # the first one showed wrong.
 # Everything lands in $OUT: gpu_run.log (all output), gpu_decode_*.{json,md}, gpu_generate_*.{json,md}.
 set -u
 cd "$(dirname "$0")/.."
-export PYTHONPATH=src PYTHONUNBUFFERED=1
+export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 OUT=${OUT:-benchmarks/results}
 mkdir -p "$OUT"
 PY=${PYTHON:-python3}
@@ -55,6 +59,28 @@ TINY_PLANS=${TINY_PLANS:-eager,cudagraphs,cudagraphs-static-params,sk-ro-decoder
     ls -l "$OUT/optimize_cuda" || true
     timeout ${BENCH_LIMIT:-90} $PY -m superkernel bench --config "$OUT/optimize_cuda/superkernel.yaml" \
         --device cuda
+    fi
+    if part quant; then
+    echo "== decode llama-1b, int8 weight-only"
+    timeout $((${QUANT_BUDGET:-110} + 80)) $PY benchmarks/gpu_decode.py --model llama-1b --dtype bfloat16 --quantize int8-weight \
+        --budget ${QUANT_BUDGET:-110} --out "$OUT" --plans ${QUANT_PLANS:-eager,sk-ro-all_layers,sk-ma-all_layers,inductor-max-autotune} \
+        --rounds ${BIG_ROUNDS:-5}
+    fi
+    if part static; then
+    echo "== static-compile --device cuda (llama-tiny): build, then the same command loads the package"
+    STATIC_DIR=${STATIC_DIR:-$OUT/static}
+    mkdir -p "$STATIC_DIR"
+    for attempt in ${STATIC_ATTEMPTS:-build load}; do
+        echo "-- $attempt"
+        timeout ${STATIC_LIMIT:-70} $PY -m superkernel static-compile --model llama-tiny --device cuda \
+            --build-dir "$STATIC_DIR"
+    done
+    timeout 30 $PY -m superkernel static-compile --list "$STATIC_DIR"
+    fi
+    if part qproduct; then
+    echo "== optimize --device cuda --quantize int8-weight (llama-tiny)"
+    timeout ${QPRODUCT_LIMIT:-100} $PY -m superkernel optimize --model llama-tiny --device cuda --quantize int8-weight \
+        --strategy decoder_layer --output "$OUT/optimize_cuda_int8" --quiet
     fi
     date -u
 } 2>&1 | tee "$OUT/gpu_run.log"

@@ -77,6 +77,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-cache-len", type=positive_int("--max-cache-len"), default=None,
                    help="KV-cache length of the decode step (default prompt-len + 36, as superkernel.tools.decode.prepare)")
     p.add_argument("--seed", type=int, default=0, help="seed of zoo weights and prompt (default 0)")
+    p.add_argument("--device", default="auto", metavar="auto|cpu|cuda[:N]",
+                   help="where the package's kernels run; auto = cuda when available, else cpu (default auto). "
+                        "A package holds one device kind: a CUDA process never loads a CPU package, nor the "
+                        "reverse")
     p.add_argument("--threads", type=positive_int("--threads"), default=None,
                    help="torch CPU threads while building (default: torch's default); precompiled frames are "
                         "used by processes with the same thread count")
@@ -141,8 +145,11 @@ def run(args: argparse.Namespace) -> int:
             import torch
 
             torch.set_num_threads(args.threads)
+        from superkernel.tools.advisor.environment import pick_device
+
+        device = str(pick_device(args.device))  # a CUDA request on a machine without one: an error, before loading
         result = build(args.model, args.build_dir, batch_sizes=args.batch_sizes, plan=args.config, mode=args.mode,
-                       prompt_len=args.prompt_len, max_cache_len=args.max_cache_len, seed=args.seed)
+                       prompt_len=args.prompt_len, max_cache_len=args.max_cache_len, seed=args.seed, device=device)
     except (ValueError, OSError, PackageError, TrustError) as exc:
         print(f"superkernel static-compile: error: {safe_text(' '.join(str(exc).split()), 600)}", file=sys.stderr)
         return 2

@@ -33,7 +33,10 @@ def pick_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("--device cuda requested but no CUDA device is available")
-    return torch.device(name)
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"--device {name!r} is not a device; allowed: auto, cpu, cuda, cuda:N") from None
 
 
 #: Below this many parameters a CPU decode step is launch-bound: one thread is nearly as
