@@ -61,10 +61,10 @@ def test_reduce_overhead_decode_is_bit_exact(scoped_llama):
     for a, b in zip(ro, ref):
         assert torch.equal(a, b)
     eager = decode_logits(scoped_llama, step_of(scoped_llama))
-    # The uncompiled model may differ in the last bits (transformers takes other paths
-    # when compiling); it must still agree closely.
+    # and the eager model's own bits: transformers' one-token GQA attention takes its eager branch
+    # (pack_gqa) while a reduce-overhead compile traces (pipeline/tracing.py)
     for a, b in zip(ro, eager):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        assert torch.equal(a, b)
     ex = sk.explain(fn)
     assert ex.graph_breaks == 0 and len(ex.graphs) == 1
     assert [s.name for s in ex.segments] == ["decode_layers"]
@@ -83,3 +83,4 @@ def test_max_autotune_decode_within_tolerance(scoped_llama):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
         assert torch.equal(a.argmax(-1), b.argmax(-1))
     assert [s.realization for s in sk.explain(fn).segments] == ["inductor-cpp+frozen"]
+
