@@ -29,4 +29,6 @@ def test_only_compiles_that_must_match_eager_read_not_compiling():
     assert torch.equal(_sk("max-autotune")(x), x + 1)
     assert torch.equal(torch.compile(_branch_test, backend="eager")(x), x + 1)
     assert sdpa.is_torchdynamo_compiling() is False  # outside a compile: what it always answered
+    ro = sk.CompilerConfig.from_dict({"mode": "reduce-overhead"})
+    assert torch.equal(sk.precompile_step(_branch_test, (x,), ro)(x), x)  # an AOT precompile traces as well
     torch._dynamo.reset()

@@ -25,7 +25,7 @@ from tests.layout.test_imports import PACKAGE_ROOT, project_imports
 LAYERS: dict[str, int] = {
     "superkernel.config": 0, "superkernel.util": 0, "superkernel.cache_dir": 0, "superkernel.hugepages": 0,
     "superkernel.userkey": 0, "superkernel.scope": 0, "superkernel.timing": 0, "superkernel.hf_cache_names": 0,
-    "superkernel.scope_apply": 0, "superkernel.ir": 0,
+    "superkernel.scope_apply": 0, "superkernel.ir": 0, "superkernel.eager_branch": 0,
     "superkernel.runtime": 1,
     "superkernel.static_kernel": 2,
     "superkernel.pipeline": 3,

@@ -364,6 +364,11 @@ def test_cli_rejects_bad_input_before_loading_the_model(tmp_path, monkeypatch, c
         with pytest.raises(SystemExit) as exc:
             static_cli.main(["--model", "llama-tiny", "--build-dir", str(tmp_path), "--threads", threads])
         assert exc.value.code == 2 and "--threads must be >= 1" in capsys.readouterr().err
+    assert static_cli.main(["--model", "llama-tiny", "--build-dir", str(tmp_path), "--device", "tpu"]) == 2
+    assert "--device 'tpu' is not a device; allowed: auto, cpu, cuda, cuda:N" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert static_cli.main(["--model", "llama-tiny", "--build-dir", str(tmp_path), "--device", "cuda"]) == 2
+        assert "no CUDA device is available" in capsys.readouterr().err
 
 
 def test_reduce_overhead_records_shapes_without_lock_or_package(tmp_path):

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from superkernel import eager_branch
+
 # --- Dynamo settings under which a superkernel compile traces ----------------------------
 #
 # A data-dependent op (nonzero, boolean masking) or a host sync (.item()) inside a scope
@@ -133,12 +135,13 @@ class CaptureContext:
     innermost active call for exactly the duration of a compile (:func:`_on_compile_start`).
     """
 
-    __slots__ = ("backend", "saved", "saved_sources", "breaks", "log_mark")
+    __slots__ = ("backend", "saved", "saved_sources", "breaks", "log_mark", "branch")
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
         self.saved: dict[str, Any] = {}
         self.saved_sources: str | None = None
+        self.branch: Any = None
 
     def __enter__(self) -> None:
         _install_compile_callbacks()
@@ -164,6 +167,8 @@ class CaptureContext:
             if getattr(cfg, key) != value:
                 self.saved.setdefault(key, getattr(cfg, key))
                 setattr(cfg, key, value)
+        if self.branch is None:
+            self.branch = eager_branch.tracing_for(self.backend.config)
         sources = torch.compiler.config.dynamic_sources
         present = sources.split(",") if sources else []
         missing = [s for s in self.backend.config.dynamo.dynamic_sources if s not in present]
@@ -173,6 +178,9 @@ class CaptureContext:
             torch.compiler.config.dynamic_sources = ",".join([*present, *missing])
 
     def restore(self) -> None:
+        if self.branch is not None:
+            eager_branch.done(self.branch)
+            self.branch = None
         cfg = torch._dynamo.config
         for key, value in self.saved.items():
             setattr(cfg, key, value)
@@ -217,68 +225,14 @@ def _on_compile_end(_args: Any = None) -> None:
 def _install_compile_callbacks() -> None:
     """Register the compile start/end callbacks with Dynamo (again after ``torch._dynamo.reset()``,
     which clears them); a membership test of a short list per call."""
-    if not _eager_branch.installed:
-        _eager_branch.install()
+    if not eager_branch.installed():
+        eager_branch.install()
     handler = torch._dynamo.callback_handler
     if _on_compile_start in handler.start_callbacks:
         return
     handler.register_start_callback(_on_compile_start)
     if _on_compile_end not in handler.end_callbacks:
         handler.register_end_callback(_on_compile_end)
-
-# --- transformers' one-token decode attention: the branch eager takes ---------------------
-#
-# transformers' SDPA attention (5.2x) packs a one-token query's heads onto the key/value heads
-# (``pack_gqa``) in eager but repeats K and V instead under Dynamo: its test is
-# ``q_length == 1 and not is_torchdynamo_compiling()``. The two orders round differently, so a
-# captured decode step of a GQA model could never be bit-identical to the eager model, and W8A8's
-# per-token activation quantization turns that last-bit difference into a visible one (logits
-# 8.8e-2 apart on a 24-layer step). While a reduce-overhead compile or an exactness reference
-# traces, that one test reads "not compiling" and the graph computes what eager computes. Every
-# other compile in the process (max-autotune, torch.compile's own, another backend) traces as
-# before, and outside a compile the test answers what it always did.
-
-def _eager_branch_wanted() -> bool:
-    """Whether the compile running now is a superkernel compile that must compute what eager does."""
-    applied = _applied
-    if applied is None:
-        return False
-    from superkernel.config import REDUCE_OVERHEAD
-
-    cfg = applied.backend.config
-    return cfg.mode == REDUCE_OVERHEAD or bool(cfg.debug.run_eagerly)
-
-
-# evaluated while Dynamo traces and kept as a constant without a guard: the answer belongs to the compile, not to
-# the call (a guard on it would fail on every later call, outside the compile)
-_eager_branch_traced = torch._dynamo.assume_constant_result(_eager_branch_wanted)
-
-
-def _compiling_unless_eager_branch() -> bool:
-    """transformers' ``is_torchdynamo_compiling`` for its SDPA attention module, but False while a superkernel
-    compile that must match eager traces (see above)."""
-    return torch.compiler.is_compiling() and not _eager_branch_traced()
-
-
-class _EagerBranch:
-    """Installs :func:`_compiling_unless_eager_branch` in transformers' SDPA attention module, once, when that
-    module is loaded and has the test it replaces (other transformers versions: nothing to do)."""
-
-    MODULE = "transformers.integrations.sdpa_attention"
-    installed = False
-
-    def install(self) -> None:
-        import sys
-
-        module = sys.modules.get(self.MODULE)
-        if module is None:
-            return  # not loaded yet: the next call looks again (a dict lookup)
-        type(self).installed = True
-        if hasattr(module, "pack_gqa") and callable(getattr(module, "is_torchdynamo_compiling", None)):
-            module.is_torchdynamo_compiling = _compiling_unless_eager_branch
-
-
-_eager_branch = _EagerBranch()
 
 GRAPH_BREAK_IN_SCOPE = "graph break inside the scope (Dynamo could not capture it; its operators run uncompiled)"
 

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
+from superkernel import eager_branch
 from superkernel.static_kernel.frame_keys import FRAME_FORMAT, _inner, external_objects
 from superkernel.util import exception_summary
 
@@ -331,7 +332,7 @@ def precompile(fn: Any, backend: Any, args: tuple[Any, ...], kwargs: dict[str, A
                                      options={"guard_filter_fn": guard_filter or serializable_guard_filter()})
         if not hasattr(compiled, "aot_compile"):
             raise FrameUnsupported(f"torch {torch.__version__} has no AOT precompile (torch.compile(...).aot_compile)")
-        with _aot_compile_enabled():
+        with _aot_compile_enabled(), eager_branch.traced_for(getattr(backend, "config", None)):
             return compiled.aot_compile((tuple(args), dict(kwargs)))
     except FrameUnsupported:
         raise
