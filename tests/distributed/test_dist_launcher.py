@@ -100,3 +100,21 @@ def test_nproc_on_cuda_needs_as_many_gpus():
         check_gpus(4, "cuda:0", device_count=lambda: 0)
     with pytest.raises(LaunchError, match="needs 8 GPUs"):
         check_gpus(8, "auto", device_count=lambda: 1)
+
+
+def test_of_two_failed_ranks_the_one_that_stopped_writing_first_is_named(tmp_path):
+    """Both ranks seen failed at one look (a loaded machine): rank 1 exited, then rank 0's collective failed on
+    the closed connection; the cause named is rank 1, whose log was written last before rank 0's."""
+    from superkernel.tools.distributed.launcher import first_to_stop
+
+    logs = []
+    for rank, when in ((0, 2_000_000_000), (1, 1_000_000_000)):
+        path = tmp_path / f"rank{rank}.log"
+        path.write_text("error\n")
+        os.utime(path, ns=(when, when))
+        logs.append(path.open("rb"))
+    try:
+        assert first_to_stop([(0, 1), (1, 3)], logs) == (1, 3)
+    finally:
+        for log in logs:
+            log.close()

@@ -237,7 +237,7 @@ def _watch(procs: list[subprocess.Popen], beats: Path, stale_s: float, logs) -> 
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
             killed = [(r, c) for r, c in failed if c < 0]
-            rank, code = (killed or failed)[0]
+            rank, code = killed[0] if killed else first_to_stop(failed, logs)
             raise LaunchError(f"rank {rank} of {len(procs)} {_describe(code)}; the job was stopped"
                               + _cause(logs[rank]))
         now = time.time()
@@ -256,6 +256,19 @@ def _watch(procs: list[subprocess.Popen], beats: Path, stale_s: float, logs) -> 
                 raise LaunchError(f"rank {rank} of {len(procs)} is hung (no heartbeat and no CPU time for "
                                   f"{hung:.0f} s); the job was stopped")
         time.sleep(0.2)
+
+
+def first_to_stop(failed: list[tuple[int, int]], logs) -> tuple[int, int]:
+    """Of ranks seen failed at one look, the one whose log was written last the earliest: the others usually
+    failed because of it (a collective's peer closed its connection), after it had said why it stopped."""
+    import os
+
+    def last_write(item: tuple[int, int]) -> int:
+        try:
+            return os.fstat(logs[item[0]].fileno()).st_mtime_ns
+        except (OSError, ValueError, AttributeError):
+            return 0
+    return min(failed, key=lambda item: (last_write(item), item[0]))
 
 
 def _last_error(log) -> str:
