@@ -94,6 +94,16 @@ def build_model(name: str, dtype: torch.dtype, device: torch.device) -> torch.nn
     return load_model(name, device=device, dtype=dtype).model
 
 
+def inductor_patch(text: str) -> dict[str, Any]:
+    """``--inductor-patch`` as Inductor config values (``true``/``false``, integers, else strings)."""
+    values: dict[str, Any] = {}
+    for item in filter(None, text.split(",")):
+        key, _, raw = item.partition("=")
+        low = raw.strip().lower()
+        values[key.strip()] = (low == "true") if low in ("true", "false") else int(low) if low.isdigit() else raw
+    return values
+
+
 def make_step(model: torch.nn.Module, session: Any) -> Callable[..., torch.Tensor]:
     """The session's decode step on ``model`` (a scoped copy, or the model itself)."""
     cache, keyword, extra = session.cache, session.cache_kwarg, session.step_kwargs
@@ -319,7 +329,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 compile_plan(plan, model, session, scoped, inputs)
                 out = torch.empty(args.steps, model.config.vocab_size, device=device, dtype=dtype)
                 session.restore_cache()
-                out[0].copy_(plan.step(*inputs[0])[0])  # first call: trace, compile, capture
+                with torch._inductor.config.patch(inductor_patch(args.inductor_patch)):
+                    out[0].copy_(plan.step(*inputs[0])[0])  # first call: trace, compile, capture
                 sync()
                 plan.compile_s = time.perf_counter() - start
                 run_round(plan.step, session, inputs, out)  # warm-up round
@@ -409,7 +420,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         if plan.error:
             row["error"] = plan.error
         rows.append(row)
-    return {"model": args.model, "dtype": args.dtype + (f", {args.quantize}" if args.quantize else ""), "steps": args.steps, "rounds": args.rounds,
+    return {"model": args.model, "dtype": args.dtype + (f", {args.quantize}" if args.quantize else "")
+            + (f", inductor {args.inductor_patch}" if args.inductor_patch else ""), "steps": args.steps, "rounds": args.rounds,
             "environment": environment(), "copy_bandwidth_GBps": bandwidth / 1e9, "weight_bytes": weights,
             "kv_bytes": kv, "roofline_ms": roofline_ms, "spec_bandwidth_GBps": spec / 1e9 if spec else None,
             "spec_roofline_ms": spec_roofline_ms, "dynamo_after_warmup": {
@@ -477,6 +489,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plans", default=",".join(ALL_PLANS))
     parser.add_argument("--budget", type=float, default=240.0, help="seconds after which no further plan compiles")
     parser.add_argument("--out", type=Path, default=ROOT / "results")
+    parser.add_argument("--inductor-patch", default="", metavar="KEY=VALUE,...",
+                        help="torch._inductor.config values set around every plan's first call (its compile), for "
+                             "studies, e.g. coordinate_descent_check_all_directions=true")
     parser.add_argument("--quantize", default=None, choices=("int8-weight", "w8a8"),
                         help="quantize the model's linear layers with torchao first (superkernel.tools.quantize)")
     parser.add_argument("--device", default="cuda", help="cuda; cpu only dry-runs the instrument itself")
@@ -486,7 +501,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     result = measure(args)
     card = result["environment"].get("card", "gpu").replace("NVIDIA ", "").replace(" ", "_")
-    stem = f"gpu_decode_{args.model}{'_' + args.quantize if args.quantize else ''}_{card}"
+    study = "_patched" if args.inductor_patch else ""
+    stem = f"gpu_decode_{args.model}{'_' + args.quantize if args.quantize else ''}{study}_{card}"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     text = markdown(result)

@@ -10,6 +10,7 @@
 #    plan), then `superkernel bench --config` of its plan on the card (prepared, not yet run on a GPU).
 # 5. quant: the decode comparison on the Llama-3.2-1B shape quantized int8 weight-only by torchao (torchao is not in
 #    the image: carry its wheel, installed with --target and put on PYTHONPATH before this script);
+#    quantcdt: the same with Inductor's coordinate descent searching every direction, radius 2 (a study);
 # 6. static: `superkernel static-compile --device cuda` on llama-tiny twice, building a package and then loading it;
 # 7. qproduct: `superkernel optimize --device cuda --quantize int8-weight` on llama-tiny (needs torchao as in 5).
 # PARTS picks parts (default pytest,big,tiny,generate,product); a lease's second run repeats only what
@@ -65,6 +66,12 @@ TINY_PLANS=${TINY_PLANS:-eager,cudagraphs,cudagraphs-static-params,sk-ro-decoder
     timeout $((${QUANT_BUDGET:-110} + 80)) $PY benchmarks/gpu_decode.py --model llama-1b --dtype bfloat16 --quantize int8-weight \
         --budget ${QUANT_BUDGET:-110} --out "$OUT" --plans ${QUANT_PLANS:-eager,sk-ro-all_layers,sk-ma-all_layers,inductor-max-autotune} \
         --rounds ${BIG_ROUNDS:-5}
+    fi
+    if part quantcdt; then
+    echo "== decode llama-1b, int8 weight-only, coordinate descent in every direction (a study)"
+    timeout $((${QUANT_BUDGET:-110} + 80)) $PY benchmarks/gpu_decode.py --model llama-1b --dtype bfloat16 --quantize int8-weight \
+        --budget ${QUANT_BUDGET:-110} --out "$OUT" --plans ${QUANT_PLANS:-eager,sk-ma-all_layers,inductor-max-autotune} \
+        --rounds ${BIG_ROUNDS:-5} --inductor-patch coordinate_descent_check_all_directions=true,coordinate_descent_search_radius=2
     fi
     if part static; then
     echo "== static-compile --device cuda (llama-tiny): build, then the same command loads the package"
