@@ -476,6 +476,11 @@ def main(argv: list[str] | None = None) -> int:
     if getattr(args, "func", None) is None:
         parser.print_help()
         return EXIT_USAGE
+    import warnings
+
+    # torch's note, once per process, that a quantized model's torchao tensors cannot key AOTAutograd's cache (the
+    # compile runs; Inductor's own cache still serves): nothing the command's user can act on
+    warnings.filterwarnings("ignore", message=r".*does not implement _stable_hash_for_caching", category=UserWarning)
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
