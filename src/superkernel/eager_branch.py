@@ -35,7 +35,10 @@ def tracing_for(config: Any) -> contextvars.Token:
 
 
 def done(token: contextvars.Token) -> None:
-    _config.reset(token)
+    try:
+        _config.reset(token)
+    except ValueError:  # set in another context (a compile started in one task, ended in another): just clear it
+        _config.set(None)
 
 
 @contextlib.contextmanager
