@@ -113,3 +113,25 @@ def test_a_torch_compile_plan_round_trips_and_applies(tmp_path):
         read_plan({"backend": "torch.compile", "scopes": {"a": "m"}})
     with pytest.raises(PlanFileError, match="backend must be one of"):
         read_plan({"backend": "inductor", "mode": "reduce-overhead", "scopes": {"a": "m"}})
+    with pytest.raises(PlanFileError, match="mode is reduce-overhead or none"):
+        read_plan({"backend": "torch.compile", "scopes": {}, "mode": "max-autotune"})
+
+
+def test_a_reduce_overhead_torch_compile_plan_applies_in_that_mode():
+    """What optimize writes when torch.compile(mode="reduce-overhead") was the fastest correct peer (CUDA)."""
+    import torch
+
+    import superkernel
+    from superkernel.tools.generate import apply_for_generate
+    from superkernel.tools.models import load_model
+
+    plan = {"backend": "torch.compile", "scopes": {}, "mode": "reduce-overhead"}
+    model = torch.nn.Linear(4, 4)
+    compiled = superkernel.apply(model, plan)
+    assert isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    lm = apply_for_generate(load_model("llama-tiny").model, plan)
+    config = lm.generation_config.compile_config
+    assert (config.backend, config.mode) == ("inductor", "reduce-overhead")

@@ -46,7 +46,7 @@ def resolve_plan(model: Any, plan: str | Path | Mapping[str, Any], mode: str | N
     return read_plan(plan)
 
 
-def compile_config(backend: Any) -> Any:
+def compile_config(backend: Any, mode: str | None = None) -> Any:
     """transformers' ``CompileConfig`` for ``backend``, allowed on every device, one graph per shape.
 
     ``generate()`` deep-copies its generation config on every call and compiles anew when
@@ -63,7 +63,7 @@ def compile_config(backend: Any) -> Any:
         def to_dict(self) -> dict[str, Any]:
             return {k: v for k, v in self.__dict__.items() if k != "_compile_all_devices"}
 
-    config = SharedCompileConfig(fullgraph=False, dynamic=False, backend=backend, mode=None)
+    config = SharedCompileConfig(fullgraph=False, dynamic=False, backend=backend, mode=mode)
     config._compile_all_devices = True  # transformers compiles on GPUs only unless told otherwise
     return config
 
@@ -90,15 +90,17 @@ def apply_for_generate(model: Any, plan: str | Path | Mapping[str, Any], *, mode
 
     quantize_for_plan(model, spec)  # a plan measured on a quantized model quantizes a float one the same way
     superkernel.remove_scopes(model)
+    compile_mode = None
     if spec.backend == TORCH_COMPILE:
         backend: Any = "inductor"
+        compile_mode = spec.mode  # None, or reduce-overhead (a CUDA plan)
     else:
         cfg = superkernel.CompilerConfig()
         cfg.mode = mode or spec.mode
         cfg.inductor.update(spec.inductor)
         superkernel.apply_scopes(model, spec.scopes, options=spec.options)
         backend = superkernel.get_backend(cfg)
-    model.generation_config.compile_config = compile_config(backend)
+    model.generation_config.compile_config = compile_config(backend, compile_mode)
     model.generation_config.cache_implementation = "static"
     model.generation_config.disable_compile = False
     if model.generation_config.use_cache is not True:

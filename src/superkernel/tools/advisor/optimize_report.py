@@ -162,14 +162,24 @@ def render(*, analysis: Analysis, model_name: str, model_source: str, notes: lis
     lines += ["", "## Recommendation", ""]
     if decision is not None and decision.kind == "torch.compile":
         base = decision.baseline
-        lines += [f"**Use plain `torch.compile`** (default TorchInductor) — {decision.reason}.", "",
-                  f"- torch.compile: median decode step {base.median_ms:.3f} ms (p90 {base.p90_ms:.3f} ms)"
-                  + (f", {base.speedup_vs_eager:.2f}x vs eager." if base.speedup_vs_eager else "."),
-                  f"- A superkernel plan is recommended only when it beats plain torch.compile by more than the "
-                  f"noise threshold ({decision.noise:.1%}: the larger of {3:.0f}% and the eager drift of this run) "
-                  "and is not slower than eager.",
-                  "- `superkernel.yaml` says `backend: torch.compile`; `superkernel.apply(model, \"superkernel.yaml\")` "
-                  "returns `torch.compile(model)`."]
+        if decision.torch_compile_mode:
+            lines += [f"**Use `torch.compile(mode=\"reduce-overhead\")`** (Inductor's kernels in one CUDA graph) — "
+                      f"{decision.reason}.", "",
+                      f"- torch.compile reduce-overhead: median decode step {base.median_ms:.3f} ms (p90 "
+                      f"{base.p90_ms:.3f} ms)" + (f", {base.speedup_vs_eager:.2f}x vs eager." if base.speedup_vs_eager
+                                                  else "."),
+                      "- `superkernel.yaml` says `backend: torch.compile` and `mode: reduce-overhead`; "
+                      "`superkernel.apply(model, \"superkernel.yaml\")` returns "
+                      "`torch.compile(model, mode=\"reduce-overhead\")`."]
+        else:
+            lines += [f"**Use plain `torch.compile`** (default TorchInductor) — {decision.reason}.", "",
+                      f"- torch.compile: median decode step {base.median_ms:.3f} ms (p90 {base.p90_ms:.3f} ms)"
+                      + (f", {base.speedup_vs_eager:.2f}x vs eager." if base.speedup_vs_eager else "."),
+                      f"- A superkernel plan is recommended only when it beats plain torch.compile by more than the "
+                      f"noise threshold ({decision.noise:.1%}: the larger of {3:.0f}% and the eager drift of this "
+                      "run) and is not slower than eager.",
+                      "- `superkernel.yaml` says `backend: torch.compile`; `superkernel.apply(model, "
+                      "\"superkernel.yaml\")` returns `torch.compile(model)`."]
         lines += [f"- `{r.name}`: {_not_recommended(r, base)}" for r in plans]
         lines += ["", "## Cuts, graph breaks and fallbacks", "", *cuts_section(results)]
         if plan_yaml:

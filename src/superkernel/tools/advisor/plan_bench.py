@@ -8,7 +8,7 @@ from pathlib import Path
 from superkernel.tools.advisor.measure import run_baselines, run_plan
 from superkernel.tools.advisor.plan_file import SUPERKERNEL, read_plan
 from superkernel.tools.advisor.progress import Reporter
-from superkernel.tools.advisor.results import RunResult, fill_speedups
+from superkernel.tools.advisor.results import REDUCE_OVERHEAD_BASELINE, RunResult, fill_speedups
 from superkernel.tools.advisor.strategies import ScopePlan
 from superkernel.tools.advisor.workflow import OptimizeOptions, load_and_prepare, validate_scopes
 
@@ -34,12 +34,17 @@ class BenchOptions:
 class BenchOutcome:
     model: str
     results: list[RunResult] = field(default_factory=list)
+    torch_compile_mode: str | None = None  # a ``backend: torch.compile`` plan's mode
 
     @property
     def plan(self) -> RunResult:
-        """The plan's result; for a ``backend: torch.compile`` plan, the torch.compile baseline."""
+        """The plan's result; for a ``backend: torch.compile`` plan, that torch.compile baseline (its mode's)."""
         plan = next((r for r in self.results if r.kind == "plan"), None)
-        return plan if plan is not None else next(r for r in self.results if r.name == "torch.compile")
+        if plan is not None:
+            return plan
+        wanted = REDUCE_OVERHEAD_BASELINE if self.torch_compile_mode == "reduce-overhead" else "torch.compile"
+        return next((r for r in self.results if r.name == wanted),
+                    next(r for r in self.results if r.name == "torch.compile"))
 
 
 def bench(opts: BenchOptions, reporter: Reporter | None = None) -> BenchOutcome:
@@ -58,7 +63,7 @@ def bench(opts: BenchOptions, reporter: Reporter | None = None) -> BenchOutcome:
     eager = results[0]
     if spec.backend != SUPERKERNEL:  # "use torch.compile": the baselines are the whole measurement
         fill_speedups(results, eager, next((r for r in results if r.name == "torch.compile" and not r.error), None))
-        return BenchOutcome(model=loaded.name, results=results)
+        return BenchOutcome(model=loaded.name, results=results, torch_compile_mode=spec.mode)
     plan = ScopePlan(spec.strategy or "custom", spec.scopes)
     validate_scopes(loaded.model, [plan], spec.options)
     from superkernel.tools.advisor.precision import default_tolerance

@@ -18,7 +18,9 @@ Format (version 1)::
 
 When no superkernel plan beat plain torch.compile beyond noise, ``optimize`` writes the
 plan ``backend: torch.compile`` with empty ``scopes`` (and no mode): ``superkernel.apply``
-then removes any scopes and returns ``torch.compile(model)`` (default TorchInductor).
+then removes any scopes and returns ``torch.compile(model)`` (default TorchInductor). When
+``torch.compile(mode="reduce-overhead")`` (measured on CUDA) beat the plan that would be
+recommended, beyond noise, the plan is ``backend: torch.compile`` with ``mode: reduce-overhead``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ VERSION = 1
 _KEYS = {"version", "model", "strategy", "mode", "options", "scopes", "measured", "backend", "inductor", "quantization"}
 SUPERKERNEL, TORCH_COMPILE = "superkernel", "torch.compile"
 BACKENDS = (SUPERKERNEL, TORCH_COMPILE)
+#: what a ``backend: torch.compile`` plan's mode may be: plain torch.compile, or its CUDA-graph mode (the peer
+#: optimize measures on CUDA)
+TORCH_COMPILE_MODES = (None, "reduce-overhead")
 
 
 class PlanFileError(ValueError):
@@ -85,8 +90,12 @@ def _validate(data: Any, where: str) -> PlanFile:
         model, strategy = data.get("model"), data.get("strategy")
         if (model is not None and not isinstance(model, str)) or (strategy is not None and not isinstance(strategy, str)):
             raise PlanFileError(f"{where}: 'model' and 'strategy' must be strings")
+        mode = data.get("mode")
+        if mode not in TORCH_COMPILE_MODES:
+            raise PlanFileError(f"{where}: a 'backend: torch.compile' plan's mode is reduce-overhead or none (plain "
+                                f"torch.compile), got {short_repr(mode)}")
         measured = data.get("measured") or {}
-        return PlanFile(scopes={}, mode=None, model=model, strategy=strategy, backend=TORCH_COMPILE,
+        return PlanFile(scopes={}, mode=mode, model=model, strategy=strategy, backend=TORCH_COMPILE,
                         measured=dict(measured) if isinstance(measured, Mapping) else {}, quantization=quantization)
     mode = data.get("mode")
     if mode not in MODES:
@@ -260,7 +269,7 @@ def apply(model: Any, plan: str | Path | Mapping[str, Any], *, mode: str | None 
         import torch
 
         superkernel.remove_scopes(model)
-        return torch.compile(model)
+        return torch.compile(model, mode=spec.mode)
     cfg = superkernel.CompilerConfig()
     cfg.mode = mode or spec.mode
     cfg.inductor.update(spec.inductor)

@@ -366,7 +366,8 @@ def _outcome(results: list[RunResult], decision: Recommendation) -> str:
     if decision.kind == "torch.compile":
         inductor = decision.baseline
         eager_x = f", {inductor.speedup_vs_eager:.2f}x vs eager" if inductor.speedup_vs_eager else ""
-        text = f"recommended: use torch.compile — {inductor.median_ms:.3f} ms/step{eager_x} ({decision.reason})"
+        use = ('torch.compile(mode="reduce-overhead")' if decision.torch_compile_mode else "torch.compile")
+        text = f"recommended: use {use} — {inductor.median_ms:.3f} ms/step{eager_x} ({decision.reason})"
         summary = plans_summary(results)
         return text + (f"; plans not recommended: {summary}" if summary else "")
     if plan_results and all(r.error for r in plan_results):
@@ -407,7 +408,8 @@ def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSes
                         strategy=best.strategy, measured=_measured(best, results, session), inductor=best.inductor,
                         quantization=_plan_quantization(loaded))
     elif decision.kind == "torch.compile":
-        plan = PlanFile(scopes={}, mode=None, model=loaded.name, strategy=None, backend=TORCH_COMPILE,
+        plan = PlanFile(scopes={}, mode=decision.torch_compile_mode, model=loaded.name, strategy=None,
+                        backend=TORCH_COMPILE,
                         measured={**_measured(decision.baseline, results, session), "why": decision.reason},
                         quantization=_plan_quantization(loaded))
     else:
