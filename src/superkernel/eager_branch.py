@@ -73,15 +73,13 @@ def compiling_unless_eager_branch() -> bool:
     return torch.compiler.is_compiling() and not _wanted_while_tracing()
 
 
-def installed() -> bool:
-    return _installed
-
-
 def install() -> None:
     """Put :func:`compiling_unless_eager_branch` in transformers' SDPA attention module, once that module is loaded
     (until then each call looks again: a dict lookup); a transformers without the ``pack_gqa`` branch is left as
-    it is."""
+    it is. Called on every superkernel call: once done, a global read."""
     global _installed
+    if _installed:
+        return
     module = sys.modules.get(MODULE)
     if module is None:
         return

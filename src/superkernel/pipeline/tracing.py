@@ -225,8 +225,7 @@ def _on_compile_end(_args: Any = None) -> None:
 def _install_compile_callbacks() -> None:
     """Register the compile start/end callbacks with Dynamo (again after ``torch._dynamo.reset()``,
     which clears them); a membership test of a short list per call."""
-    if not eager_branch.installed():
-        eager_branch.install()
+    eager_branch.install()
     handler = torch._dynamo.callback_handler
     if _on_compile_start in handler.start_callbacks:
         return

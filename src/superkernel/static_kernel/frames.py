@@ -296,11 +296,15 @@ class GuardFilter:
             roots = {str(e.name) for e in entries
                      if isinstance(getattr(e, "value", None), torch.Tensor) and is_traceable_wrapper_subclass(e.value)}
             for i, e in enumerate(entries):
-                name = str(e.name)
-                if keep[i] and any(name == r or name.startswith((r + ".", r + "[")) for r in roots):
+                if keep[i] and any(prefix in roots for prefix in _name_prefixes(str(e.name))):
                     keep[i] = False
                     self.skipped += 1
         return keep
+
+
+def _name_prefixes(name: str) -> list[str]:
+    """``name`` and its prefixes ending before a ``.`` or ``[``: ``L['m'].w`` -> ``L``, ``L['m']``, ``L['m'].w``."""
+    return [name[:i] for i, c in enumerate(name) if c in ".["] + [name]
 
 
 def serializable_guard_filter() -> GuardFilter:

@@ -181,6 +181,13 @@ def noise_threshold(drift: float | None = None) -> float:
     return max(NOISE_FLOOR, abs(drift or 0.0))
 
 
+def not_slower_than_eager(r: RunResult, results: list[RunResult]) -> bool:
+    """``r`` is not slower than the run's eager step by more than NOISE_FLOOR (strict: the drift never excuses a
+    slowdown); true when eager was not timed."""
+    eager = next((e for e in results if e.name == "eager" and e.median_ms), None)
+    return eager is None or r.median_ms <= eager.median_ms * (1 + NOISE_FLOOR)
+
+
 def decide(results: list[RunResult], drift: float | None = None) -> Recommendation:
     """:func:`decide_against_plain`, then the CUDA peer ``torch.compile(mode="reduce-overhead")`` when it ran right,
     in steady state, not slower than eager, and beat the chosen plan (or plain torch.compile) beyond noise: a GPU
@@ -190,8 +197,7 @@ def decide(results: list[RunResult], drift: float | None = None) -> Recommendati
         return rec
     chosen = rec.plan if rec.kind == "plan" else rec.baseline
     ro = faster_reduce_overhead_baseline(results, chosen, rec.noise)
-    eager = next((r for r in results if r.name == "eager" and r.median_ms), None)
-    if ro is None or ro.recompiles or (eager is not None and ro.median_ms > eager.median_ms * (1 + NOISE_FLOOR)):
+    if ro is None or ro.recompiles or not not_slower_than_eager(ro, results):
         return rec
     return Recommendation("torch.compile", rec.plan, ro, noise=rec.noise, reason=(
         f"torch.compile(mode=\"reduce-overhead\") ran at {chosen.median_ms / ro.median_ms:.2f}x the speed of "
@@ -211,26 +217,25 @@ def decide_against_plain(results: list[RunResult], drift: float | None = None) -
     """
     noise = noise_threshold(drift)
     best = recommend(results)
-    eager = next((r for r in results if r.name == "eager" and r.median_ms), None)
     inductor = next((r for r in results if r.name == "torch.compile" and not r.error and r.median_ms), None)
     inductor_ok = inductor is not None and not inductor.recompiles
 
-    def not_slower_than_eager(r: RunResult) -> bool:  # strict: the drift never excuses a slowdown
-        return eager is None or r.median_ms <= eager.median_ms * (1 + NOISE_FLOOR)
+    def not_slower(r: RunResult) -> bool:
+        return not_slower_than_eager(r, results)
 
     if best is None:
         return Recommendation("none", None, inductor, noise=noise,
                               reason="no plan passed precision and compiled once (no recompiles in the timed steps)")
     ratio = inductor.median_ms / best.median_ms if inductor_ok else None
-    if ratio is not None and ratio - 1 > noise and not_slower_than_eager(best):
+    if ratio is not None and ratio - 1 > noise and not_slower(best):
         return Recommendation("plan", best, inductor, noise=noise, reason=(
             f"{ratio:.2f}x plain torch.compile, beyond the noise threshold of {noise:.1%}"))
-    if inductor_ok and not_slower_than_eager(inductor):
+    if inductor_ok and not_slower(inductor):
         why = (f"the best superkernel plan ({best.name}) runs at {ratio:.2f}x plain torch.compile; a plan must be "
-               f"faster by more than the noise threshold ({noise:.1%})" if not_slower_than_eager(best) else
+               f"faster by more than the noise threshold ({noise:.1%})" if not_slower(best) else
                f"the best superkernel plan ({best.name}) is slower than eager")
         return Recommendation("torch.compile", best, inductor, reason=why, noise=noise)
-    if not inductor_ok and not_slower_than_eager(best):
+    if not inductor_ok and not_slower(best):
         why = ("plain torch.compile could not run" if inductor is None else
                f"plain torch.compile recompiles in steady state ({inductor.recompile_reason})")
         return Recommendation("plan", best, inductor, noise=noise, reason=f"passed precision; {why}")

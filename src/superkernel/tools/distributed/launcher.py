@@ -261,7 +261,6 @@ def _watch(procs: list[subprocess.Popen], beats: Path, stale_s: float, logs) -> 
 def first_to_stop(failed: list[tuple[int, int]], logs) -> tuple[int, int]:
     """Of ranks seen failed at one look, the one whose log was written last the earliest: the others usually
     failed because of it (a collective's peer closed its connection), after it had said why it stopped."""
-    import os
 
     def last_write(item: tuple[int, int]) -> int:
         try:
