@@ -47,3 +47,22 @@ def test_a_quantized_step_is_one_precompiled_frame_and_leaves_it_when_a_weight_i
 
 def test_quantized_linears_print_their_weight_class():
     assert "weight=Int8Tensor" in repr(_model()[0])
+
+
+def test_a_quantized_step_whose_state_cannot_be_watched_says_it_runs_the_guarded_path(monkeypatch):
+    """Without a watch nothing vouches for the quantized weights between calls: every call after the first
+    leaves the frame, and the step says so (it said "precompiled-frame-guards" before, a path it never ran)."""
+    from superkernel.static_kernel import watch
+
+    monkeypatch.setattr(watch, "MAX_OBJECTS", 3)  # (a real model past 50,000 reachable objects, in small)
+    model = _model()
+    x = torch.randn(1, 64)
+
+    def step(inp):
+        return model(inp)
+
+    with torch.no_grad():
+        compiled = sk.precompile_step(step, (x,), sk.CompilerConfig.from_dict({"mode": "reduce-overhead"}))
+        outs = [compiled(x) for _ in range(3)]
+        assert all(torch.equal(o, model(x)) for o in outs)
+    assert compiled.guard_path == "full-guards" and compiled.counters["fallback_calls"] == 2

@@ -47,7 +47,7 @@ class StaticFunction:
         (a frame whose state cannot be watched: torch's frame guards every call) or ``"full-guards"`` (Dynamo)."""
         if self._last is None:
             return "full-guards"
-        return "precompiled-frame-guards" if self._last.unsupported else "precompiled"
+        return self._last.guard_path
 
     @property
     def guard_costs(self) -> dict[str, float]:

@@ -66,6 +66,15 @@ class WatchedFrame:
         self.guard_check_us: float | None = None  # the last check of torch's frame guards took this long
         self.counters: Counter[str] = Counter()
 
+    @property
+    def guard_path(self) -> str:
+        """``"precompiled"`` (watched), ``"precompiled-frame-guards"`` (the state cannot be watched: torch's frame
+        guards on every call) or ``"full-guards"``: a quantized frame whose state cannot be watched sends every
+        call after the first to the guarded path (its own guards cannot vouch for its quantized weights)."""
+        if self.unsupported is None:
+            return "precompiled"
+        return "full-guards" if self.unguarded_subclass_guards else "precompiled-frame-guards"
+
     def fast(self, frame_args: tuple[Any, ...]) -> bool:
         """Whether nothing watched changed since the last accepted call (the frame may run without guards)."""
         return self.watch is not None and self.watch.unchanged(frame_args)
@@ -135,8 +144,9 @@ class PrecompiledStep:
     @property
     def guard_path(self) -> str:
         """``"precompiled"`` (watched; torch's frame guards when something changed) or, where the state cannot
-        be watched, ``"precompiled-frame-guards"`` (torch's frame guards on every call)."""
-        return "precompiled-frame-guards" if self._frame.unsupported else "precompiled"
+        be watched, ``"precompiled-frame-guards"`` (torch's frame guards on every call) or, for a quantized
+        frame, ``"full-guards"`` (:attr:`WatchedFrame.guard_path`)."""
+        return self._frame.guard_path
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         frame_args = frame_keys.frame_args(self._fn, args)
