@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                              "optimize and bench run for a quantized model: no Dynamo guard tree per call)")
     parser.add_argument("--workdir", type=Path, default=None, help="where the checkpoint and GGUF files go (default: a "
                                                                    "temporary folder, removed at the end)")
+    parser.add_argument("--tag", default="", help="appended to the result files' name (e.g. _int4 for an int4-only run)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     import superkernel as sk
@@ -274,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     from superkernel.util import atomic_write
 
     stem = f"quant_decode_t{args.threads}" if args.layers == 24 else f"quant_decode_{args.layers}l_t{args.threads}"
+    stem += args.tag
     atomic_write(args.output / f"{stem}.json", json.dumps(result, indent=2) + "\n")
     atomic_write(args.output / f"{stem}.md", "\n".join(lines) + "\n")
     print("\n".join(lines))

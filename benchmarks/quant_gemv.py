@@ -9,11 +9,16 @@ lm_head 151936x896), batch 1, in float32 and in bfloat16:
 * ATen ``_weight_int8pack_mm`` (Inductor's own weight-only pattern rewrites to it, for bfloat16 only);
 * Inductor's compile of the graph torchao's int8 weight-only linear produces (``mm(x, float(w_int8).T) * s``);
 * superkernel's rewrite (``superkernel.runtime.inductor.quant_gemv``) of the same graph, both ways it can go:
-  our int8 kernel (``superkernel.runtime.cpu.int8_gemv``, where this CPU has AVX-512) and Inductor's reduction
+  our int8 kernel (``superkernel.runtime.cpu.quant_kernels``, where this CPU has AVX-512) and Inductor's reduction
   reading int8 (elsewhere, and for bfloat16);
 * for float32 also the W8A8 dot of the same weight with an int8 activation: ATen's ``torch._int_mm`` and our
   kernel (``torch.ops.superkernel.int8_gemv``);
 * a plain ``sum`` over a float32 view of the same int8 bytes: the rate this core reads memory at here.
+
+``--int4``: instead, torchao's CPU int4 weight-only layout (groups of 128) at the same shapes, float32
+activations: ATen's ``_weight_int4pack_mm_for_cpu`` (what the eager model and Inductor run), the same call with
+bfloat16 activations (the only ones Inductor's int4 template and ATen's vector kernel take) and our kernel
+(``torch.ops.superkernel.int4_weight_gemv``); writes ``quant_gemv_int4.{json,md}``.
 
 Each is checked against a float64 reference first, then timed in interleaved rounds (median of per-round
 medians), rotating over enough copies of the weights that they come from memory, as in a decode step (one
@@ -51,17 +56,17 @@ def float_gemv(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
 def compile_rewritten(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor, kernel: bool = True) -> Callable[..., Any]:
     """``woq_graph`` through superkernel's rewrite, compiled by Inductor (the max-autotune CPU path); with
     ``kernel=False`` the rewrite is told our kernel is not there (Inductor's reduction)."""
-    from superkernel.runtime.cpu import int8_gemv
+    from superkernel.runtime.cpu import quant_kernels
     from superkernel.runtime.inductor.quant_gemv import rewrite_quantized_gemv
 
     def rewrite(g: torch.fx.GraphModule) -> None:
-        saved = int8_gemv.fast_path
+        saved = quant_kernels.fast_path
         if not kernel:
-            int8_gemv.fast_path = lambda op: False
+            quant_kernels.fast_path = lambda op: False
         try:
             rewrite_quantized_gemv(g)
         finally:
-            int8_gemv.fast_path = saved
+            quant_kernels.fast_path = saved
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         from torch._functorch.aot_autograd import aot_module_simplified
@@ -110,12 +115,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--output", type=Path, default=RESULTS)
+    parser.add_argument("--int4", action="store_true", help="time the int4 weight-only GEMV ways instead")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from superkernel.runtime.cpu import int8_gemv
+    from superkernel.runtime.cpu import quant_kernels
     from superkernel.runtime.inductor.autofusion.machine import measure_bandwidth
 
     bandwidth = measure_bandwidth(256, 5)
+    if args.int4:
+        return int4_main(args, bandwidth)
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
         for name, (n, k) in SHAPES.items():
@@ -147,12 +155,12 @@ def main(argv: list[str] | None = None) -> int:
                 "Inductor, torchao's graph": (lambda f=torch.compile(_own(woq_graph), dynamic=False): f(x, next_w(), s)),
                 "superkernel rewrite, reduction": (lambda f=compile_rewritten(x, w, s, False): f(x, next_w(), s)),
             }
-            if int8_gemv.fast_path("int8_weight_gemv") and dtype == torch.float32:
+            if quant_kernels.fast_path("int8_weight_gemv") and dtype == torch.float32:
                 plans["superkernel rewrite, our kernel"] = lambda f=compile_rewritten(x, w, s): f(x, next_w(), s)
             if dtype == torch.float32:
                 xq = torch.randint(-127, 128, (1, k), dtype=torch.int8, generator=g)
                 plans["W8A8: ATen _int_mm"] = lambda: torch._int_mm(xq, next_w().t())
-                if int8_gemv.fast_path("int8_gemv"):
+                if quant_kernels.fast_path("int8_gemv"):
                     plans["W8A8: our kernel"] = lambda: torch.ops.superkernel.int8_gemv(xq, next_w())
                 plans["plain sum over the int8 bytes"] = lambda: next_w().view(torch.float32).sum()
             errors: dict[str, float | None] = {}
@@ -193,6 +201,71 @@ def main(argv: list[str] | None = None) -> int:
     args.output.mkdir(parents=True, exist_ok=True)
     atomic_write(args.output / "quant_gemv.json", json.dumps(result, indent=2) + "\n")
     atomic_write(args.output / "quant_gemv.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+def int4_main(args: argparse.Namespace, bandwidth: float, group: int = 128) -> int:
+    """``--int4``: the int4 weight-only GEMV ways at the step's shapes (module doc)."""
+    from superkernel.runtime.cpu import quant_kernels
+    from superkernel.runtime.inductor.gemm_timing import last_level_cache_bytes
+
+    rows = []
+    for name, (n, k) in SHAPES.items():
+        if n % 64:
+            continue  # (torchao's CPU layout packs 64 output rows a block; k/v 128 is fine, all are multiples)
+        g = torch.Generator().manual_seed(0)
+        q = torch.randint(0, 16, (n, k), dtype=torch.int32, generator=g)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        sz = torch.rand(k // group, n, 2, generator=g) * 1e-2
+        x = torch.randn(1, k, generator=g)
+        scale, zero = (sz[torch.arange(k) // group, :, i].t().double() for i in (0, 1))
+        ref = x.double() @ ((q.double() - 8) * scale + zero).t()
+        copies = max(1, -(-3 * last_level_cache_bytes() // (n * k // 2)))
+        ws = [packed.clone() for _ in range(copies)]
+        turn = [0]
+
+        def next_w() -> torch.Tensor:
+            turn[0] = (turn[0] + 1) % len(ws)
+            return ws[turn[0]]
+
+        xb, szb = x.bfloat16(), sz.bfloat16()
+        plans: dict[str, Callable[[], Any]] = {
+            "ATen, float32 activation": lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(x, next_w(), group, sz),
+            "ATen, bfloat16 activation": lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(xb, next_w(), group, szb),
+        }
+        if quant_kernels.fast_path("int4_weight_gemv"):
+            plans["our kernel"] = lambda: torch.ops.superkernel.int4_weight_gemv(x, next_w(), group, sz)
+        errors = {label: float((fn().double() - ref).abs().max() / ref.abs().max()) for label, fn in plans.items()}
+        times: dict[str, list[float]] = {label: [] for label in plans}
+        reps = {label: max(2, args.reps // (20 if n > 100000 else 1) // (10 if "float32" in label else 1))
+                for label in plans}
+        for r in range(args.rounds):
+            order = list(plans)[r % len(plans):] + list(plans)[:r % len(plans)]
+            for label in order:
+                times[label].append(timed(plans[label], reps[label]))
+        roofline_ms = (n * k // 2 + sz.numel() * 4) / bandwidth * 1e3
+        row = {"shape": name, "n": n, "k": k, "group": group, "roofline_ms": roofline_ms,
+               "plans": {label: {"ms": statistics.median(times[label]), "rel_error": errors[label],
+                                 "x_roofline": statistics.median(times[label]) / roofline_ms} for label in plans}}
+        rows.append(row)
+        print(name, {key: round(v["ms"], 3) for key, v in row["plans"].items()}, flush=True)
+    labels = list(dict.fromkeys(label for row in rows for label in row["plans"]))
+    lines = ["# int4 weight-only GEMV at a Qwen2-0.5B step's shapes (batch 1, float32 activations)", "",
+             f"torch {torch.__version__}, {args.threads} thread(s), {args.rounds} interleaved rounds (median of per-round "
+             f"medians); torchao's CPU int4 layout, groups of {group}; roofline = packed weight, scale and zero bytes "
+             f"at the measured copy bandwidth {bandwidth / 1e9:.1f} GB/s. Relative error: max |out - float64 "
+             "reference| / max |reference| (bfloat16 activations round the input).", "",
+             "| shape (N x K) | roofline ms | " + " | ".join(f"{label} ms (err)" for label in labels) + " |",
+             "|---|---|" + "---|" * len(labels)]
+    for row in rows:
+        cells = " | ".join(_cell(row["plans"].get(label)) for label in labels)
+        lines.append(f"| {row['shape']} {row['n']}x{row['k']} | {row['roofline_ms']:.3f} | {cells} |")
+    result = {"threads": args.threads, "rounds": args.rounds, "copy_bandwidth_GBps": bandwidth / 1e9,
+              "torch": torch.__version__, "rows": rows}
+    args.output.mkdir(parents=True, exist_ok=True)
+    atomic_write(args.output / "quant_gemv_int4.json", json.dumps(result, indent=2) + "\n")
+    atomic_write(args.output / "quant_gemv_int4.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

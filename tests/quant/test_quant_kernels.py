@@ -1,20 +1,20 @@
-"""superkernel's own int8 GEMV kernels (superkernel.runtime.cpu.int8_gemv), against exact references."""
+"""superkernel's own int8 GEMV kernels (superkernel.runtime.cpu.quant_kernels), against exact references."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from superkernel.runtime.cpu import int8_gemv
+from superkernel.runtime.cpu import quant_kernels
 
 SHAPES = [(1, 896, 896), (3, 131, 900), (8, 17, 64), (1, 5, 7), (2, 9, 4864)]  # block + single rows, K tails
 
 
 @pytest.fixture(scope="module")
 def kernels():
-    module = int8_gemv.load()
+    module = quant_kernels.load()
     if module is None:
-        pytest.skip(f"the int8 kernels cannot be built here: {int8_gemv.unavailable_reason()}")
+        pytest.skip(f"the int8 kernels cannot be built here: {quant_kernels.unavailable_reason()}")
     return module
 
 
@@ -69,3 +69,31 @@ def test_bad_operands_are_refused_with_what_is_expected(kernels):
         torch.ops.superkernel.int8_gemv(torch.zeros(1, 8), torch.zeros(4, 8, dtype=torch.int8))
     with pytest.raises(RuntimeError, match="expected"):
         torch.ops.superkernel.int8_weight_gemv(torch.zeros(1, 8), torch.zeros(4, 9, dtype=torch.int8))
+
+
+@pytest.mark.parametrize("m, n, k, group", [(1, 128, 256, 64), (3, 64, 128, 32), (8, 192, 384, 128), (2, 64, 64, 64)])
+def test_the_int4_gemv_computes_atens_packed_int4_product(path, m, n, k, group):
+    """The same packed weight, scales and zeros as torchao's CPU int4 layout: ATen's float32 reference and ours
+    agree to float32 rounding (the sums run in another order)."""
+    g = torch.Generator().manual_seed(m * n + k + group)
+    q = torch.randint(0, 16, (n, k), dtype=torch.int32, generator=g)
+    q[0, :4] = torch.tensor([0, 15, 8, 7])  # the extremes of both nibbles
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    scales_and_zeros = torch.randn(k // group, n, 2, generator=g)
+    x = torch.randn(m, k, generator=g)
+    got = torch.ops.superkernel.int4_weight_gemv(x, packed, group, scales_and_zeros)
+    scale, zero = (scales_and_zeros[torch.arange(k) // group, :, i].t().double() for i in (0, 1))
+    want = x.double() @ ((q.double() - 8) * scale + zero).t()
+    assert got.dtype == torch.float32 and got.shape == (m, n)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    aten = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, group, scales_and_zeros)
+    torch.testing.assert_close(got, aten, rtol=1e-5, atol=1e-5 * aten.abs().max().item())
+
+
+def test_bad_int4_operands_are_refused_with_what_is_expected(kernels):
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.zeros(64, 128, dtype=torch.int32), 1)
+    with pytest.raises(RuntimeError, match="float32, a uint8 .N, K / 2. packed int4 weight"):
+        torch.ops.superkernel.int4_weight_gemv(torch.zeros(1, 128, dtype=torch.float64), packed, 64,
+                                               torch.zeros(2, 64, 2))
+    with pytest.raises(RuntimeError, match="N a multiple of 64 and K of the group size 48"):
+        torch.ops.superkernel.int4_weight_gemv(torch.zeros(1, 128), packed, 48, torch.zeros(2, 64, 2))

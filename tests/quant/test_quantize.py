@@ -85,19 +85,24 @@ def test_reduce_overhead_is_bit_identical_on_every_scheme(scheme):
 @pytest.mark.parametrize("scheme, explained, kernel", [
     ("int8-weight", "rewrite: int8 weight-only GEMV (1, 128) x (384, 128)^T as ", True),
     ("w8a8", "rewrite: W8A8 GEMV (1, 128) x (384, 128)^T as ", True),
-    ("int8-weight", "rewrite: int8 weight-only GEMV (1, 128) x (384, 128)^T as ", False)],  # (W8A8's: integers test)
-    ids=["int8-weight-our-kernel", "w8a8-our-kernel", "int8-weight-reduction"])
-def test_max_autotune_reads_int8_weights_once(scheme, explained, kernel, monkeypatch):
+    ("int8-weight", "rewrite: int8 weight-only GEMV (1, 128) x (384, 128)^T as ", False),  # (W8A8's: integers test)
+    ("int4-weight", "rewrite: int4 weight-only GEMV (1, 128) x (384, 128)^T (groups of 128) as ", True)],
+    ids=["int8-weight-our-kernel", "w8a8-our-kernel", "int8-weight-reduction", "int4-weight-our-kernel"])
+def test_max_autotune_reads_quantized_weights_once(scheme, explained, kernel, monkeypatch):
     """int8 weight-only: the float32 GEMV over a dequantized weight; W8A8: _int_mm with its column-sum
     correction; both become superkernel's int8 kernel (where this CPU has its AVX-512 path) or else a
-    reduction reading the int8 weight once (float32 accumulation)."""
-    from superkernel.runtime.cpu import int8_gemv
+    reduction reading the int8 weight once (float32 accumulation). int4 weight-only: ATen's float32 int4 call
+    becomes superkernel's int4 kernel (without AVX-512 it stays ATen's)."""
+    from superkernel.runtime.cpu import quant_kernels
 
-    if kernel and not int8_gemv.fast_path("int8_gemv" if scheme == "w8a8" else "int8_weight_gemv"):
-        pytest.skip(f"no vector int8 kernel on this CPU ({int8_gemv.unavailable_reason() or 'no AVX-512 VNNI'})")
+    op = {"w8a8": "int8_gemv", "int8-weight": "int8_weight_gemv", "int4-weight": "int4_weight_gemv"}[scheme]
+    if kernel and not quant_kernels.fast_path(op):
+        pytest.skip(f"no vector kernel on this CPU ({quant_kernels.unavailable_reason() or 'no AVX-512 (VNNI)'})")
     if not kernel:
-        monkeypatch.setattr(int8_gemv, "fast_path", lambda op: False)
-    how = "superkernel's int8 kernel" if kernel else "a reduction reading int8"
+        monkeypatch.setattr(quant_kernels, "fast_path", lambda op: False)
+    how = {True: "superkernel's int8 kernel", False: "a reduction reading int8"}[kernel]
+    if scheme == "int4-weight":
+        how = "superkernel's int4 kernel"
     torch.manual_seed(0)
     model = Mlp().eval()
     quantize_model(model, scheme)
@@ -120,13 +125,13 @@ def test_the_w8a8_rewrite_gives_the_same_integers(shifted, kernel, monkeypatch):
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
-    from superkernel.runtime.cpu import int8_gemv
+    from superkernel.runtime.cpu import quant_kernels
     from superkernel.runtime.inductor import quant_gemv
 
-    if kernel and not int8_gemv.fast_path("int8_gemv"):
-        pytest.skip(f"no vector int8 kernel on this CPU ({int8_gemv.unavailable_reason() or 'no AVX-512 VNNI'})")
+    if kernel and not quant_kernels.fast_path("int8_gemv"):
+        pytest.skip(f"no vector int8 kernel on this CPU ({quant_kernels.unavailable_reason() or 'no AVX-512 VNNI'})")
     if not kernel:
-        monkeypatch.setattr(int8_gemv, "fast_path", lambda op: False)
+        monkeypatch.setattr(quant_kernels, "fast_path", lambda op: False)
 
     g = torch.Generator().manual_seed(0)
     x = torch.randint(-128, 128, (2, 4864), dtype=torch.int8, generator=g)

@@ -15,7 +15,7 @@ ALLOWED = {"superkernel", "superkernel.ir.graph", "superkernel.util", "superkern
            "superkernel.config", "superkernel.runtime.realizations",  # (settings: the realization row decides)
            "superkernel.userkey",  # (trust: the per-user key and its records, bottom layer)
            "superkernel.runtime.inductor.output",  # (compat: what Inductor prints while building, to the debug log)
-           "superkernel.runtime.cpu.int8_gemv"}  # (superkernel's int8 kernels: an operator library packages carry)
+           "superkernel.runtime.cpu.quant_kernels"}  # (superkernel's int8 kernels: an operator library packages carry)
 
 
 def _imports(path: Path) -> set[str]:

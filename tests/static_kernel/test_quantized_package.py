@@ -19,10 +19,10 @@ pytest.importorskip("torchao")
 
 
 def test_a_w8a8_package_carries_the_int8_kernels_and_a_fresh_process_loads_them(tmp_path):
-    from superkernel.runtime.cpu import int8_gemv
+    from superkernel.runtime.cpu import quant_kernels
 
-    if not int8_gemv.fast_path("int8_gemv"):
-        pytest.skip(f"no vector int8 kernel on this CPU ({int8_gemv.unavailable_reason() or 'no AVX-512 VNNI'})")
+    if not quant_kernels.fast_path("int8_gemv"):
+        pytest.skip(f"no vector int8 kernel on this CPU ({quant_kernels.unavailable_reason() or 'no AVX-512 VNNI'})")
     build_dir = tmp_path / "build"
     build_dir.mkdir()
     built = run_child(tmp_path, build_dir, 2, tmp_path / "build_out.pt", "--quantize", "w8a8",

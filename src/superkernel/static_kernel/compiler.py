@@ -88,13 +88,13 @@ class StaticCompiler:
         if handle is None:
             ws.counters["dynamic"] += 1
             return compile_fn()
-        import superkernel.runtime.cpu.int8_gemv as int8_gemv
+        import superkernel.runtime.cpu.quant_kernels as quant_kernels
 
         # a partition built here that calls superkernel's int8 kernels carries their library in the package
         provider = None
         if ws.device_kind == "cpu":
             provider = lambda source: ws.natives.module(source, extend=self.extend)  # noqa: E731
-        with int8_gemv.provided_by(provider):
+        with quant_kernels.provided_by(provider):
             return ws.partition(handle, gm, inputs, compile_fn, extend=self.extend, name=name)
 
     # -- CPU freezing (the plain-vs-frozen choice; only the plain kernel is packaged) ---------------

@@ -107,14 +107,14 @@ class NativeModules:
         """Load the operator libraries ``pkg`` carries (superkernel's int8 kernels), before any of its partitions:
         compiled code calls their operators by name. Verified, trusted and same-ABI only, like every module; one
         that cannot load leaves the partitions that need it to fail to load and be built again."""
-        import superkernel.runtime.cpu.int8_gemv as int8_gemv
+        import superkernel.runtime.cpu.quant_kernels as quant_kernels
 
         with self.ws.mutex:
             for key, entry in pkg.native.items():
                 if entry.get("ops") is True and key not in self.loaded:
                     module = self._from_package(pkg, entry, key, "operator library", mismatch="", failed="")
                     if module is not None:
-                        int8_gemv.adopt(module)
+                        quant_kernels.adopt(module)
 
     def _from_package(self, pkg: Package, entry: dict[str, Any], key: str, what: str, *, mismatch: str,
                       failed: str) -> Any | None:

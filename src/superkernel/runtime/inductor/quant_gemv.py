@@ -1,4 +1,4 @@
-"""max-autotune on CPU: a quantized decode GEMV (int8 weight-only, or W8A8) reads its int8 weights once.
+"""max-autotune on CPU: a quantized decode GEMV (int8 weight-only, W8A8, int4 weight-only) reads its weights once.
 
 A weight-only int8 linear (torchao's ``Int8WeightOnlyConfig``) reaches Inductor as
 ``mm(x, convert_element_type(permute(w_int8), float32)) * scale``: Inductor materializes the whole weight
@@ -9,7 +9,7 @@ activations only, and ATen's float32 ``_weight_int8pack_mm`` is a reference loop
 4864x896 GEMV here, against 1.0 ms for the float32 GEMV).
 
 For a decode-sized left operand (at most :data:`MAX_ROWS` rows) this pass rewrites the ``mm`` as a call of
-superkernel's own int8 kernel (:mod:`superkernel.runtime.cpu.int8_gemv`, where the CPU has AVX-512: 20-24 GB/s
+superkernel's own int8 kernel (:mod:`superkernel.runtime.cpu.quant_kernels`, where the CPU has AVX-512: 20-24 GB/s
 of int8 in a step, against 13-14 GB/s for the reduction below), else as a reduction,
 ``sum(x[:, None, :] * float(w_int8), -1)``, which Inductor's C++ backend emits as one vectorized loop that
 loads int8, converts and accumulates in float32. ``x`` is materialized first
@@ -33,6 +33,7 @@ aten, prims = torch.ops.aten, torch.ops.prims
 MAX_ROWS = 8
 #: how a rewrite computes the GEMV (explain's line)
 KERNEL, REDUCTION = "superkernel's int8 kernel", "a reduction reading int8"
+INT4_KERNEL = "superkernel's int4 kernel"
 #: Inductor's C++ backend sums a float reduction longer than 4096 through a cascade helper (for accuracy), about
 #: twice as slow here (896x4864: 1.3 ms against 0.62 ms for the float GEMV); a longer K is summed in chunks
 #: of at most this many elements, then over the chunks
@@ -121,12 +122,12 @@ def _fake_mode(*values: torch.Tensor) -> object:
 def _kernel_call(graph: fx.Graph, before: fx.Node, op: str, a: fx.Node, w: fx.Node, x: torch.Tensor,
                  wv: torch.Tensor, fake_mode: object, meta: dict) -> fx.Node | None:
     """Insert, before ``before``, a call of our kernel ``torch.ops.superkernel.<op>(a, w)`` (module
-    :mod:`superkernel.runtime.cpu.int8_gemv`; ``x``, ``wv``: the values of ``a`` and ``w``) giving the ``[M, N]``
+    :mod:`superkernel.runtime.cpu.quant_kernels`; ``x``, ``wv``: the values of ``a`` and ``w``) giving the ``[M, N]``
     result (int32 for the W8A8 dot); None (nothing inserted) where the weight is not contiguous or the kernel
     has no vector path on this CPU or cannot be built: the caller writes the reduction instead."""
-    from superkernel.runtime.cpu import int8_gemv
+    from superkernel.runtime.cpu import quant_kernels
 
-    if not wv.is_contiguous() or not int8_gemv.fast_path(op):
+    if not wv.is_contiguous() or not quant_kernels.fast_path(op):
         return None
     with graph.inserting_before(before):
         call = graph.call_function(getattr(torch.ops.superkernel, op).default, (a, w))
@@ -160,6 +161,7 @@ def rewrite_quantized_gemv(gm: fx.GraphModule) -> list[str]:
         gm.graph.erase_node(node)
         done.append(f"int8 weight-only GEMV {tuple(x.shape)} x {tuple(wv.shape)}^T as {how}")
     done += _rewrite_w8a8(gm)
+    done += _rewrite_int4(gm)
     if done:
         gm.graph.eliminate_dead_code()
         gm.recompile()
@@ -256,6 +258,37 @@ def _rewrite_w8a8(gm: fx.GraphModule) -> list[str]:
         node.replace_all_uses_with(out)
         graph.erase_node(node)
         done.append(f"W8A8 GEMV {tuple(x.shape)} x {tuple(wv.shape)}^T as {way}{how}")
+    return done
+
+
+def _rewrite_int4(gm: fx.GraphModule) -> list[str]:
+    """torchao's CPU int4 weight-only linear calls ATen's ``_weight_int4pack_mm_for_cpu``; with float32
+    activations ATen runs a reference loop (7.4 ms for a 4864x896 GEMV here, 41x our kernel's 0.18 ms:
+    ``benchmarks/results/quant_gemv_int4.md``) and Inductor's int4 template takes bfloat16 activations only.
+    A decode-sized float32 call becomes our kernel
+    (same layout, float32 accumulation: the result differs from ATen's in the last bits, max-autotune's
+    tolerance); without AVX-512 the call stays ATen's."""
+    from superkernel.runtime.cpu import quant_kernels
+
+    done: list[str] = []
+    for node in list(gm.graph.nodes):
+        if not _call(node, aten._weight_int4pack_mm_for_cpu.default) or len(node.args) != 4 or node.kwargs:
+            continue
+        a, w, group, sz = node.args
+        x, wv, szv = _val(a), _val(w), _val(sz)
+        if x is None or wv is None or szv is None or not isinstance(group, int) or x.dtype != torch.float32 \
+                or x.dim() != 2 or x.shape[0] > MAX_ROWS or szv.dtype != torch.float32 or wv.dtype != torch.uint8:
+            continue
+        n, k = wv.shape[0], x.shape[1]
+        if n % 64 or k % group or wv.shape[1] * 2 != k or tuple(szv.shape) != (k // group, n, 2) \
+                or not quant_kernels.fast_path("int4_weight_gemv"):
+            continue
+        with gm.graph.inserting_before(node):
+            call = gm.graph.call_function(torch.ops.superkernel.int4_weight_gemv.default, (a, w, group, sz))
+        call.meta.update(node.meta)
+        node.replace_all_uses_with(call)
+        gm.graph.erase_node(node)
+        done.append(f"int4 weight-only GEMV {tuple(x.shape)} x ({n}, {k})^T (groups of {group}) as {INT4_KERNEL}")
     return done
 
 

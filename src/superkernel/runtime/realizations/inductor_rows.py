@@ -44,7 +44,7 @@ class Inductor(Realization):
         fn, suffix = self._compile(job, self._compile_fn(job))
         rewrites = list(getattr(fn, "rewrites", None) or [])
         if rewrites:
-            self.counters["int8_gemv_rewrites"] += len(rewrites)
+            self.counters["quantized_gemv_rewrites"] += len(rewrites)
             if job.info is not None:
                 job.info.rewrites = rewrites
         self.counters["partitions_compiled"] += 1
