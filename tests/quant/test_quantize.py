@@ -62,6 +62,15 @@ def test_a_model_without_quantizable_layers_is_an_error():
         quantize_model(model, "int4-weight", group_size=32)
 
 
+def test_int4_leaves_layers_the_packed_layout_cannot_take_in_float_and_says_why():
+    """ATen's CPU int4 packing raises on output features not a multiple of 16 (mamba's x_proj): such a layer
+    is skipped before torchao touches the model, instead of an error halfway through quantizing it."""
+    model = torch.nn.ModuleList([torch.nn.Linear(64, 40), torch.nn.Linear(64, 64)])  # (only quantized, not run)
+    info = quantize_model(model, "int4-weight", group_size=32)
+    assert info.layers == 1 and type(model[0].weight) is torch.nn.Parameter
+    assert info.skipped == ["0: 40 output features are not a multiple of 16 (the packed CPU int4 layout's)"]
+
+
 def compiled(fn, mode, run_eagerly=False):
     return sk.compile(fn, sk.CompilerConfig.from_dict({"mode": mode, "debug": {"run_eagerly": run_eagerly}}))
 

@@ -12,3 +12,5 @@ SCHEMES: dict[str, str] = {
 }
 INT4_GROUP_SIZES = (32, 64, 128, 256)
 DEFAULT_INT4_GROUP = 128
+#: ATen's CPU int4 packing (``_convert_weight_to_int4pack_for_cpu``) takes output features in multiples of this
+INT4_OUT_MULTIPLE = 16

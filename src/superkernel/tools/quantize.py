@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from superkernel.tools.quant_schemes import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, SCHEMES  # noqa: E402
+from superkernel.tools.quant_schemes import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, INT4_OUT_MULTIPLE, SCHEMES  # noqa: E402
 
 
 class QuantizationError(ValueError):
@@ -206,6 +206,10 @@ def quantize_model(model: torch.nn.Module, scheme: str, *, group_size: int | Non
         if group_size is not None and module.in_features % group_size:
             info.skipped.append(f"{name}: {module.in_features} input features are not a multiple of the group "
                                 f"size {group_size}")
+            return False
+        if group_size is not None and module.out_features % INT4_OUT_MULTIPLE:
+            info.skipped.append(f"{name}: {module.out_features} output features are not a multiple of "
+                                f"{INT4_OUT_MULTIPLE} (the packed CPU int4 layout's)")
             return False
         chosen.append(name)
         return True
