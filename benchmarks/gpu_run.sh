@@ -13,6 +13,8 @@
 #    quantcdt: the same with Inductor's coordinate descent searching every direction, radius 2 (a study);
 # 6. static: `superkernel static-compile --device cuda` on llama-tiny twice, building a package and then loading it;
 # 7. qproduct: `superkernel optimize --device cuda --quantize int8-weight` on llama-tiny (needs torchao as in 5).
+# 8. int8gemv: a study, our Triton int8 weight-only GEMV against Inductor's reduction at the 1B step's shapes
+#    (benchmarks/studies/cuda_int8_gemv.py; needs no torchao).
 # PARTS picks parts (default pytest,big,tiny,generate,product); a lease's second run repeats only what
 # the first one showed wrong.
 # Everything lands in $OUT: gpu_run.log (all output), gpu_decode_*.{json,md}, gpu_generate_*.{json,md}.
@@ -88,6 +90,10 @@ TINY_PLANS=${TINY_PLANS:-eager,cudagraphs,cudagraphs-static-params,sk-ro-decoder
     echo "== optimize --device cuda --quantize int8-weight (llama-tiny)"
     timeout ${QPRODUCT_LIMIT:-100} $PY -m superkernel optimize --model llama-tiny --device cuda --quantize int8-weight \
         --strategy decoder_layer --output "$OUT/optimize_cuda_int8" --quiet
+    fi
+    if part int8gemv; then
+    echo "== int8 weight-only GEMV: our Triton kernel against Inductor's reduction (a study)"
+    timeout ${GEMV_LIMIT:-150} $PY benchmarks/studies/cuda_int8_gemv.py --out "$OUT"
     fi
     date -u
 } 2>&1 | tee "$OUT/gpu_run.log"
