@@ -19,8 +19,9 @@ bfloat16 activations, int8 weights with a bfloat16 scale per output row, torchao
 Each is checked against a float64 reference first; then CUDA-event timed, rotating over enough weight copies to
 leave the L2 cache. Writes ``cuda_int8_gemv.{json,md}`` to ``--out``. ``--check`` runs the kernel alone on small
 shapes (Triton's interpreter on the CPU, ``TRITON_INTERPRET=1``; Triton 3.6's interpreter needs numpy < 2.4,
-triton-lang/triton#9171) against the reference: how it was tested before any GPU time was spent on it. If the kernel wins at the step's shapes, the next step is to call it from the CUDA
-rewrite as the CPU int8 kernel is called (``runtime/inductor/quant_gemv.py``).
+triton-lang/triton#9171) against the reference: how it was tested before any GPU time was spent on it. If the
+kernel wins at the step's shapes, the next step is to call it from the CUDA rewrite as the CPU int8 kernel is
+called (``runtime/inductor/quant_gemv.py``).
 """
 
 from __future__ import annotations

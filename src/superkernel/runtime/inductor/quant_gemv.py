@@ -265,9 +265,8 @@ def _rewrite_int4(gm: fx.GraphModule) -> list[str]:
     """torchao's CPU int4 weight-only linear calls ATen's ``_weight_int4pack_mm_for_cpu``; with float32
     activations ATen runs a reference loop (7.4 ms for a 4864x896 GEMV here, 41x our kernel's 0.18 ms:
     ``benchmarks/results/quant_gemv_int4.md``) and Inductor's int4 template takes bfloat16 activations only.
-    A decode-sized float32 call becomes our kernel
-    (same layout, float32 accumulation: the result differs from ATen's in the last bits, max-autotune's
-    tolerance); without AVX-512 the call stays ATen's."""
+    A decode-sized float32 call becomes our kernel (same layout, float32 accumulation: the result differs
+    from ATen's in the last bits, max-autotune's tolerance); without AVX-512 the call stays ATen's."""
     from superkernel.runtime.cpu import quant_kernels
 
     done: list[str] = []
