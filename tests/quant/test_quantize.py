@@ -95,8 +95,10 @@ def test_reduce_overhead_is_bit_identical_on_every_scheme(scheme):
     ("int8-weight", "rewrite: int8 weight-only GEMV (1, 128) x (384, 128)^T as ", True),
     ("w8a8", "rewrite: W8A8 GEMV (1, 128) x (384, 128)^T as ", True),
     ("int8-weight", "rewrite: int8 weight-only GEMV (1, 128) x (384, 128)^T as ", False),  # (W8A8's: integers test)
-    ("int4-weight", "rewrite: int4 weight-only GEMV (1, 128) x (384, 128)^T (groups of 128) as ", True)],
-    ids=["int8-weight-our-kernel", "w8a8-our-kernel", "int8-weight-reduction", "int4-weight-our-kernel"])
+    ("int4-weight", "rewrite: int4 weight-only GEMV (1, 128) x (384, 128)^T (groups of 128) as ", True),
+    ("int4-weight", "rewrite: int4 weight-only GEMV (1, 128) x (384, 128)^T ", False)],
+    ids=["int8-weight-our-kernel", "w8a8-our-kernel", "int8-weight-reduction", "int4-weight-our-kernel",
+         "int4-weight-no-kernel-said"])
 def test_max_autotune_reads_quantized_weights_once(scheme, explained, kernel, monkeypatch):
     """int8 weight-only: the float32 GEMV over a dequantized weight; W8A8: _int_mm with its column-sum
     correction; both become superkernel's int8 kernel (where this CPU has its AVX-512 path) or else a
@@ -111,7 +113,7 @@ def test_max_autotune_reads_quantized_weights_once(scheme, explained, kernel, mo
         monkeypatch.setattr(quant_kernels, "fast_path", lambda op: False)
     how = {True: "superkernel's int8 kernel", False: "a reduction reading int8"}[kernel]
     if scheme == "int4-weight":
-        how = "superkernel's int4 kernel"
+        how = "superkernel's int4 kernel" if kernel else "left to ATen's float32 _weight_int4pack_mm_for_cpu"
     torch.manual_seed(0)
     model = Mlp().eval()
     quantize_model(model, scheme)

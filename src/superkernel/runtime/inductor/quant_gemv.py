@@ -279,8 +279,12 @@ def _rewrite_int4(gm: fx.GraphModule) -> list[str]:
                 or x.dim() != 2 or x.shape[0] > MAX_ROWS or szv.dtype != torch.float32 or wv.dtype != torch.uint8:
             continue
         n, k = wv.shape[0], x.shape[1]
-        if n % 64 or k % group or wv.shape[1] * 2 != k or tuple(szv.shape) != (k // group, n, 2) \
-                or not quant_kernels.fast_path("int4_weight_gemv"):
+        if n % 64 or k % group or wv.shape[1] * 2 != k or tuple(szv.shape) != (k // group, n, 2):
+            continue
+        if not quant_kernels.fast_path("int4_weight_gemv"):  # said, not silent: ATen's float32 call is slow
+            why = quant_kernels.unavailable_reason() or "no AVX-512 on this CPU"
+            done.append(f"int4 weight-only GEMV {tuple(x.shape)} x ({n}, {k})^T left to ATen's float32 "
+                        f"_weight_int4pack_mm_for_cpu, a slow reference loop ({why})")
             continue
         with gm.graph.inserting_before(node):
             call = gm.graph.call_function(torch.ops.superkernel.int4_weight_gemv.default, (a, w, group, sz))
