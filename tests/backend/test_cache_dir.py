@@ -46,3 +46,27 @@ def test_private_cache_dir_is_0700_and_refuses_other_owners(tmp_path, monkeypatc
         native_build.cache_dir()
     if os.geteuid() == 0:
         os.chown(own, os.getuid(), os.getgid())
+
+
+def test_a_module_another_process_is_building_is_waited_for_not_built_twice(tmp_path, monkeypatch):
+    """Our bookkeeping, with the compiler replaced by a stand-in that counts its calls: while another builder
+    holds the module's lock (as the other rank of a two-process job does), build_library waits, then finds the
+    module that builder signed and compiles nothing."""
+    import threading
+
+    monkeypatch.setenv("SUPERKERNEL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(native_build, "_pch_dir", lambda root: root)
+    calls = []
+    monkeypatch.setattr(native_build, "_compile_module", lambda src, out, pch: calls.append(out))
+    src = native_build.NativeSource("// lock test\n", "lock_test", ())
+    out = native_build.library_path(src)  # (in the private cache, created here)
+    got = []
+    with native_build._exclusive(out.parent / f".{src.module_name}.lock"):  # the other builder
+        waiter = threading.Thread(target=lambda: got.append(native_build.build_library(src)))
+        waiter.start()
+        waiter.join(timeout=1.0)
+        assert waiter.is_alive() and not calls  # waiting on the lock, not compiling
+        out.write_bytes(b"built by the other builder")
+        native_build._sign_library(out)
+    waiter.join(timeout=30)
+    assert got == [out] and not calls

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import os
@@ -13,7 +14,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -178,24 +179,57 @@ def _pch_dir(root: Path) -> Path:
         check_private(directory)
     except OSError as exc:
         raise NativeBuildError(str(exc)) from None
-    header_ok = owned_file(header) is not None and header.read_bytes() == _PCH_HEADER.encode()
-    gch_ok = trusted_library_bytes(gch) is not None
-    if not gch_ok and os.path.lexists(gch):
-        os.unlink(gch)  # the compiler would pick up a precompiled header beside the text: only ours
-    if header_ok and (gch_ok or owned_file(failed) is not None):
+
+    def ready() -> tuple[bool, bool]:
+        """(the header is ours, the precompiled header is ours or known to fail)"""
+        header_ok = owned_file(header) is not None and header.read_bytes() == _PCH_HEADER.encode()
+        gch_ok = trusted_library_bytes(gch) is not None
+        if not gch_ok and os.path.lexists(gch):
+            os.unlink(gch)  # the compiler would pick up a precompiled header beside the text: only ours
+        return header_ok, gch_ok or owned_file(failed) is not None
+
+    if all(ready()):
         return directory
-    if not header_ok:  # missing, or not the text we write (never compiled into a module)
-        atomic_write(header, _PCH_HEADER)
-    if "g++" not in os.path.basename(cxx) and "gcc" not in _compiler_id(cxx).lower():
-        return directory  # only GCC's precompiled headers are used; other compilers read the header
-    try:
-        with atomic_target(gch) as tmp:
-            _run([cxx, *_compile_flags(), "-x", "c++-header", str(header), "-o", str(tmp)],
-                 "precompiling the torch headers")
-        _sign_library(gch)
-    except NativeBuildError:
-        atomic_write(failed, "the precompiled header failed to build; modules include the header instead\n")
+    with _exclusive(directory / ".build.lock"):
+        header_ok, done = ready()  # (again: another process may have built it while this one waited)
+        if header_ok and done:
+            return directory
+        if not header_ok:  # missing, or not the text we write (never compiled into a module)
+            atomic_write(header, _PCH_HEADER)
+        if "g++" not in os.path.basename(cxx) and "gcc" not in _compiler_id(cxx).lower():
+            return directory  # only GCC's precompiled headers are used; other compilers read the header
+        try:
+            with atomic_target(gch) as tmp:
+                _run([cxx, *_compile_flags(), "-x", "c++-header", str(header), "-o", str(tmp)],
+                     "precompiling the torch headers")
+            _sign_library(gch)
+        except NativeBuildError:
+            atomic_write(failed, "the precompiled header failed to build; modules include the header instead\n")
     return directory
+
+
+#: how long a build waits for another process building the same file before building it itself
+BUILD_WAIT_S = 600.0
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path, timeout: float | None = None) -> Iterator[None]:
+    """Hold ``lock_path`` (an OS file lock) while building one file: another process building the same file
+    (the ranks of a multi-process job compile the same modules at the same moment) waits and then finds it
+    built, instead of compiling it a second time. A holder that dies releases the lock; past the wait this
+    process builds anyway (each build writes to a temporary file and renames it into place)."""
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(str(lock_path))
+    try:
+        lock.acquire(timeout=BUILD_WAIT_S if timeout is None else timeout)
+    except Timeout:
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def library_path(src: NativeSource, directory: Path | None = None) -> Path:
@@ -252,6 +286,14 @@ def build_library(src: NativeSource, directory: Path | None = None) -> Path:
     root = cache_dir()
     pch = _pch_dir(root)
     out.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with _exclusive(out.parent / f".{src.module_name}.lock"):
+        if trusted_library_bytes(out) is not None:  # built by another process while this one waited
+            return out
+        _compile_module(src, out, pch)
+    return out
+
+
+def _compile_module(src: NativeSource, out: Path, pch: Path) -> None:
     work = Path(tempfile.mkdtemp(prefix=f".{src.module_name}.", dir=out.parent))
     try:
         cpp = work / f"{src.module_name}.cpp"
@@ -267,7 +309,6 @@ def build_library(src: NativeSource, directory: Path | None = None) -> Path:
             pass
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return out
 
 
 _loaded: dict[str, Any] = {}
