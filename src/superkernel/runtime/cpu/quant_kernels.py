@@ -383,15 +383,12 @@ def _register_fakes() -> None:
     def gemv_fake(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return x.new_empty((x.shape[0], w.shape[0]), dtype=torch.int32)
 
-    def weight_gemv_fake(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return x.new_empty((x.shape[0], w.shape[0]))
-
-    def int4_gemv_fake(x: torch.Tensor, w: torch.Tensor, group_size: int, scales_and_zeros: torch.Tensor) -> torch.Tensor:
+    def weight_gemv_fake(x: torch.Tensor, w: torch.Tensor, *_: Any) -> torch.Tensor:  # (int4: group, scales)
         return x.new_empty((x.shape[0], w.shape[0]))
 
     torch.library.register_fake("superkernel::int8_gemv", gemv_fake)
-    torch.library.register_fake("superkernel::int4_weight_gemv", int4_gemv_fake)
     torch.library.register_fake("superkernel::int8_weight_gemv", weight_gemv_fake)
+    torch.library.register_fake("superkernel::int4_weight_gemv", weight_gemv_fake)
 
 
 def adopt(module: Any) -> None:

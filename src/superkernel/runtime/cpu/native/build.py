@@ -213,7 +213,7 @@ BUILD_WAIT_S = 600.0
 
 
 @contextlib.contextmanager
-def _exclusive(lock_path: Path, timeout: float | None = None) -> Iterator[None]:
+def _exclusive(lock_path: Path) -> Iterator[None]:
     """Hold ``lock_path`` (an OS file lock) while building one file: another process building the same file
     (the ranks of a multi-process job compile the same modules at the same moment) waits and then finds it
     built, instead of compiling it a second time. A holder that dies releases the lock; past the wait this
@@ -222,7 +222,7 @@ def _exclusive(lock_path: Path, timeout: float | None = None) -> Iterator[None]:
 
     lock = FileLock(str(lock_path))
     try:
-        lock.acquire(timeout=BUILD_WAIT_S if timeout is None else timeout)
+        lock.acquire(timeout=BUILD_WAIT_S)
     except Timeout:
         yield
         return
