@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 import torch
 
+from superkernel.timing import interleave
 from superkernel.util import atomic_write
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -100,6 +101,15 @@ def timed(fn: Callable[[], Any], reps: int) -> float:
         fn()
         samples.append(time.perf_counter() - start)
     return statistics.median(samples) * 1e3
+
+
+def write_result(output: Path, stem: str, result: dict[str, Any], lines: list[str]) -> int:
+    """``<stem>.json`` and ``<stem>.md`` in ``output`` (atomically); the table printed too."""
+    output.mkdir(parents=True, exist_ok=True)
+    atomic_write(output / f"{stem}.json", json.dumps(result, indent=2) + "\n")
+    atomic_write(output / f"{stem}.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
 
 
 def _cell(plan: dict[str, Any] | None) -> str:
@@ -172,12 +182,9 @@ def main(argv: list[str] | None = None) -> int:
                         continue
                     want = (xq.double() @ w.double().t()) if label.startswith("W8A8") else ref
                     errors[label] = float((out - want).abs().max() / want.abs().max())
-                times: dict[str, list[float]] = {label: [] for label in plans}
                 reps = max(3, args.reps // (20 if n > 100000 else 1))
-                for r in range(args.rounds):
-                    order = list(plans)[r % len(plans):] + list(plans)[:r % len(plans)]
-                    for label in order:
-                        times[label].append(timed(plans[label], reps))
+                times = dict(zip(plans, interleave([lambda f=f: timed(f, reps) for f in plans.values()],
+                                                   args.rounds)))
             roofline_ms = (n * k + n * s.element_size()) / bandwidth * 1e3
             row = {"dtype": str(dtype).replace("torch.", ""), "shape": name, "n": n, "k": k,
                    "roofline_int8_ms": roofline_ms, "plans": {}}
@@ -198,11 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         cells = " | ".join(_cell(row["plans"].get(label)) for label in labels)
         lines.append(f"| {row['dtype']} | {row['shape']} {row['n']}x{row['k']} | {row['roofline_int8_ms']:.3f} | {cells} |")
-    args.output.mkdir(parents=True, exist_ok=True)
-    atomic_write(args.output / "quant_gemv.json", json.dumps(result, indent=2) + "\n")
-    atomic_write(args.output / "quant_gemv.md", "\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0
+    return write_result(args.output, "quant_gemv", result, lines)
 
 
 def int4_main(args: argparse.Namespace, bandwidth: float, group: int = 128) -> int:
@@ -237,13 +240,10 @@ def int4_main(args: argparse.Namespace, bandwidth: float, group: int = 128) -> i
         if quant_kernels.fast_path("int4_weight_gemv"):
             plans["our kernel"] = lambda: torch.ops.superkernel.int4_weight_gemv(x, next_w(), group, sz)
         errors = {label: float((fn().double() - ref).abs().max() / ref.abs().max()) for label, fn in plans.items()}
-        times: dict[str, list[float]] = {label: [] for label in plans}
         reps = {label: max(2, args.reps // (20 if n > 100000 else 1) // (10 if "float32" in label else 1))
                 for label in plans}
-        for r in range(args.rounds):
-            order = list(plans)[r % len(plans):] + list(plans)[:r % len(plans)]
-            for label in order:
-                times[label].append(timed(plans[label], reps[label]))
+        times = dict(zip(plans, interleave([lambda f=f, c=reps[label]: timed(f, c) for label, f in plans.items()],
+                                           args.rounds)))
         roofline_ms = (n * k // 2 + sz.numel() * 4) / bandwidth * 1e3
         row = {"shape": name, "n": n, "k": k, "group": group, "roofline_ms": roofline_ms,
                "plans": {label: {"ms": statistics.median(times[label]), "rel_error": errors[label],
@@ -263,11 +263,7 @@ def int4_main(args: argparse.Namespace, bandwidth: float, group: int = 128) -> i
         lines.append(f"| {row['shape']} {row['n']}x{row['k']} | {row['roofline_ms']:.3f} | {cells} |")
     result = {"threads": args.threads, "rounds": args.rounds, "copy_bandwidth_GBps": bandwidth / 1e9,
               "torch": torch.__version__, "rows": rows}
-    args.output.mkdir(parents=True, exist_ok=True)
-    atomic_write(args.output / "quant_gemv_int4.json", json.dumps(result, indent=2) + "\n")
-    atomic_write(args.output / "quant_gemv_int4.md", "\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0
+    return write_result(args.output, "quant_gemv_int4", result, lines)
 
 
 if __name__ == "__main__":

@@ -124,6 +124,8 @@ def _events_ms(fn: Callable[[], Any], reps: int) -> float:
 def measure(out: Path, rounds: int, reps: int) -> int:
     from torch._inductor import config as inductor_config
 
+    from superkernel.timing import interleave  # (the project's rotation of rounds; PYTHONPATH=src as gpu_run.sh)
+
     kernel = _kernel()
     device, dtype = "cuda", torch.bfloat16
     l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 << 20)
@@ -182,12 +184,9 @@ def measure(out: Path, rounds: int, reps: int) -> int:
                     del plans[label]
                     continue
                 errors[label] = float((got - ref).abs().max() / ref.abs().max())
-            times: dict[str, list[float]] = {label: [] for label in plans}
-            for r in range(rounds):
-                order = list(plans)[r % len(plans):] + list(plans)[:r % len(plans)]
-                for label in order:
-                    ms = _events_ms(plans[label], reps)
-                    times[label].append(ms / 2 if label.startswith("int8 weight copy") else ms)
+            halve = {label: 2 if label.startswith("int8 weight copy") else 1 for label in plans}
+            times = dict(zip(plans, interleave([lambda f=f, h=halve[label]: _events_ms(f, reps) / h
+                                                for label, f in plans.items()], rounds)))
         best = getattr(kernel, "best_config", None)
         row = {"shape": name, "n": n, "k": k, "weight_mb": n * k / 1e6, "triton_best_config": str(best),
                "plans": {label: {"us": statistics.median(t) * 1e3, "rel_error": errors[label]}
