@@ -19,9 +19,11 @@ benchmarks/results/quant_decode.{json,md}. Slow: a max-autotune compile of 24 la
 from __future__ import annotations
 
 import argparse
+import atexit
 import copy
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -29,7 +31,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="sk-quant-decode-"))  # cold compiles
+
+
+def _scratch(prefix: str) -> str:
+    """A temp dir removed when this process exits (the GGUF files of one run take 3.3 GB)."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = _scratch("sk-quant-decode-")  # cold compiles
 
 import torch  # noqa: E402
 
@@ -60,7 +72,7 @@ def llamacpp_peers(model: torch.nn.Module, quants: list[str], args: argparse.Nam
     logits on a prompt first (F16 within F16 rounding; Q8_0 / Q4_0: their own error, reported)."""
     import llamacpp_peer as lp
 
-    work = args.workdir or Path(tempfile.mkdtemp(prefix="sk-quant-decode-gguf-"))
+    work = args.workdir or Path(_scratch("sk-quant-decode-gguf-"))
     work.mkdir(parents=True, exist_ok=True)
     checkpoint = work / "checkpoint"
     model.save_pretrained(checkpoint, safe_serialization=True)
