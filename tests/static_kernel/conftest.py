@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -58,6 +59,10 @@ def parse_child(code: int, stdout: str, stderr: str) -> dict:
     raise AssertionError(f"child failed (exit {code}):\n{stdout[-2000:]}\n{stderr[-4000:]}")
 
 
+#: $XDG_CACHE_HOME of this package's tests (set by _private_trust_key).
+PRIVATE_XDG: Path | None = None
+
+
 @pytest.fixture(scope="package", autouse=True)
 def _private_trust_key(tmp_path_factory):
     """Packages are signed with a per-user key under $XDG_CACHE_HOME: tests (and their children) use a private one.
@@ -65,9 +70,37 @@ def _private_trust_key(tmp_path_factory):
     Package-scoped, not session-scoped: a session fixture stays set after this package's tests, so every
     later test in the same xdist worker ran with an empty superkernel cache (native CPU modules and their
     precompiled headers rebuilt on each reduce-overhead compile: slower, and an order dependence).
+    One for the whole run, shared by its xdist workers (the parent of their base temps): the key is
+    created once (``userkey._install`` never replaces one another process made) and each native module
+    and precompiled header is built by one worker (the native build's file lock), not once per worker.
     """
-    with environ(XDG_CACHE_HOME=str(tmp_path_factory.mktemp("xdg_cache"))):
+    global PRIVATE_XDG
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        PRIVATE_XDG = tmp_path_factory.getbasetemp().parent / "static_kernel_xdg_cache"
+        PRIVATE_XDG.mkdir(mode=0o700, exist_ok=True)
+    else:
+        PRIVATE_XDG = tmp_path_factory.mktemp("xdg_cache")
+    with environ(XDG_CACHE_HOME=str(PRIVATE_XDG)):
         yield
+    PRIVATE_XDG = None
+
+
+def seeded_cache(path: Path) -> Path:
+    """A new superkernel cache dir (for ``SUPERKERNEL_CACHE_DIR``) holding only this package's trust key and
+    its native precompiled header: a child building with it compiles its own modules into an empty cache,
+    without the ~9 s of g++ for the header (built once in the package's cache, signed by the same key)."""
+    from superkernel.cache_dir import private_cache_dir
+    from superkernel.runtime.cpu.native import build
+    from superkernel.userkey import key_path, load_key
+
+    load_key(create=True)
+    pch = build._pch_dir(private_cache_dir("native_cpu"))  # (built here when no test has built it yet)
+    (path / "keys").mkdir(parents=True, mode=0o700)
+    os.chmod(path, 0o700)
+    shutil.copy2(key_path(), path / "keys" / key_path().name)
+    (path / "native_cpu").mkdir(mode=0o700)
+    shutil.copytree(pch, path / "native_cpu" / pch.name, ignore=shutil.ignore_patterns(".*.lock"))
+    return path
 
 
 @pytest.fixture(scope="package", autouse=True)

@@ -13,7 +13,7 @@ import torch
 
 from superkernel.static_kernel.package import find_packages, read_manifest
 
-from .conftest import run_child
+from .conftest import run_child, seeded_cache
 
 pytest.importorskip("torchao")
 
@@ -26,7 +26,7 @@ def test_a_w8a8_package_carries_the_int8_kernels_and_a_fresh_process_loads_them(
     build_dir = tmp_path / "build"
     build_dir.mkdir()
     built = run_child(tmp_path, build_dir, 2, tmp_path / "build_out.pt", "--quantize", "w8a8",
-                      SUPERKERNEL_CACHE_DIR=str(tmp_path / "build_cache"))
+                      SUPERKERNEL_CACHE_DIR=str(seeded_cache(tmp_path / "build_cache")))
     assert built["static"].get("rewrites") == 2, built  # both linears, rewritten in the build as in a normal compile
     assert built["static"].get("native_built") == 1, built  # (as our kernel: the package's module is its library)
     (path,) = find_packages(build_dir)

@@ -15,14 +15,14 @@ import torch
 
 from superkernel.static_kernel.package import find_packages, read_manifest
 
-from .conftest import run_child
+from .conftest import run_child, seeded_cache
 
 
 def test_reduce_overhead_package_carries_frame_and_native_module(tmp_path):
     build_dir = tmp_path / "build"
     build_dir.mkdir()
     built = run_child(tmp_path, build_dir, 2, tmp_path / "build_out.pt", "--function", "--reduce-overhead",
-                      SUPERKERNEL_CACHE_DIR=str(tmp_path / "build_cache"))
+                      SUPERKERNEL_CACHE_DIR=str(seeded_cache(tmp_path / "build_cache")))
     assert built["static"]["frames_built"] == 1 and built["static"]["native_built"] == 1, built
     assert built["guard_path"] == "precompiled" and built["frame_counters"]["guard_checks"] == 1
     (path,) = find_packages(build_dir)
