@@ -59,6 +59,15 @@ def parse_child(code: int, stdout: str, stderr: str) -> dict:
     raise AssertionError(f"child failed (exit {code}):\n{stdout[-2000:]}\n{stderr[-4000:]}")
 
 
+def shared_run_dir(tmp_path_factory, name: str) -> Path:
+    """``<name>`` of this test run, private (0700): one for all xdist workers (under their base temps' common
+    parent, which is this run's), the same each time a worker sets up this package's fixtures again."""
+    base = tmp_path_factory.getbasetemp()
+    path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / f"static_kernel_{name}"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
 #: $XDG_CACHE_HOME of this package's tests (set by _private_trust_key).
 PRIVATE_XDG: Path | None = None
 
@@ -70,16 +79,12 @@ def _private_trust_key(tmp_path_factory):
     Package-scoped, not session-scoped: a session fixture stays set after this package's tests, so every
     later test in the same xdist worker ran with an empty superkernel cache (native CPU modules and their
     precompiled headers rebuilt on each reduce-overhead compile: slower, and an order dependence).
-    One for the whole run, shared by its xdist workers (the parent of their base temps): the key is
+    One for the whole run (shared_run_dir): the key is
     created once (``userkey._install`` never replaces one another process made) and each native module
     and precompiled header is built by one worker (the native build's file lock), not once per worker.
     """
     global PRIVATE_XDG
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        PRIVATE_XDG = tmp_path_factory.getbasetemp().parent / "static_kernel_xdg_cache"
-        PRIVATE_XDG.mkdir(mode=0o700, exist_ok=True)
-    else:
-        PRIVATE_XDG = tmp_path_factory.mktemp("xdg_cache")
+    PRIVATE_XDG = shared_run_dir(tmp_path_factory, "xdg_cache")
     with environ(XDG_CACHE_HOME=str(PRIVATE_XDG)):
         yield
     PRIVATE_XDG = None
@@ -105,9 +110,11 @@ def seeded_cache(path: Path) -> Path:
 
 @pytest.fixture(scope="package", autouse=True)
 def _children_temp_dir(tmp_path_factory):
-    """One temp dir for the children of this test process (fresh_env), not the user's /tmp."""
+    """One temp dir for the children of this run (fresh_env), not the user's /tmp: shared by the xdist workers
+    and fixed, since a worker sets up this package's fixtures again each time it comes back to the package
+    (``--dist loadfile`` hands out files of several packages), and each new dir meant new precompiled headers."""
     global CHILD_TMPDIR
-    CHILD_TMPDIR = tmp_path_factory.mktemp("children_tmp")
+    CHILD_TMPDIR = shared_run_dir(tmp_path_factory, "children_tmp")
     yield
     CHILD_TMPDIR = None
 
