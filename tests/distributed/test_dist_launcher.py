@@ -65,7 +65,8 @@ def test_ranks_end_when_the_launcher_is_killed(tmp_path):
 
     code = ("import sys; sys.path.insert(0, %r); from superkernel.tools.distributed.launcher import launch; "
             "launch(['sleep'], 2, command=[sys.executable, %r])" % (SRC, str(HERE / "_rank_fail.py")))
-    parent = subprocess.Popen([sys.executable, "-c", code], env=_env())
+    # (its job dir, which a killed launcher cannot remove, goes to tmp_path, not the user's temp dir)
+    parent = subprocess.Popen([sys.executable, "-c", code], env={**_env(), "TMPDIR": str(tmp_path)})
     children: list[int] = []
     deadline = time.monotonic() + 120
     while len(children) < 2 and time.monotonic() < deadline:
