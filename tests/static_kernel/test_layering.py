@@ -14,6 +14,7 @@ ALLOWED = {"superkernel", "superkernel.ir.graph", "superkernel.util", "superkern
            "superkernel.scope_apply", "superkernel.runtime.cpu.native.build",  # (build: the seam packages use)
            "superkernel.config", "superkernel.runtime.realizations",  # (settings: the realization row decides)
            "superkernel.userkey",  # (trust: the per-user key and its records, bottom layer)
+           "superkernel.cache_dir",  # (isa_probes: the user's private cache, bottom layer)
            "superkernel.runtime.inductor.output",  # (compat: what Inductor prints while building, to the debug log)
            "superkernel.runtime.cpu.quant_kernels"}  # (superkernel's int8 kernels: an operator library packages carry)
 

@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 
 from superkernel.ir.graph import device_kind
-from superkernel.static_kernel import compat
+from superkernel.static_kernel import compat, isa_probes
 from superkernel.static_kernel.constants import materialize
 from superkernel.static_kernel.loader import install_kernels
 from superkernel.static_kernel.manifest import valid_member_name
@@ -59,7 +59,9 @@ class Builder:
     def staging(self) -> Path:
         """Private TorchInductor cache dir of this build (kernels land here, then in the package)."""
         path = self._run_dir() / ".inductor_cache"
-        make_dirs(path, "static kernel staging cache")
+        if not path.is_dir():
+            make_dirs(path, "static kernel staging cache")
+            self._isa_probes(isa_probes.seed, "isa_probes_seeded", path)  # (TorchInductor loads them, not builds)
         return path
 
     def carry(self, pkg: Package) -> None:
@@ -127,6 +129,7 @@ class Builder:
         files = {a.entry["file"]: a.data for a in artifacts.values()}
         if files and os.environ.get(ENV_VERIFY, "1") != "0":
             self._load_check(staging, files)
+        self._isa_probes(isa_probes.keep, "isa_probes_kept", staging)
         files.update(collect_kernels(staging))
         files.update({f.entry["file"]: f.data for f in frames.values()})
         files.update({n.entry["file"]: n.data for n in native.values()})
@@ -188,6 +191,13 @@ class Builder:
                           StaticKernelWarning, stacklevel=5)
             return
         self.counters["load_checked"] += len(paths)
+
+    def _isa_probes(self, use: Callable[[Path], int], counter: str, staging: Path) -> None:
+        """Seed the staging cache from, or keep its probes in, this user's ISA probe store (:mod:`isa_probes`)."""
+        try:
+            self.counters[counter] += use(staging)
+        except isa_probes.STORE_ERRORS:
+            pass  # (without the store, TorchInductor compiles its probes in each build, as it would anyway)
 
 
 def collect_kernels(cache_dir: Path) -> dict[str, bytes]:

@@ -202,7 +202,7 @@ def _pch_dir(root: Path) -> Path:
             with atomic_target(gch) as tmp:
                 _run([cxx, *_compile_flags(), "-x", "c++-header", str(header), "-o", str(tmp)],
                      "precompiling the torch headers")
-            _sign_library(gch)
+            sign_library(gch)
         except NativeBuildError:
             atomic_write(failed, "the precompiled header failed to build; modules include the header instead\n")
     return directory
@@ -267,7 +267,9 @@ def trusted_library_bytes(lib: Path) -> bytes | None:
     return data if signed_by_me(_RECORD_DOMAIN, _record_data(lib, data), signature) else None
 
 
-def _sign_library(lib: Path) -> None:
+def sign_library(lib: Path) -> None:
+    """Record ``lib`` as built by this user (a ``.sig`` beside it, signed with this user's key): what
+    :func:`trusted_library_bytes` checks before anything loads the file."""
     from superkernel.userkey import TrustError, mac
 
     try:
@@ -302,7 +304,7 @@ def _compile_module(src: NativeSource, out: Path, pch: Path) -> None:
         _run([compiler(), *_compile_flags(), f"-I{pch}", f"-DSK_MODULE={src.module_name}", "-shared", *src.flags,
               str(cpp), "-o", str(tmp_so), *_link_flags()], f"building native module {src.module_name}")
         os.replace(tmp_so, out)
-        _sign_library(out)
+        sign_library(out)
         try:
             os.replace(cpp, out.parent / f"{src.module_name}.cpp")  # kept beside it for reading
         except OSError:
