@@ -68,10 +68,6 @@ def shared_run_dir(tmp_path_factory, name: str) -> Path:
     return path
 
 
-#: $XDG_CACHE_HOME of this package's tests (set by _private_trust_key).
-PRIVATE_XDG: Path | None = None
-
-
 @pytest.fixture(scope="package", autouse=True)
 def _private_trust_key(tmp_path_factory):
     """Packages are signed with a per-user key under $XDG_CACHE_HOME: tests (and their children) use a private one.
@@ -79,21 +75,19 @@ def _private_trust_key(tmp_path_factory):
     Package-scoped, not session-scoped: a session fixture stays set after this package's tests, so every
     later test in the same xdist worker ran with an empty superkernel cache (native CPU modules and their
     precompiled headers rebuilt on each reduce-overhead compile: slower, and an order dependence).
-    One for the whole run (shared_run_dir): the key is
-    created once (``userkey._install`` never replaces one another process made) and each native module
-    and precompiled header is built by one worker (the native build's file lock), not once per worker.
+    One for the whole run (shared_run_dir): the key is created once (``userkey._install`` never replaces
+    one another process made) and each native module and precompiled header is built by one worker (the
+    native build's file lock), not once per worker.
     """
-    global PRIVATE_XDG
-    PRIVATE_XDG = shared_run_dir(tmp_path_factory, "xdg_cache")
-    with environ(XDG_CACHE_HOME=str(PRIVATE_XDG)):
+    with environ(XDG_CACHE_HOME=str(shared_run_dir(tmp_path_factory, "xdg_cache"))):
         yield
-    PRIVATE_XDG = None
 
 
 def seeded_cache(path: Path) -> Path:
-    """A new superkernel cache dir (for ``SUPERKERNEL_CACHE_DIR``) holding only this package's trust key and
-    its native precompiled header: a child building with it compiles its own modules into an empty cache,
-    without the ~9 s of g++ for the header (built once in the package's cache, signed by the same key)."""
+    """A new superkernel cache dir (for ``SUPERKERNEL_CACHE_DIR``) holding only this package's trust key, its
+    native precompiled header and the ISA probes its static builds kept: a child building with it compiles
+    its own modules into an empty native cache, without the ~9 s of g++ for the header or the ~6 s for the
+    probes (built once in the package's cache, signed by the same key)."""
     from superkernel.cache_dir import private_cache_dir
     from superkernel.runtime.cpu.native import build
     from superkernel.userkey import key_path, load_key
@@ -105,6 +99,9 @@ def seeded_cache(path: Path) -> Path:
     shutil.copy2(key_path(), path / "keys" / key_path().name)
     (path / "native_cpu").mkdir(mode=0o700)
     shutil.copytree(pch, path / "native_cpu" / pch.name, ignore=shutil.ignore_patterns(".*.lock"))
+    probes = private_cache_dir() / "isa_probes"
+    if probes.is_dir():  # (none yet when no static build of this run has written a package)
+        shutil.copytree(probes, path / "isa_probes")
     return path
 
 
