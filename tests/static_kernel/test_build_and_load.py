@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import zipfile
+from pathlib import Path
 
 import torch
 
@@ -40,6 +41,20 @@ def test_build_writes_records_and_one_package(built):
     assert {a["tensor"]["dtype"] for a in rec["args"] if isinstance(a, dict)} == {"float32"}
     contents = [(records / n).read_text() for n in names]
     assert len(set(contents)) == len(contents)  # no two files hold the same record
+
+
+def test_the_build_keeps_the_isa_probes_it_packages_or_started_from_kept_ones(built):
+    """This run's builds share one cache: the first to write a package keeps TorchInductor's ISA probes, the
+    others start from them; either way the package carries them and the store holds what it carries."""
+    from superkernel.cache_dir import private_cache_dir
+    from superkernel.static_kernel import isa_probes
+
+    static = built["result"]["static"]
+    assert static.get("isa_probes_kept", 0) + static.get("isa_probes_seeded", 0) >= 2, static
+    kept = {name.split("/")[1] for name in isa_probes.probes(private_cache_dir() / "isa_probes")}
+    (package,) = find_packages(built["build_dir"])
+    carried = {Path(name).name for name in read_manifest(package).kernels}
+    assert {name for name in kept if name.endswith(".so")} <= carried
 
 
 def test_manifest_is_complete(built):

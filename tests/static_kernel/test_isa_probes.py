@@ -1,5 +1,6 @@
 """The ISA probe store: a build keeps TorchInductor's CPU-ISA probes once, later builds start from a copy,
-and nothing in the store that this user's key does not vouch for is ever copied into a build."""
+and nothing in the store that this user's key does not vouch for is ever copied into a build. (A real build
+keeping and carrying them: test_build_and_load.py.)"""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import pytest
 
 from superkernel.static_kernel import isa_probes
 
-from .test_compiler import _config, _run
 
 PROBE = b'#include <ATen/cpu/vec/vec.h>\nextern "C" void __avx_chk_kernel() {}\n'
 KERNEL = b'extern "C" void kernel(float* out) {}\n'
@@ -57,21 +57,3 @@ def test_a_file_the_key_does_not_vouch_for_is_never_copied(tmp_path, store, how)
     copied = isa_probes.seed(build)
     assert not (build / "ef").exists()
     assert (build / lib).exists() == (how == "planted") and copied == (2 if how == "planted" else 1)
-
-
-def test_a_second_package_build_loads_the_kept_probes_instead_of_compiling_them(tmp_path, store, monkeypatch):
-    """Two builds of the same graph into two build dirs (each its own TorchInductor staging cache). The first
-    runs its load check: a fresh process, which probes the ISAs in the staging cache whatever this process
-    probed before (TorchInductor probes once per process)."""
-    from superkernel.static_kernel.workspace import reset_workspaces
-
-    counters = []
-    for name, verify in (("a", "1"), ("b", "0")):
-        monkeypatch.setenv("SUPERKERNEL_STATIC_VERIFY", verify)
-        (tmp_path / name).mkdir()
-        reset_workspaces()
-        compiler, out, inputs = _run(_config(tmp_path / name))
-        counters.append(compiler.counters)
-    first, second = counters
-    assert first["load_checked"] == 1 and first["isa_probes_kept"] >= 2, first  # (a source and its library)
-    assert second["isa_probes_seeded"] == first["isa_probes_kept"] and not second.get("isa_probes_kept")
