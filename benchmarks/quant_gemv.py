@@ -29,6 +29,7 @@ copy of a projection fits in the last-level cache and would time the cache). The
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import time
@@ -119,6 +120,21 @@ def _cell(plan: dict[str, Any] | None) -> str:
     return f"{plan['ms']:.3f}{error}"
 
 
+_SHAPE_COLUMN: dict[str, Callable[[dict[str, Any]], str]] = {
+    "shape (N x K)": lambda row: f"{row['shape']} {row['n']}x{row['k']}"}
+
+
+def _plan_table(rows: list[dict[str, Any]], lead: dict[str, Callable[[dict[str, Any]], str]]) -> list[str]:
+    """The markdown table of ``rows``: ``lead``'s columns (header -> cell of a row), then one column per timed way."""
+    labels = list(dict.fromkeys(label for row in rows for label in row["plans"]))
+    lines = ["| " + " | ".join([*lead, *(f"{label} ms (err)" for label in labels)]) + " |",
+             "|" + "---|" * (len(lead) + len(labels))]
+    for row in rows:
+        cells = [*(cell(row) for cell in lead.values()), *(_cell(row["plans"].get(label)) for label in labels)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=1)
@@ -147,17 +163,9 @@ def main(argv: list[str] | None = None) -> int:
             from superkernel.runtime.inductor.gemm_timing import last_level_cache_bytes
 
             copies = max(1, -(-3 * last_level_cache_bytes() // (n * k)))  # int8 copies past the cache, x3
-            ws = [w.clone() for _ in range(copies)]
-            denses = [dense.clone() for _ in range(max(1, -(-copies // (4 if dtype == torch.float32 else 2))))]
-            turn = {"w": 0, "d": 0}
-
-            def next_w() -> torch.Tensor:
-                turn["w"] = (turn["w"] + 1) % len(ws)
-                return ws[turn["w"]]
-
-            def next_dense() -> torch.Tensor:
-                turn["d"] = (turn["d"] + 1) % len(denses)
-                return denses[turn["d"]]
+            next_w = itertools.cycle([w.clone() for _ in range(copies)]).__next__
+            next_dense = itertools.cycle([dense.clone() for _ in range(
+                max(1, -(-copies // (4 if dtype == torch.float32 else 2))))]).__next__
 
             plans: dict[str, Callable[[], Any]] = {
                 "float GEMV (Inductor)": (lambda f=torch.compile(_own(float_gemv), dynamic=False): f(x, next_dense())),
@@ -195,16 +203,12 @@ def main(argv: list[str] | None = None) -> int:
             print(dtype, name, {k: round(v["ms"], 3) for k, v in row["plans"].items()}, flush=True)
     result = {"threads": args.threads, "rounds": args.rounds, "copy_bandwidth_GBps": bandwidth / 1e9,
               "torch": torch.__version__, "rows": rows}
-    labels = list(dict.fromkeys(label for row in rows for label in row["plans"]))
     lines = ["# int8 weight-only GEMV at a Qwen2-0.5B step's shapes (batch 1)", "",
              f"torch {torch.__version__}, {args.threads} thread(s), {args.rounds} interleaved rounds (median of per-round "
              f"medians); roofline = int8 weight bytes at the measured copy bandwidth {bandwidth / 1e9:.1f} GB/s. "
              "Relative error: max |out - float64 reference| / max |reference|.", "",
-             "| dtype | shape (N x K) | roofline ms | " + " | ".join(f"{label} ms (err)" for label in labels) + " |",
-             "|---|---|---|" + "---|" * len(labels)]
-    for row in rows:
-        cells = " | ".join(_cell(row["plans"].get(label)) for label in labels)
-        lines.append(f"| {row['dtype']} | {row['shape']} {row['n']}x{row['k']} | {row['roofline_int8_ms']:.3f} | {cells} |")
+             *_plan_table(rows, {"dtype": lambda row: row["dtype"], **_SHAPE_COLUMN,
+                                 "roofline ms": lambda row: f"{row['roofline_int8_ms']:.3f}"})]
     return write_result(args.output, "quant_gemv", result, lines)
 
 
@@ -225,12 +229,7 @@ def int4_main(args: argparse.Namespace, bandwidth: float, group: int = 128) -> i
         scale, zero = (sz[torch.arange(k) // group, :, i].t().double() for i in (0, 1))
         ref = x.double() @ ((q.double() - 8) * scale + zero).t()
         copies = max(1, -(-3 * last_level_cache_bytes() // (n * k // 2)))
-        ws = [packed.clone() for _ in range(copies)]
-        turn = [0]
-
-        def next_w() -> torch.Tensor:
-            turn[0] = (turn[0] + 1) % len(ws)
-            return ws[turn[0]]
+        next_w = itertools.cycle([packed.clone() for _ in range(copies)]).__next__
 
         xb, szb = x.bfloat16(), sz.bfloat16()
         plans: dict[str, Callable[[], Any]] = {
@@ -250,17 +249,12 @@ def int4_main(args: argparse.Namespace, bandwidth: float, group: int = 128) -> i
                                  "x_roofline": statistics.median(times[label]) / roofline_ms} for label in plans}}
         rows.append(row)
         print(name, {key: round(v["ms"], 3) for key, v in row["plans"].items()}, flush=True)
-    labels = list(dict.fromkeys(label for row in rows for label in row["plans"]))
     lines = ["# int4 weight-only GEMV at a Qwen2-0.5B step's shapes (batch 1, float32 activations)", "",
              f"torch {torch.__version__}, {args.threads} thread(s), {args.rounds} interleaved rounds (median of per-round "
              f"medians); torchao's CPU int4 layout, groups of {group}; roofline = packed weight, scale and zero bytes "
              f"at the measured copy bandwidth {bandwidth / 1e9:.1f} GB/s. Relative error: max |out - float64 "
              "reference| / max |reference| (bfloat16 activations round the input).", "",
-             "| shape (N x K) | roofline ms | " + " | ".join(f"{label} ms (err)" for label in labels) + " |",
-             "|---|---|" + "---|" * len(labels)]
-    for row in rows:
-        cells = " | ".join(_cell(row["plans"].get(label)) for label in labels)
-        lines.append(f"| {row['shape']} {row['n']}x{row['k']} | {row['roofline_ms']:.3f} | {cells} |")
+             *_plan_table(rows, {**_SHAPE_COLUMN, "roofline ms": lambda row: f"{row['roofline_ms']:.3f}"})]
     result = {"threads": args.threads, "rounds": args.rounds, "copy_bandwidth_GBps": bandwidth / 1e9,
               "torch": torch.__version__, "rows": rows}
     return write_result(args.output, "quant_gemv_int4", result, lines)

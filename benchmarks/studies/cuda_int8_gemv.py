@@ -27,6 +27,7 @@ called (``runtime/inductor/quant_gemv.py``).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -138,16 +139,8 @@ def measure(out: Path, rounds: int, reps: int) -> int:
         x = torch.randn(1, k, generator=g).to(device, dtype)
         dense = (w.to(dtype) * s[:, None]).contiguous()
         copies = max(1, -(-3 * l2 // (n * k)))
-        ws, denses = [w.clone() for _ in range(copies)], [dense.clone() for _ in range(max(1, copies // 2))]
-        turn = {"w": 0, "d": 0}
-
-        def nw() -> torch.Tensor:
-            turn["w"] = (turn["w"] + 1) % len(ws)
-            return ws[turn["w"]]
-
-        def nd() -> torch.Tensor:
-            turn["d"] = (turn["d"] + 1) % len(denses)
-            return denses[turn["d"]]
+        nw = itertools.cycle([w.clone() for _ in range(copies)]).__next__
+        nd = itertools.cycle([dense.clone() for _ in range(max(1, copies // 2))]).__next__
 
         torch._dynamo.reset()
 
