@@ -70,3 +70,26 @@ def test_a_module_another_process_is_building_is_waited_for_not_built_twice(tmp_
         native_build.sign_library(out)
     waiter.join(timeout=30)
     assert got == [out] and not calls
+
+
+def test_a_precompiled_header_this_user_did_not_sign_is_removed_and_ours_is_kept(tmp_path, monkeypatch):
+    """g++ reads ``sk_native_pch.h.gch`` when it lies beside the header a module includes: one this user's key
+    does not vouch for is removed (under the build lock) before anything compiles against it; a signed one stays.
+    Here the header is known not to precompile (``failed``), so nothing is built either way."""
+    import hashlib
+
+    monkeypatch.setenv("SUPERKERNEL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(native_build, "_run", lambda *a: (_ for _ in ()).throw(AssertionError("compiled")))
+    root = private_cache_dir("native_cpu")
+    key = hashlib.sha256((native_build._PCH_HEADER + native_build.build_fingerprint()).encode()).hexdigest()[:24]
+    directory = root / f"pch-{key}"
+    directory.mkdir(mode=0o700)
+    (directory / "sk_native_pch.h").write_text(native_build._PCH_HEADER)
+    (directory / "failed").write_text("the precompiled header failed to build\n")
+    gch = directory / "sk_native_pch.h.gch"
+    gch.write_bytes(b"planted")
+    assert native_build._pch_dir(root) == directory
+    assert not gch.exists() and (directory / "sk_native_pch.h").read_text() == native_build._PCH_HEADER
+    gch.write_bytes(b"ours")
+    native_build.sign_library(gch)
+    assert native_build._pch_dir(root) == directory and gch.read_bytes() == b"ours"

@@ -181,16 +181,19 @@ def _pch_dir(root: Path) -> Path:
         raise NativeBuildError(str(exc)) from None
 
     def ready() -> tuple[bool, bool]:
-        """(the header is ours, the precompiled header is ours or known to fail)"""
+        """(the header is ours, the precompiled header is ours or known to fail with none beside the header)"""
         header_ok = owned_file(header) is not None and header.read_bytes() == _PCH_HEADER.encode()
-        gch_ok = trusted_library_bytes(gch) is not None
-        if not gch_ok and os.path.lexists(gch):
-            os.unlink(gch)  # the compiler would pick up a precompiled header beside the text: only ours
-        return header_ok, gch_ok or owned_file(failed) is not None
+        if trusted_library_bytes(gch) is not None:
+            return header_ok, True
+        return header_ok, owned_file(failed) is not None and not os.path.lexists(gch)
 
     if all(ready()):
         return directory
     with _exclusive(directory / ".build.lock"):
+        if os.path.lexists(gch) and trusted_library_bytes(gch) is None:
+            # the compiler would pick up a precompiled header beside the text: only ours. Removed only here,
+            # under the lock: a process building it renames it into place a moment before it signs it
+            os.unlink(gch)
         header_ok, done = ready()  # (again: another process may have built it while this one waited)
         if header_ok and done:
             return directory
