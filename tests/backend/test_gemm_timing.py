@@ -43,12 +43,25 @@ def test_weights_from_memory_patches_the_benchmark_and_the_timing_store_only_ins
     with gemm_timing.weights_from_memory():
         assert benchmarker.benchmark_cpu != before_bench
         path = CacheBase.get_local_cache_path()
-        assert path.name == before_path.name + ".weights-from-memory"
+        evict = gemm_timing.eviction_bytes(None)
+        assert path.name == f"{before_path.name}.weights-from-memory-{-(-evict // 2**20)}"
     assert benchmarker.benchmark_cpu == before_bench and CacheBase.get_local_cache_path() == before_path
 
 
 def test_last_level_cache_is_read_or_defaulted():
     assert gemm_timing.last_level_cache_bytes() >= 2**20
+
+
+def test_a_timed_call_reads_what_the_rest_of_the_step_reads_at_most_twice_the_cache(monkeypatch):
+    monkeypatch.setattr(gemm_timing, "last_level_cache_bytes", lambda: 32 * 2**20)
+    weight, cache = torch.zeros(1000, 1000), torch.zeros(2, 250_000)
+    tied = weight[:10]  # a view of one storage counts once
+    assert gemm_timing.step_bytes([weight, cache, tied, 3, None]) == 4_000_000 + 2_000_000
+    assert gemm_timing.step_bytes(None) is None
+    assert gemm_timing.eviction_bytes(6_000_000) == 8 * 2**20    # rounded up to a power of two MiB
+    assert gemm_timing.eviction_bytes(10) == 2**20                # at least 1 MiB
+    assert gemm_timing.eviction_bytes(10**9) == 64 * 2**20        # a step past the cache: twice the cache
+    assert gemm_timing.eviction_bytes(None) == 64 * 2**20         # the step unknown: twice the cache
 
 
 def test_config_names_the_allowed_values():
@@ -72,10 +85,11 @@ def test_both_timings_compute_the_layer_and_keep_their_timings_apart():
             with torch.no_grad():
                 fn = inductor_cpu.compile_frozen(gm, [x, *weights], {1: weights[0], 2: weights[1], 3: weights[2]},
                                                  cpp_wrapper=True, autotune=True, gemm_templates=True,
-                                                 gemm_timing=timing)
+                                                 gemm_timing=timing, step=gemm_timing.step_bytes([x, *weights]))
                 torch.testing.assert_close(fn(x, *weights)[0], want, rtol=1e-4, atol=1e-4)
             path = CacheBase.get_local_cache_path()
-            stores[timing] = path.with_name(path.name + ".weights-from-memory") if timing == "memory" else path
+            own = f"{path.name}.weights-from-memory-1"  # the layer's 17 KB read before each timed call: 1 MiB
+            stores[timing] = path.with_name(own) if timing == "memory" else path
             assert stores[timing].is_file()  # Inductor timed the GEMM choices and kept the timings there
         timed = {t: json.loads(p.read_text())["cache"] for t, p in stores.items()}
     assert stores["memory"] != stores["cache"]

@@ -158,7 +158,8 @@ def _has_weight_op(gm: fx.GraphModule, frozen: dict[int, torch.Tensor]) -> bool:
 
 def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[int, torch.Tensor], *,
                    cpp_wrapper: bool, autotune: bool, gemm_templates: bool = True, gemm_timing: str = "memory",
-                   rewrite: Callable[[fx.GraphModule], Any] | None = None, bf16_gemv: Any = "auto") -> Callable[..., Any]:
+                   rewrite: Callable[[fx.GraphModule], Any] | None = None, bf16_gemv: Any = "auto",
+                   step: int | None = None) -> Callable[..., Any]:
     """``gm`` with the ``frozen`` inputs as constants, through Inductor's freezing passes
     (weight prepacking, constant folding), compiled as one unit; called with all inputs.
 
@@ -167,7 +168,9 @@ def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[i
     ``rewrite(gm)``: a graph rewrite run once the weights are constants, before Inductor's freezing
     passes (the autofusion planner, :mod:`superkernel.runtime.inductor.autofusion`).
     ``bf16_gemv``: Inductor's fp32 micro-kernel loads bf16/fp16 weights whole and prefetches ahead on CPUs
-    without native bf16 (:mod:`superkernel.runtime.inductor.bf16_gemv`)."""
+    without native bf16 (:mod:`superkernel.runtime.inductor.bf16_gemv`).
+    ``step``: the bytes the whole graph reads per call, what a GEMM's timing reads between its timed calls
+    (:mod:`superkernel.runtime.inductor.gemm_timing`; ``None``: twice the last-level cache)."""
     from torch._functorch.compile_utils import fx_graph_cse
     from torch._inductor import config as inductor_config
     from torch._inductor.constant_folding import constant_fold, replace_node_with_constant
@@ -188,7 +191,8 @@ def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[i
     if gemm_templates:
         patches.update({"max_autotune_gemm": True, "max_autotune_gemm_backends": GEMM_BACKENDS})
     with enter_freezing(), inductor_config.patch(patches), \
-            tweaks.frozen_compile(gemm_templates=gemm_templates, gemm_timing=gemm_timing, bf16_gemv=bf16_gemv):
+            tweaks.frozen_compile(gemm_templates=gemm_templates, gemm_timing=gemm_timing, bf16_gemv=bf16_gemv,
+                                  step=step):
         for i, tensor in frozen.items():
             replace_node_with_constant(gm, placeholders[i], tensor)
         gm.recompile()
@@ -318,10 +322,12 @@ def _choose(module: Any, parent: fx.GraphModule, parent_reals: list[Any] | None,
     frozen = frozen_inputs(module.gm, module.inputs, parent, parent_reals, static_indices)
     if not frozen or not _has_weight_op(module.gm, frozen):
         return Choice(plain, "", {})
+    from superkernel.runtime.inductor.gemm_timing import step_bytes
+
     try:
         frozen_fn = compile_frozen(module.gm, module.example_inputs, frozen, cpp_wrapper=cpp_wrapper, autotune=autotune,
                                    gemm_templates=gemm_templates, gemm_timing=gemm_timing, rewrite=rewrite,
-                                   bf16_gemv=bf16_gemv)
+                                   bf16_gemv=bf16_gemv, step=step_bytes(parent_reals))
     except Exception:  # noqa: BLE001 - freezing is an optimization: the plain compile stays
         return Choice(plain, "", {})
     if freezing is True:

@@ -9,9 +9,14 @@ EPYC, 32 MiB L3, 1 thread): cache-hot, the template and MKL timed 0.624 vs 0.657
 0.437 vs 0.439 ms for ``gate_proj`` (coin tosses); read from memory they differ by much more
 (benchmarks/results/real_width_breakdown.md).
 
-:func:`weights_from_memory` makes Inductor's CPU benchmark evict the caches before every timed call (a
-streaming read of a buffer twice the last-level cache, outside the clock) and report the median of those
-cold calls; and each GEMM's choices are timed in three passes, the order rotated from pass to pass, each
+:func:`weights_from_memory` makes Inductor's CPU benchmark read other data before every timed call (a
+streaming read outside the clock) and report the median of those calls. How much is what the rest of a decode
+step reads between two calls of one GEMM: the bytes of the graph's real inputs (its weights and cache,
+:func:`step_bytes`), at most twice the last-level cache (enough to evict it; twice the cache where the step is
+not known). A step larger than the cache reads each weight from memory, and so does the timing; a small model's
+step that stays in a large cache reads its weights from the cache, and so does the timing — and its compile does
+not stream a buffer of twice a 480 MiB cache (a 2-core slice of a large Xeon reports one) before each of the ~60
+timed calls of every GEMM (7.7 s a GEMM for llama-tiny there, 1.2 s with its 17 MB step); and each GEMM's choices are timed in three passes, the order rotated from pass to pass, each
 choice's median kept (:func:`interleaved_choices`: Inductor times one choice after the other, so on a shared
 machine a busy moment would otherwise decide the pick). Those timings are kept in a local autotune cache file of their own (beside Inductor's, keyed the
 same way), so identical GEMMs (the next decoder layer) are timed once and cache-hot timings from other
@@ -26,7 +31,7 @@ import statistics
 import time
 import unittest.mock
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -37,6 +42,7 @@ GEMM_TIMINGS = ("memory", "cache")
 
 _MIN_CALLS, _MAX_CALLS = 5, 10
 _PASSES = 3
+_MIB = 2**20
 
 
 def last_level_cache_bytes(default: int = 32 * 2**20) -> int:
@@ -53,6 +59,31 @@ def last_level_cache_bytes(default: int = 32 * 2**20) -> int:
         except ValueError:
             continue
     return best or default
+
+
+def step_bytes(reals: Sequence[Any] | None) -> int | None:
+    """The bytes a call of the graph reads at most: its real input tensors (weights, cache, inputs), each
+    storage once (tied weights). ``None`` when the real inputs are not known."""
+    if reals is None:
+        return None
+    seen: dict[Any, int] = {}
+    for t in reals:
+        if isinstance(t, torch.Tensor) and not isinstance(t, torch._subclasses.FakeTensor) and t.device.type == "cpu":
+            try:
+                storage = t.untyped_storage()
+                seen[storage.data_ptr()] = max(seen.get(storage.data_ptr(), 0), storage.nbytes())
+            except (RuntimeError, NotImplementedError):  # a tensor subclass without one storage: its own size
+                seen[id(t)] = t.numel() * t.element_size()
+    return sum(seen.values())
+
+
+def eviction_bytes(step: int | None) -> int:
+    """How much other data a timed call reads first (see the module doc): ``step`` rounded up to a power of two
+    MiB (the timing store is kept per size, so near sizes share it), at most twice the last-level cache."""
+    cap = 2 * last_level_cache_bytes()
+    if step is None:
+        return cap
+    return min(cap, 1 << max(20, (max(step, 1) - 1).bit_length()))
 
 
 def cold_benchmark(buffer: torch.Tensor) -> Callable[..., float]:
@@ -76,8 +107,9 @@ def cold_benchmark(buffer: torch.Tensor) -> Callable[..., float]:
 
 
 @contextlib.contextmanager
-def weights_from_memory(enabled: bool = True) -> Iterator[None]:
-    """Inside: Inductor's CPU autotuning times every choice with cold caches (see the module doc)."""
+def weights_from_memory(enabled: bool = True, step: int | None = None) -> Iterator[None]:
+    """Inside: Inductor's CPU autotuning times every choice after reading :func:`eviction_bytes` of other data
+    (``step``: :func:`step_bytes` of the graph; see the module doc)."""
     if not enabled:
         yield
         return
@@ -92,8 +124,9 @@ def weights_from_memory(enabled: bool = True) -> Iterator[None]:
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily():
-        buffer = torch.ones(2 * last_level_cache_bytes() // 4, dtype=torch.float32)
-    with unittest.mock.patch.object(benchmarker, "benchmark_cpu", cold_benchmark(buffer)), own_timing_store(), \
+        evict = eviction_bytes(step)
+        buffer = torch.ones(evict // 4, dtype=torch.float32)
+    with unittest.mock.patch.object(benchmarker, "benchmark_cpu", cold_benchmark(buffer)), own_timing_store(evict), \
             interleaved_choices():
         yield
 
@@ -123,9 +156,9 @@ def interleaved_choices(passes: int = _PASSES) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def own_timing_store() -> Iterator[None]:
-    """Inside: Inductor's local autotune cache (timings per GEMM and choice) is a file of its own,
-    ``<Inductor cache>/cache/<system hash>.weights-from-memory``."""
+def own_timing_store(evict: int) -> Iterator[None]:
+    """Inside: Inductor's local autotune cache (timings per GEMM and choice) is a file of its own per eviction
+    size, ``<Inductor cache>/cache/<system hash>.weights-from-memory-<MiB>``."""
     try:
         from torch._inductor.codecache import CacheBase
     except ImportError:
@@ -136,6 +169,6 @@ def own_timing_store() -> Iterator[None]:
         yield
         return
     path = original()
-    own = path.with_name(path.name + ".weights-from-memory")
+    own = path.with_name(f"{path.name}.weights-from-memory-{-(-evict // _MIB)}")
     with unittest.mock.patch.object(CacheBase, "get_local_cache_path", staticmethod(lambda: own)):
         yield

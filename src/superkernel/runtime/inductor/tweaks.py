@@ -113,13 +113,14 @@ def context(name: str, *args: Any, absent: Any = None, **kwargs: Any) -> Any:
 
 
 @contextlib.contextmanager
-def frozen_compile(*, gemm_templates: bool, gemm_timing: str, bf16_gemv: Any) -> Iterator[None]:
-    """The tweaks a CPU frozen compile runs under, entered from :data:`TWEAKS`."""
+def frozen_compile(*, gemm_templates: bool, gemm_timing: str, bf16_gemv: Any, step: int | None = None) -> Iterator[None]:
+    """The tweaks a CPU frozen compile runs under, entered from :data:`TWEAKS` (``step``: the bytes the whole
+    graph reads, for the GEMM timing)."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(context("reused template parses"))
         stack.enter_context(context("reused index expressions"))
         stack.enter_context(context("template builds use the precompiled header", None if gemm_templates else False))
-        stack.enter_context(context("GEMM choices timed from memory", gemm_templates and gemm_timing == "memory"))
+        stack.enter_context(context("GEMM choices timed from memory", gemm_templates and gemm_timing == "memory", step))
         stack.enter_context(context("bf16 GEMV weight loads", bf16_gemv))
         yield
 
