@@ -41,15 +41,19 @@ SMALL = dict(vocab_size=256, hidden_size=64, num_hidden_layers=1, num_attention_
 
 
 def checkpoint(directory: Path, kind: str) -> Path:
-    """A one-layer checkpoint with seeded random weights: ``dense`` (Llama) or ``moe`` (Qwen3-MoE)."""
+    """A checkpoint with seeded random weights: ``dense`` (one Llama layer) or ``hybrid`` (Qwen3-MoE, two layers:
+    a dense MLP, then a MoE block — one job shards attention, dense MLP and experts)."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3MoeConfig
 
     if kind == "dense":
         config = LlamaConfig(**SMALL, intermediate_size=128)
+    elif kind == "hybrid":
+        config = Qwen3MoeConfig(**{**SMALL, "num_hidden_layers": 2}, intermediate_size=128, moe_intermediate_size=32,
+                                head_dim=16, num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1,
+                                norm_topk_prob=True, mlp_only_layers=[0])
     else:
-        config = Qwen3MoeConfig(**SMALL, intermediate_size=128, moe_intermediate_size=32, head_dim=16, num_experts=4,
-                                num_experts_per_tok=2, decoder_sparse_step=1, norm_topk_prob=True)
+        raise ValueError(kind)
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(directory, safe_serialization=True)
     return directory

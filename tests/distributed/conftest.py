@@ -1,4 +1,4 @@
-"""One-layer dense and MoE checkpoints, written once per test session for every 2-rank job here."""
+"""A one-layer dense and a two-layer dense + MoE checkpoint, written once per test session for the 2-rank jobs here."""
 
 from __future__ import annotations
 
@@ -13,5 +13,5 @@ def dense_checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def moe_checkpoint(tmp_path_factory):
-    return checkpoint(tmp_path_factory.mktemp("moe"), "moe")
+def hybrid_checkpoint(tmp_path_factory):
+    return checkpoint(tmp_path_factory.mktemp("hybrid"), "hybrid")

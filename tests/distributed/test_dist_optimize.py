@@ -1,8 +1,9 @@
-"""``superkernel optimize --nproc 2`` end to end (gloo, CPU) on a dense and a MoE model, and its failures.
+"""``superkernel optimize --nproc 2`` end to end (gloo, CPU) on a dense + MoE model, and its failures.
 
-The models are one-layer checkpoints (seeded random weights, conftest.py): the job compiles
-its one plan on both ranks and in the single-process reference, so it is kept small: one
-strategy, one mode, 1 warm-up + 2 timed steps, no torch.compile baseline.
+The model is a two-layer checkpoint (seeded random weights, conftest.py): a dense decoder layer and a MoE one, so
+one job shards attention, a dense MLP and experts. The job compiles its one plan on both ranks and in the
+single-process reference, so it is kept small: one strategy (whole decoder layers), one mode, 1 warm-up + 2 timed
+steps, no torch.compile baseline.
 """
 
 from __future__ import annotations
@@ -26,12 +27,11 @@ ARGS = ("--nproc", "2", "--mode", "reduce-overhead", "--steps", "2", "--warmup",
         "--no-torch-compile-baseline", "--quiet")
 
 
-@pytest.fixture(scope="module", params=[("dense", "attention"), ("moe", "moe")], ids=["dense", "moe"])
-def job(request, tmp_path_factory):
-    kind, strategy = request.param
-    model = request.getfixturevalue(f"{kind}_checkpoint")
-    out = tmp_path_factory.mktemp(f"{kind}_out")
-    result = _cli("optimize", "--model", str(model), "--strategy", strategy, "--output", str(out), *ARGS)
+@pytest.fixture(scope="module")
+def job(hybrid_checkpoint, tmp_path_factory):
+    strategy = "decoder_layer"
+    out = tmp_path_factory.mktemp("hybrid_out")
+    result = _cli("optimize", "--model", str(hybrid_checkpoint), "--strategy", strategy, "--output", str(out), *ARGS)
     return result, out, strategy
 
 
@@ -50,7 +50,10 @@ def test_exits_zero_with_a_plan_that_passes_on_both_ranks(job):
         assert run["bit_exact"] and run["passed"] and run["vs_single_max_abs"] < 1e-3
         assert run["recompiles_timed"] == 0 and run["recompiles_warmup"] == 0  # counted per rank (Dynamo's own)
     assert plan["recompiles_timed"] == [0, 0]
-    assert data["sharded"], "nothing was sharded"
+    styles = data["sharded"]
+    assert styles["model.layers.0.self_attn.q_proj"] == "colwise" and styles["model.layers.1.self_attn.o_proj"] == "rowwise"
+    assert styles["model.layers.0.mlp.down_proj"] == "rowwise"           # the dense MLP
+    assert styles["model.layers.1.mlp.experts"] == "moe_tp_experts"      # the experts
 
 
 def test_report_has_per_rank_times_collective_share_and_single_process(job):
@@ -114,8 +117,6 @@ def test_bad_input_is_one_line_before_any_rank_starts(tmp_path, capsys, monkeypa
 def test_bench_reruns_the_plan_on_two_ranks(job):
     """``bench --nproc 2`` with the plan the job wrote: the report on stdout, nothing written."""
     result, out, strategy = job
-    if strategy != "attention":
-        pytest.skip("one architecture is enough for bench")
     plan = out / "superkernel.yaml"
     before = sorted(p.name for p in out.iterdir())
     model = json.loads((out / "results.json").read_text())["model"]
