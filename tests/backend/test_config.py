@@ -88,7 +88,9 @@ def test_dynamic_sources_apply_while_dynamo_traces(sources, compiles):
         state.step_int += 1
         return y
 
-    cfg = sk.CompilerConfig.from_dict({"mode": "reduce-overhead", "dynamo": {"dynamic_sources": sources}})
+    # (the flat program: each specialized graph would otherwise be a native C++ build of its own)
+    cfg = sk.CompilerConfig.from_dict({"mode": "reduce-overhead", "cpu": {"native": False},
+                                       "dynamo": {"dynamic_sources": sources}})
     before = torch.compiler.config.dynamic_sources
     fn = sk.compile(step, cfg)
     x = torch.ones(4)

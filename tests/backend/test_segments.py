@@ -27,7 +27,10 @@ def line_of(marker: str) -> int:
 
 
 def compile_ro(fn, **cfg_extra):
-    cfg = sk.CompilerConfig.from_dict({"mode": "reduce-overhead", **cfg_extra})
+    """Reduce-overhead with the flat program (``cpu.native`` off): segmentation is the subject here, and each of
+    these tiny graphs would otherwise be a native C++ build of its own (tests/backend/test_native_cpu.py
+    covers that realization; test_uncut_scope_keeps_plain_name keeps one here)."""
+    cfg = sk.CompilerConfig.from_dict({"mode": "reduce-overhead", "cpu": {"native": False}, **cfg_extra})
     backend = sk.get_backend(cfg)
     return torch.compile(fn, backend=backend, dynamic=False), backend
 
@@ -73,7 +76,7 @@ def test_uncut_scope_keeps_plain_name():
         with sk.super_kernel("whole"):
             return (x.sin() * 2).cos()
 
-    fn, backend = compile_ro(f)
+    fn, backend = compile_ro(f, cpu={"native": True})
     fn(torch.randn(3))
     ex = sk.explain(backend)
     assert [s.name for s in ex.segments] == ["whole"] and ex.cuts == []
