@@ -165,11 +165,13 @@ def test_module_globals_are_external_not_serialized():
 
 
 def _recording_backend(tmp_path):
-    """A superkernel backend with static kernels on in reduce-overhead mode (nothing is compiled: fast)."""
+    """A superkernel backend with static kernels on in reduce-overhead mode with the flat program (``cpu.native``
+    off: nothing is compiled, fast; frames are the subject here, packaged native modules test_ro_frames.py's)."""
     import superkernel
 
     cfg = superkernel.CompilerConfig()
     cfg.mode = "reduce-overhead"
+    cfg.cpu.native = False
     cfg.experimental_config.static_kernel.enable = True
     cfg.experimental_config.static_kernel.build_dir = str(tmp_path)
     return superkernel.get_backend(cfg)
