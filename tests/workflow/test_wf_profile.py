@@ -287,7 +287,9 @@ def test_analyze_profile_on_the_sweep_subset(arch, tmp_path):
 
     ckpt = save_checkpoint(arch, tmp_path / arch)
     out = tmp_path / "a.json"
-    result = run_cli("analyze", "--model", str(ckpt), "--prompt-len", "4", "--profile", "--json", str(out))
+    # one plan's trial capture (the profile is the subject; every plan's: test_wf_analyze.py on the zoo)
+    result = run_cli("analyze", "--model", str(ckpt), "--prompt-len", "4", "--strategy", "attention", "--profile",
+                     "--json", str(out))
     assert result.code == 0, result.err
     prof = json.loads(out.read_text())["profile"]
     assert sum(r["ms"] for r in prof["rows"]) == pytest.approx(prof["step_ms"])
