@@ -169,6 +169,21 @@ def _perturbed_compile(real):
     return compile_superkernel
 
 
+def test_bench_remeasures_a_plan(tmp_path):
+    """(Here rather than in test_wf_plan_file.py: the same graphs as the e2e run, so the worker that ran it loads
+    them from its caches instead of two workers compiling them at once.)"""
+    from superkernel.tools.advisor.plan_file import PlanFile, write_plan
+
+    path = write_plan(tmp_path / "superkernel.yaml", PlanFile(scopes={"attention": ["model.layers.*.self_attn"]},
+                                                            mode="reduce-overhead", model="llama-tiny"))
+    result = run_cli("bench", "--config", str(path), *E2E_SHAPES, "--quiet")
+    assert result.code == 0, result.err
+    assert "eager" in result.out and "torch.compile" in result.out
+    last = result.out.strip().splitlines()[-1]
+    assert last.startswith("custom / reduce-overhead:") and "ms/step" in last  # no strategy in the file: custom
+    assert "bit-identical" in last and "vs eager" in last
+
+
 def test_a_plan_that_is_not_bit_exact_fails_and_nothing_is_recommended(monkeypatch, tmp_path):
     monkeypatch.setattr(measure, "compile_superkernel", _perturbed_compile(measure.compile_superkernel))
     result = run_cli("optimize", "--strategy", "attention", "--mode", "reduce-overhead", *E2E_SHAPES,
