@@ -33,7 +33,7 @@ def test_a_healthy_job_exits_zero():
 def test_a_failed_rank_ends_the_job_within_60_s(what, says):
     start = time.monotonic()
     with pytest.raises(LaunchError) as info:
-        launch([what], 2, env=_env(), command=COMMAND, stale_s=10.0)
+        launch([what], 2, env=_env(), command=COMMAND, stale_s=6.0)  # (3 heartbeats)
     elapsed = time.monotonic() - start
     message = str(info.value)
     assert says in message and "the job was stopped" in message
