@@ -63,7 +63,9 @@ def last_level_cache_bytes(default: int = 32 * 2**20) -> int:
 
 def step_bytes(reals: Sequence[Any] | None) -> int | None:
     """The bytes a call of the graph reads at most: its real input tensors (weights, cache, inputs), each
-    storage once (tied weights). ``None`` when the real inputs are not known."""
+    storage once (tied weights). ``None`` when the real inputs are not known. A step that graph breaks split
+    into several graphs counts one graph's inputs: where the cache holds more than that graph reads, its GEMMs
+    are timed as partly cache-resident although the whole step streams more (a known limit)."""
     if reals is None:
         return None
     seen: dict[Any, int] = {}
