@@ -16,7 +16,8 @@ step reads between two calls of one GEMM: the bytes of the graph's real inputs (
 not known). A step larger than the cache reads each weight from memory, and so does the timing; a small model's
 step that stays in a large cache reads its weights from the cache, and so does the timing — and its compile does
 not stream a buffer of twice a 480 MiB cache (a 2-core slice of a large Xeon reports one) before each of the ~60
-timed calls of every GEMM (7.7 s a GEMM for llama-tiny there; 1.4-2.0 s reading its 16 MB step, 16 MiB); and each GEMM's choices are timed in three passes, the order rotated from pass to pass, each
+timed calls of every GEMM (7.7 s a GEMM for llama-tiny there; 1.4-2.0 s reading its 16 MB step, 16 MiB).
+Each GEMM's choices are timed in three passes, the order rotated from pass to pass, each
 choice's median kept (:func:`interleaved_choices`: Inductor times one choice after the other, so on a shared
 machine a busy moment would otherwise decide the pick). Those timings are kept in a local autotune cache file of their own (beside Inductor's, keyed the
 same way), so identical GEMMs (the next decoder layer) are timed once and cache-hot timings from other
