@@ -10,7 +10,7 @@ import yaml
 from safetensors.torch import load_file
 
 from superkernel.tools.advisor import measure
-from superkernel.tools.advisor.plan_file import read_plan
+from superkernel.tools.advisor.plan_file import PlanFile, read_plan, write_plan
 
 from .wf_helpers import E2E_SHAPES, error_lines, run_cli
 
@@ -172,8 +172,6 @@ def _perturbed_compile(real):
 def test_bench_remeasures_a_plan(tmp_path):
     """(Here rather than in test_wf_plan_file.py: the same graphs as the e2e run, so the worker that ran it loads
     them from its caches instead of two workers compiling them at once.)"""
-    from superkernel.tools.advisor.plan_file import PlanFile, write_plan
-
     path = write_plan(tmp_path / "superkernel.yaml", PlanFile(scopes={"attention": ["model.layers.*.self_attn"]},
                                                             mode="reduce-overhead", model="llama-tiny"))
     result = run_cli("bench", "--config", str(path), *E2E_SHAPES, "--quiet")
