@@ -140,3 +140,20 @@ def test_a_trial_capture_with_reference_is_the_exactness_reference_bit_for_bit(l
         torch._dynamo.reset()
     assert trial.reference_logits.shape == (llama_session.total_steps, again.shape[-1])
     assert torch.equal(trial.reference_logits, again)
+
+
+def test_graphs_and_breaks_read_from_the_harness_run_are_explains():
+    """analyze reads the step's graphs and breaks from the first step of its recompile run instead of tracing
+    the step once more with torch._dynamo.explain: both must agree, on a step with a graph break and symbolic
+    sizes (a growing cache tensor) too."""
+    from superkernel.tools.advisor.analysis import dynamo_breaks, step_facts
+    from superkernel.tools.decode import prepare
+
+    from .test_wf_growing_cache import GrowingHistory
+
+    session = prepare(GrowingHistory(), prompt_len=6, steps=3, warmup=2)
+    graphs, breaks = dynamo_breaks(session)
+    facts = step_facts(session)
+    assert graphs >= 2 and len(breaks) == 1 and "graph_break" in breaks[0].reason, breaks
+    assert (facts.graphs, facts.breaks) == (graphs, breaks)
+    assert facts.recompiles_with_harness == 0, facts.reasons_with_harness

@@ -168,6 +168,15 @@ def suggest(structure: ModelStructure) -> tuple[list[str], str]:
     return order, why
 
 
+def _break_infos(break_reasons: list[Any]) -> list[BreakInfo]:
+    breaks = []
+    for b in break_reasons:
+        frame = b.user_stack[-1] if getattr(b, "user_stack", None) else None
+        where = f"{frame.filename}:{frame.lineno}" if frame is not None else None
+        breaks.append(BreakInfo(reason=" ".join(str(b.reason).split())[:300], where=where))
+    return breaks
+
+
 def dynamo_breaks(session: DecodeSession) -> tuple[int, list[BreakInfo]]:
     """Graphs and graph-break reasons of the unscoped decode step (torch._dynamo.explain)."""
     torch._dynamo.reset()
@@ -175,29 +184,57 @@ def dynamo_breaks(session: DecodeSession) -> tuple[int, list[BreakInfo]]:
     with torch.no_grad(), session.dynamo_config():
         out = torch._dynamo.explain(session.step_fn())(ids, pos)
     session.restore_cache()
-    breaks = []
-    for b in out.break_reasons:
-        frame = b.user_stack[-1] if getattr(b, "user_stack", None) else None
-        where = f"{frame.filename}:{frame.lineno}" if frame is not None else None
-        breaks.append(BreakInfo(reason=" ".join(str(b.reason).split())[:300], where=where))
-    return out.graph_count, breaks
+    return out.graph_count, _break_infos(out.break_reasons)
+
+
+@dataclass
+class StepFacts:
+    """What Dynamo says of the unscoped decode step: its graphs and breaks, and its recompiles."""
+
+    graphs: int
+    breaks: list[BreakInfo]
+    guards: list[str]                # guard failures as a user would compile it, with the harness's fix
+    recompiles_with_harness: int
+    reasons_with_harness: list[str]
+
+
+def step_facts(session: DecodeSession, steps: int = 3) -> StepFacts:
+    """:func:`dynamo_breaks` and :func:`recompile_guards` from one set of traces: the first step of the
+    harness run is the step ``explain`` traces (same inputs, same Dynamo settings), so its graphs and
+    breaks are read there instead of tracing the step once more (one Dynamo trace of the whole step
+    less per analysis). Where the harness run cannot be measured, ``explain`` runs on its own as before."""
+    explained: list[Any] = []
+    guards, recompiles, reasons = _recompile_guards(session, steps, explained)
+    if explained:
+        graphs, breaks = explained
+    else:
+        graphs, breaks = dynamo_breaks(session)
+    return StepFacts(graphs, breaks, guards, recompiles, reasons)
 
 
 def recompile_guards(session: DecodeSession, steps: int = 3) -> tuple[list[str], int, list[str]]:
     """Which guards would recompile the decode step, measured with Dynamo's "eager" backend.
 
-    Runs the unscoped step for a few positions twice: once as a user would compile it
-    (no harness settings) to list the guard failures, and once under the harness's Dynamo
-    settings (growing cache ints dynamic, scalar capture) to check it then compiles once.
+    Runs the unscoped step twice: for two positions as a user would compile it (no harness settings)
+    to list the guard failures, and for ``steps`` positions under the harness's Dynamo settings
+    (growing cache ints dynamic, scalar capture) to check it then compiles once.
     """
+    return _recompile_guards(session, steps, None)
+
+
+def _recompile_guards(session: DecodeSession, steps: int, explained: list[Any] | None) -> tuple[list[str], int, list[str]]:
+    """:func:`recompile_guards`; ``explained``, when given, receives the graph count and breaks of the harness
+    run's first step (left empty if that run fails)."""
+    from torch._dynamo.backends.debugging import ExplainWithBackend
     from torch._dynamo.utils import guard_failures
 
-    def run(with_harness: bool) -> list[str]:
+    def run(with_harness: bool, steps: int) -> list[str]:
         import contextlib
 
         torch._dynamo.reset()
         guard_failures.clear()
-        step = torch.compile(session.step_fn(), backend="eager",
+        explain = ExplainWithBackend("eager") if with_harness and explained is not None else None
+        step = torch.compile(session.step_fn(), backend=explain or "eager",
                              dynamic=session.compile_dynamic if with_harness else False)
         session.restore_cache()
         ctx = session.dynamo_config() if with_harness else contextlib.nullcontext()
@@ -206,6 +243,9 @@ def recompile_guards(session: DecodeSession, steps: int = 3) -> tuple[list[str],
                 for i in range(steps):
                     ids = session.tokens[min(i, len(session.tokens) - 1)].reshape(session.batch, 1)
                     step(ids, torch.tensor([session.prompt_len + i], device=session.device))
+                    if explain is not None and i == 0:
+                        first = explain.output()
+                        explained[:] = [first.graph_count, _break_infos(first.break_reasons)]
         finally:
             session.restore_cache()
         reasons = [" ".join(r.strip().splitlines()[0].split())[:300] for rs in guard_failures.values() for r in rs]
@@ -215,9 +255,13 @@ def recompile_guards(session: DecodeSession, steps: int = 3) -> tuple[list[str],
     if session.max_cache_len < session.prompt_len + steps:
         steps = max(1, session.max_cache_len - session.prompt_len)
     try:
-        plain = run(False)
-        fixed = run(True)
+        # As a user would compile it, two positions show the guard that fails on the next one (a third
+        # only repeats it with the next value: another trace of the whole step, another line in the report).
+        plain = run(False, min(steps, 2))
+        fixed = run(True, steps)
     except Exception as exc:  # reported, never fatal for the analysis
+        if explained is not None:
+            explained.clear()
         return [f"could not be measured: {exception_summary(exc, 240, first_line=False)}"], 0, []
     guards = []
     for reason in plain[:3]:
@@ -280,9 +324,10 @@ def analyze(model_name: str, session: DecodeSession, plans: list[ScopePlan] | No
                       num_parameters=sum(p.numel() for p in model.parameters()), structure=structure,
                       not_applicable={s: r for s, r in reasons.items() if r}, kv_cache=kv_cache_description(session),
                       prefill_decode=PREFILL_DECODE, suggested_order=order, suggestion_why=why)
-    result.decode_graphs, result.breaks = dynamo_breaks(session)
+    facts = step_facts(session)
+    result.decode_graphs, result.breaks = facts.graphs, facts.breaks
     result.recompile_guards, result.recompiles_with_harness, result.recompile_reasons_with_harness = \
-        recompile_guards(session)
+        facts.guards, facts.recompiles_with_harness, facts.reasons_with_harness
     for plan in plans if plans is not None else auto_plans(structure):
         if on_trial is not None:
             on_trial(plan.strategy)
