@@ -112,8 +112,38 @@ def _children_temp_dir(tmp_path_factory):
     (``--dist loadfile`` hands out files of several packages), and each new dir meant new precompiled headers."""
     global CHILD_TMPDIR
     CHILD_TMPDIR = shared_run_dir(tmp_path_factory, "children_tmp")
+    _share_inductor_headers(CHILD_TMPDIR)
     yield
     CHILD_TMPDIR = None
+
+
+def _share_inductor_headers(child_tmp: Path) -> None:
+    """Copy the precompiled headers TorchInductor has already built in this test process's temp dir into the
+    children's (~5 s of g++ each, otherwise built again by the first compiling child). They are the same files
+    a child would build (named by the hash of their source and flags), and, like the children's own, part of no
+    package. Each is copied holding Inductor's own lock of its build (a header another process is still building
+    is complete once the lock is free), under a temporary name and renamed, so a child never sees half a file."""
+    import getpass
+
+    from filelock import FileLock
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    here = Path(default_cache_dir()) / "precompiled_headers"
+    there = child_tmp / f"torchinductor_{getpass.getuser()}" / "precompiled_headers"
+    if not here.is_dir():
+        return
+    there.mkdir(parents=True, exist_ok=True)
+    for gch in here.glob("*.h.gch"):
+        header = gch.with_suffix("")
+        if (there / gch.name).exists():
+            continue
+        with FileLock(str(here / "locks" / f"{header.stem}.lock"), timeout=600):
+            if not header.is_file() or not gch.is_file():
+                continue
+            for src in (header, gch):
+                tmp = there / f".{src.name}.{os.getpid()}.tmp"
+                shutil.copy2(src, tmp)
+                os.replace(tmp, there / src.name)
 
 
 @pytest.fixture(scope="module", autouse=True)
