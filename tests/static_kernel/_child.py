@@ -1,7 +1,7 @@
 """Child process of the static kernel tests: compile a tiny scoped model with static kernels.
 
     python _child.py BUILD_DIR BATCH OUT.pt [--no-static] [--function] [--graph-break] [--then-batch N]
-                     [--reduce-overhead] [--quantize SCHEME] [--python-wrapper]
+                     [--reduce-overhead] [--quantize SCHEME]
 
 Prints one line ``RESULT {json}`` with the backend's and the static kernel compiler's counters, the
 number of C++ compilations TorchInductor started and the number of frames Dynamo traced
@@ -11,8 +11,7 @@ precompiled frame) instead of the model; ``--graph-break`` puts a graph break in
 ``--reduce-overhead`` compiles in that mode (CPU: native modules) and also saves the exactness
 reference's output (``debug.run_eagerly``) as ``ref``; the result then names every segment's
 realization and whether this process has a C++ compiler. ``--quantize SCHEME`` quantizes the model first
-(torchao, ``superkernel.tools.quantize``). ``--python-wrapper``: Inductor's Python wrapper instead of its C++ one
-(one C++ compile less per graph, where the package's wrapper is not what a test checks).
+(torchao, ``superkernel.tools.quantize``).
 """
 
 from __future__ import annotations
@@ -101,7 +100,6 @@ def main() -> int:
         cfg.mode = "reduce-overhead"  # (the config test_native.py builds with: same fingerprint)
     else:
         cfg.inductor.freezing = False  # packaging is tested here; test_freezing.py tests the frozen choice
-        cfg.inductor.cpp_wrapper = "--python-wrapper" not in sys.argv
     if static:
         cfg.experimental_config.static_kernel.enable = True
         cfg.experimental_config.static_kernel.build_dir = build_dir

@@ -27,8 +27,7 @@ def test_a_w8a8_package_carries_the_int8_kernels_and_a_fresh_process_loads_them(
     build_dir.mkdir()
     # (no fresh-process load check in the build: the loading child below is one, with an empty native cache;
     # the check itself is test_build_and_load.py's)
-    # (the Python wrapper: the library is what this test is about; C++-wrapper packages: test_build_and_load.py)
-    built = run_child(tmp_path, build_dir, 2, tmp_path / "build_out.pt", "--quantize", "w8a8", "--python-wrapper",
+    built = run_child(tmp_path, build_dir, 2, tmp_path / "build_out.pt", "--quantize", "w8a8",
                       SUPERKERNEL_CACHE_DIR=str(seeded_cache(tmp_path / "build_cache")), SUPERKERNEL_STATIC_VERIFY="0")
     assert built["static"].get("rewrites") == 2, built  # both linears, rewritten in the build as in a normal compile
     assert built["static"].get("native_built") == 1, built  # (as our kernel: the package's module is its library)
@@ -41,7 +40,7 @@ def test_a_w8a8_package_carries_the_int8_kernels_and_a_fresh_process_loads_them(
     os.chmod(keys.parent, 0o700)
     shutil.copy(tmp_path / "build_cache" / "keys" / "trust.key", keys / "trust.key")
     os.chmod(keys / "trust.key", 0o600)
-    loaded = run_child(tmp_path, build_dir, 2, tmp_path / "load_out.pt", "--quantize", "w8a8", "--python-wrapper",
+    loaded = run_child(tmp_path, build_dir, 2, tmp_path / "load_out.pt", "--quantize", "w8a8",
                        SUPERKERNEL_CACHE_DIR=str(tmp_path / "empty_cache"))
     assert loaded["static"].get("native_loaded") == 1 and loaded["static"].get("loaded", 0) >= 1, loaded["warnings"]
     assert loaded["static"].get("compiled", 0) == 0 and loaded["cpp_builds"] == 0 and not loaded["warnings"], loaded
