@@ -71,9 +71,8 @@ def test_int4_leaves_layers_the_packed_layout_cannot_take_in_float_and_says_why(
     assert info.skipped == ["0: 40 output features are not a multiple of 16 (the packed CPU int4 layout's)"]
 
 
-def compiled(fn, mode, run_eagerly=False, **inductor):
-    return sk.compile(fn, sk.CompilerConfig.from_dict({"mode": mode, "debug": {"run_eagerly": run_eagerly},
-                                                       "inductor": inductor}))
+def compiled(fn, mode, run_eagerly=False):
+    return sk.compile(fn, sk.CompilerConfig.from_dict({"mode": mode, "debug": {"run_eagerly": run_eagerly}}))
 
 
 @pytest.mark.parametrize("scheme", list(SCHEMES))
@@ -118,8 +117,7 @@ def test_max_autotune_reads_quantized_weights_once(scheme, explained, kernel, mo
     torch.manual_seed(0)
     model = Mlp().eval()
     quantize_model(model, scheme)
-    # the Python wrapper: the rewrites are made before Inductor generates either wrapper
-    ma, ref = compiled(model, "max-autotune", cpp_wrapper=False), compiled(model, "max-autotune", run_eagerly=True)
+    ma, ref = compiled(model, "max-autotune"), compiled(model, "max-autotune", run_eagerly=True)
     with torch.no_grad():
         for _ in range(2):
             x = torch.randn(1, 1, 128)
