@@ -203,12 +203,8 @@ def step_facts(session: DecodeSession, steps: int = 3) -> StepFacts:
     harness run is the step ``explain`` traces (same inputs, same Dynamo settings), so its graphs and
     breaks are read there instead of tracing the step once more (one Dynamo trace of the whole step
     less per analysis). Where the harness run cannot be measured, ``explain`` runs on its own as before."""
-    explained: list[Any] = []
-    guards, recompiles, reasons = _recompile_guards(session, steps, explained)
-    if explained:
-        graphs, breaks = explained
-    else:
-        graphs, breaks = dynamo_breaks(session)
+    guards, recompiles, reasons, first_step = _recompile_guards(session, steps)
+    graphs, breaks = first_step if first_step is not None else dynamo_breaks(session)
     return StepFacts(graphs, breaks, guards, recompiles, reasons)
 
 
@@ -219,21 +215,24 @@ def recompile_guards(session: DecodeSession, steps: int = 3) -> tuple[list[str],
     to list the guard failures, and for ``steps`` positions under the harness's Dynamo settings
     (growing cache ints dynamic, scalar capture) to check it then compiles once.
     """
-    return _recompile_guards(session, steps, None)
+    return _recompile_guards(session, steps)[:3]
 
 
-def _recompile_guards(session: DecodeSession, steps: int, explained: list[Any] | None) -> tuple[list[str], int, list[str]]:
-    """:func:`recompile_guards`; ``explained``, when given, receives the graph count and breaks of the harness
-    run's first step (left empty if that run fails)."""
+def _recompile_guards(session: DecodeSession, steps: int
+                      ) -> tuple[list[str], int, list[str], tuple[int, list[BreakInfo]] | None]:
+    """:func:`recompile_guards`, and the graph count and breaks of the harness run's first step (None when
+    the runs could not be measured)."""
     from torch._dynamo.backends.debugging import ExplainWithBackend
     from torch._dynamo.utils import guard_failures
+
+    first_step: list[tuple[int, list[BreakInfo]]] = []
 
     def run(with_harness: bool, steps: int) -> list[str]:
         import contextlib
 
         torch._dynamo.reset()
         guard_failures.clear()
-        explain = ExplainWithBackend("eager") if with_harness and explained is not None else None
+        explain = ExplainWithBackend("eager") if with_harness else None
         step = torch.compile(session.step_fn(), backend=explain or "eager",
                              dynamic=session.compile_dynamic if with_harness else False)
         session.restore_cache()
@@ -244,8 +243,8 @@ def _recompile_guards(session: DecodeSession, steps: int, explained: list[Any] |
                     ids = session.tokens[min(i, len(session.tokens) - 1)].reshape(session.batch, 1)
                     step(ids, torch.tensor([session.prompt_len + i], device=session.device))
                     if explain is not None and i == 0:
-                        first = explain.output()
-                        explained[:] = [first.graph_count, _break_infos(first.break_reasons)]
+                        out = explain.output()
+                        first_step.append((out.graph_count, _break_infos(out.break_reasons)))
         finally:
             session.restore_cache()
         reasons = [" ".join(r.strip().splitlines()[0].split())[:300] for rs in guard_failures.values() for r in rs]
@@ -260,16 +259,14 @@ def _recompile_guards(session: DecodeSession, steps: int, explained: list[Any] |
         plain = run(False, min(steps, 2))
         fixed = run(True, steps)
     except Exception as exc:  # reported, never fatal for the analysis
-        if explained is not None:
-            explained.clear()
-        return [f"could not be measured: {exception_summary(exc, 240, first_line=False)}"], 0, []
+        return [f"could not be measured: {exception_summary(exc, 240, first_line=False)}"], 0, [], None
     guards = []
     for reason in plain[:3]:
         handled = [name for name in session.growing_ints if name in reason]
         fix = (f" — the harness makes `{handled[0]}` a dynamic source (torch.compiler.config.dynamic_sources), so "
                "decode compiles once" if handled else "")
         guards.append(f"`{reason}`{fix}")
-    return guards, len(fixed), fixed
+    return guards, len(fixed), fixed, first_step[0]
 
 
 def trial_capture(session: DecodeSession, plan: ScopePlan, *, reference: bool = False) -> TrialCapture:
