@@ -43,3 +43,13 @@ def test_a_tweak_whose_names_moved_is_skipped_with_one_warning(monkeypatch):
         warnings.simplefilter("error")
         with tweaks.context("moved"):
             pass  # warned once
+
+
+def test_docs_list_every_tweak_with_the_names_it_touches():
+    from pathlib import Path
+
+    api = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
+    rows = {line.split("|")[1].strip(): line for line in api.splitlines() if line.startswith("| ")}
+    for tweak in tweaks.TWEAKS:
+        assert tweak.name in rows, f"docs/api.md lists no tweak {tweak.name!r}"
+        assert all(f"`{name}`" in rows[tweak.name] for name in tweak.touches), tweak.name

@@ -73,6 +73,12 @@ TWEAKS: tuple[Tweak, ...] = (
     Tweak("background plain build", ("torch._inductor.codecache:CppWrapperCodeCache.load_pybinding",),
           "CPU max-autotune, plain and frozen variants compiled: the plain variant's g++ build overlaps the frozen "
           "lowering (static kernels off)", f"{_IND}.background_build:builds_in_background"),
+    Tweak("C++-wrapper builds precompile the kernel header", (
+              "torch._inductor.codecache:CppWrapperCodeCache._get_uncompiled_header",
+              "torch._inductor.codecache:_get_cpp_prefix_header"),
+          "CPU compiles with cpp_wrapper: the precompiled header of each module's build also holds cpp_prefix.h, "
+          "which the module includes and g++ parsed again in every build",
+          f"{_IND}.wrapper_pch:wrapper_header_holds_kernel_header"),
     Tweak("real constants in the frozen compile", ("torch._subclasses.fake_tensor:FakeTensorMode",),
           "CPU max-autotune, frozen compiles: the fake mode accepts the real frozen weights "
           "(FakeTensorMode.allow_non_fake_inputs, an instance attribute), as Inductor's own freezing does",
