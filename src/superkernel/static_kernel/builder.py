@@ -91,14 +91,13 @@ class Builder:
 
         Raises whatever TorchInductor raises (the caller compiles the normal way then).
         """
-        from superkernel.runtime.inductor import tweaks
-        from superkernel.runtime.inductor.compile import WRAPPER_PCH, graph_rewrites
+        from superkernel.runtime.inductor.compile import build_tweaks, graph_rewrites
 
         staging = self.staging
         start = time.perf_counter()
         inputs = [materialize(v) for v in example_inputs] + constants
         rewrites = graph_rewrites(lifted, device_kind(inputs))  # what compile_partition does first, the same here
-        with compat.inductor_cache_dir_at(str(staging)), tweaks.context(WRAPPER_PCH):
+        with compat.inductor_cache_dir_at(str(staging)), build_tweaks():
             artifact = compat.standalone_compile(lifted, inputs, patches)
             path = staging.parent / ".artifacts" / f"{key}.bin"
             make_dirs(path.parent, "static kernel artifact folder")

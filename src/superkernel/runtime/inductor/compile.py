@@ -9,9 +9,12 @@ import torch
 import torch.fx as fx
 
 
-#: the tweak every compile of a partition runs under (:mod:`superkernel.runtime.inductor.wrapper_pch`; it changes
-#: nothing but CPU C++-wrapper builds)
-WRAPPER_PCH = "C++-wrapper builds precompile the kernel header"
+def build_tweaks() -> Any:
+    """The Inductor tweak every compile of a partition runs under, a static build's too: C++-wrapper builds
+    precompile the kernel header (:mod:`superkernel.runtime.inductor.wrapper_pch`; nothing else changes)."""
+    from superkernel.runtime.inductor import tweaks
+
+    return tweaks.context("C++-wrapper builds precompile the kernel header")
 
 
 def inductor_patches(device: str, *, cpp_wrapper: bool = True, autotune: bool = False,
@@ -56,7 +59,6 @@ def compile_partition(gm: fx.GraphModule, example_inputs: list[Any], *, device: 
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.utils import BoxedBool
 
-    from superkernel.runtime.inductor import tweaks
     from superkernel.runtime.inductor.output import output_logged
 
     use_cpp_wrapper = bool(cpp_wrapper and device == "cpu")
@@ -72,7 +74,7 @@ def compile_partition(gm: fx.GraphModule, example_inputs: list[Any], *, device: 
     gm = _copy(gm)  # Inductor's passes rewrite the graph in place; identical partitions must stay identical
     rewrites = graph_rewrites(gm, device)
     try:
-        with inductor_config.patch(patches), output_logged(), tweaks.context(WRAPPER_PCH):
+        with inductor_config.patch(patches), output_logged(), build_tweaks():
             compiled = compile_fx_inner(
                 gm, example_inputs, cudagraphs=BoxedBool(False), is_inference=True, cpp_wrapper=use_cpp_wrapper,
             )
