@@ -21,8 +21,9 @@ plan's cold compile costs). Inside, spans around the compile path's parts are ti
   compile of a partition, builds excluded), and ``other`` (Dynamo, AOTAutograd, our passes, the step).
 
 ``--variants``: ``before`` runs with ``SUPERKERNEL_COMPILE_PATH=before`` (the GEMM template modules built as
-Inductor builds them, index expressions parsed on every render: the compile path before
-:mod:`superkernel.runtime.inductor.autotune_builds` and ``frozen_code.parsed_index_expressions_reused``), ``after``
+Inductor builds them, index expressions parsed on every render, each partition's module built with Inductor's
+own precompiled wrapper header alone: the compile path before :mod:`superkernel.runtime.inductor.autotune_builds`,
+``frozen_code.parsed_index_expressions_reused`` and :mod:`superkernel.runtime.inductor.wrapper_pch`), ``after``
 with the default; the variants of one repeat run one after the other (A/B, B/A on the next repeat). Each run's autotune picks (per GEMM:
 the fastest choice's name) are recorded so the variants can be compared. Writes
 ``benchmarks/results/<name>.{json,md}``.

@@ -18,8 +18,9 @@ built both ways (tests/backend/test_autotune_builds.py). The module key, its pat
 change; only its build is shorter.
 
 ``SUPERKERNEL_COMPILE_PATH=before`` turns this off, and the parsed index expressions of
-:func:`superkernel.runtime.inductor.frozen_code.parsed_index_expressions_reused` too: the compile path before
-both, which ``benchmarks/max_autotune_compile.py`` compares with.
+:func:`superkernel.runtime.inductor.frozen_code.parsed_index_expressions_reused` and the combined precompiled
+header of :mod:`superkernel.runtime.inductor.wrapper_pch` too: the compile path before all three, which
+``benchmarks/max_autotune_compile.py`` compares with.
 """
 
 from __future__ import annotations
