@@ -49,17 +49,15 @@ def header_chooser(original: Callable[[str], str | None], kernels_of: Callable[[
 
 
 @contextlib.contextmanager
-def wrapper_header_holds_kernel_header(enabled_: bool | None = None) -> Iterator[None]:
-    """Inside: C++-wrapper modules are built with the precompiled header that also holds ``cpp_prefix.h``."""
+def wrapper_header_holds_kernel_header() -> Iterator[None]:
+    """Inside: C++-wrapper modules are built with the precompiled header that also holds ``cpp_prefix.h``
+    (entered through :data:`superkernel.runtime.inductor.tweaks.TWEAKS`, which skips it where this torch lacks
+    the names it touches)."""
+    from torch._inductor import codecache
+
     from superkernel.runtime.inductor.autotune_builds import enabled
 
-    if enabled_ is None:
-        enabled_ = enabled()
-    try:
-        from torch._inductor import codecache
-    except ImportError:
-        enabled_ = False
-    if not enabled_:
+    if not enabled():
         yield
         return
     cache = codecache.CppWrapperCodeCache
