@@ -97,3 +97,44 @@ def test_bad_int4_operands_are_refused_with_what_is_expected(kernels):
                                                torch.zeros(2, 64, 2))
     with pytest.raises(RuntimeError, match="N a multiple of 64 and K of the group size 48"):
         torch.ops.superkernel.int4_weight_gemv(torch.zeros(1, 128), packed, 48, torch.zeros(2, 64, 2))
+
+
+def test_the_int4_layout_is_the_one_aten_packs_for_its_capability(kernels):
+    """ATen packs int4 for the vector width it runs with (found on an AVX2 machine: the kernel had read every
+    packed weight as AVX512's layout, so its plain loop was wrong wherever ATen is not AVX512)."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ("AVX512", "AVX2", "DEFAULT"):
+        pytest.skip(f"ATen's capability here is {capability}")
+    assert quant_kernels.int4_layout() == {"AVX512": 1, "AVX2": 2, "DEFAULT": 3}[capability]
+    assert kernels.fast_path()["int4_weight_gemv"] == (capability == "AVX512")
+
+
+_LOWERED = """
+import torch
+from superkernel.runtime.cpu import quant_kernels
+assert quant_kernels.load() is not None, quant_kernels.unavailable_reason()
+g = torch.Generator().manual_seed(5)
+q = torch.randint(0, 16, (128, 256), dtype=torch.int32, generator=g)
+packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+sz, x = torch.randn(4, 128, 2, generator=g), torch.randn(2, 256, generator=g)
+got = torch.ops.superkernel.int4_weight_gemv(x, packed, 64, sz)
+aten = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, 64, sz)
+torch.testing.assert_close(got, aten, rtol=1e-5, atol=1e-5 * aten.abs().max().item())
+print(torch.backends.cpu.get_cpu_capability(), quant_kernels.int4_layout(), quant_kernels.fast_path("int4_weight_gemv"))
+"""
+
+
+@pytest.mark.parametrize("capability", ["default", "avx2"])
+def test_the_int4_gemv_reads_the_layout_of_a_lowered_aten_capability(kernels, capability):
+    """``ATEN_CPU_CAPABILITY`` lowers what ATen packs for (an AVX512 machine packing AVX2's layout): the kernel
+    follows it, against ATen's own int4 product in that process."""
+    import os
+    import subprocess
+    import sys
+
+    if capability == "avx2" and torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        pytest.skip("this CPU has no AVX2")
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
+    done = subprocess.run([sys.executable, "-c", _LOWERED], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [capability.upper(), {"default": "3", "avx2": "2"}[capability], "False"]

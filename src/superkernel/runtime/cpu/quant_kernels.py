@@ -170,18 +170,30 @@ void woq_block(const float* x, const int8_t* w, float* y, int64_t M, int64_t N, 
 }
 
 // ---- int4 weight-only, torchao's CPU packed layout (ATen's _convert_weight_to_int4pack_for_cpu) ----
-// w: uint8 [N / 64, K, 32]: byte j of (block b, k) holds q[64b + j, k] (low nibble) and q[64b + 32 + j, k] (high);
+// ATen packs for the vector width it runs with (its CPU capability: AVX512, AVX2 or DEFAULT, ATEN_CPU_CAPABILITY
+// can lower it), and its own kernel reads the weight back the same way, so the layout is this process's:
+// w: uint8 [N / B, K, B / 2]: byte j of (block b, k) holds two rows of block b, low nibble then high one:
+//   AVX512: B = 64, rows j and 32 + j; AVX2: B = 32, rows j and 16 + j; DEFAULT: B = 32, rows 2j and 2j + 1.
+// Python finds which by packing a probe with ATen (quant_kernels.int4_layout) and says so through
+// set_int4_layout; until then, or for a layout none of these, the op refuses.
 // sz: float32 [K / G, N, 2], (scale, zero) per group of G along K; weight = (q - 8) * scale + zero.
+enum Int4Layout { kInt4Unknown = 0, kInt4Avx512 = 1, kInt4Avx2 = 2, kInt4Pairs = 3 };
+int g_int4_layout = kInt4Unknown;
+int64_t int4_block_rows() { return g_int4_layout == kInt4Avx512 ? 64 : 32; }
+
 void int4_plain(const float* x, const uint8_t* w, const float* sz, float* y, int64_t M, int64_t N, int64_t K,
                 int64_t G, int64_t b0, int64_t b1) {
+  const int64_t B = int4_block_rows(), H = B / 2;
+  const bool pairs = g_int4_layout == kInt4Pairs;
   for (int64_t b = b0; b < b1; ++b)
     for (int64_t m = 0; m < M; ++m)
-      for (int64_t j = 0; j < 64; ++j) {
-        const int64_t n = 64 * b + j;
+      for (int64_t j = 0; j < B; ++j) {
+        const int64_t n = B * b + j, col = pairs ? j / 2 : j %% H;
+        const bool high = pairs ? (j & 1) : j >= H;
         float s = 0.f;
         for (int64_t k = 0; k < K; ++k) {
-          const uint8_t byte = w[(b * K + k) * 32 + (j & 31)];
-          const int q = j < 32 ? (byte & 15) : (byte >> 4);
+          const uint8_t byte = w[(b * K + k) * H + col];
+          const int q = high ? (byte >> 4) : (byte & 15);
           const float* p = sz + ((k / G) * N + n) * 2;
           s += x[m * K + k] * (float(q - 8) * p[0] + p[1]);
         }
@@ -189,7 +201,7 @@ void int4_plain(const float* x, const uint8_t* w, const float* sz, float* y, int
       }
 }
 
-// One block of 64 output columns: per group, a = sum_k x[k] * (q - 8) and xs = sum_k x[k] in float32, then
+// One block of 64 output columns (the AVX512 layout): per group, a = sum_k x[k] * (q - 8) and xs = sum_k x[k] in float32, then
 // y += scale * a + zero * xs. A byte widened to a 32-bit lane indexes a 16-float table (q - 8) with its low
 // nibble (vpermps reads the low four bits), and with its high nibble after a shift: 13 instructions per 64
 // weights, against 19 with and/shift/convert (0.17 ms against 0.23 ms for a 4864x896 GEMV here; a second set
@@ -305,8 +317,10 @@ at::Tensor int4_weight_gemv(const at::Tensor& x_, const at::Tensor& w_, int64_t 
   const uint8_t* wp = w.const_data_ptr<uint8_t>();
   const float* sp = sz.const_data_ptr<float>();
   float* yp = y.mutable_data_ptr<float>();
-  const bool fast = has_avx512();
-  at::parallel_for(0, N / 64, 1, [&](int64_t b0, int64_t b1) {
+  TORCH_CHECK(g_int4_layout != kInt4Unknown, "superkernel::int4_weight_gemv: this process's packed int4 layout ",
+              "(ATen's _convert_weight_to_int4pack_for_cpu) is not one this kernel reads");
+  const bool fast = has_avx512() && g_int4_layout == kInt4Avx512;
+  at::parallel_for(0, N / int4_block_rows(), 1, [&](int64_t b0, int64_t b1) {
     if (!fast) { int4_plain(xp, wp, sp, yp, M, N, K, G, b0, b1); return; }
     for (int64_t b = b0; b < b1; ++b) int4_block(xp, wp, sp, yp, M, N, K, G, b);
   });
@@ -316,7 +330,14 @@ at::Tensor int4_weight_gemv(const at::Tensor& x_, const at::Tensor& w_, int64_t 
 PyObject* sk_fast_path(PyObject*, PyObject*) {
   return Py_BuildValue("{s:O,s:O,s:O}", "int8_gemv", has_vnni() ? Py_True : Py_False,
                        "int8_weight_gemv", has_avx512() ? Py_True : Py_False,
-                       "int4_weight_gemv", has_avx512() ? Py_True : Py_False);
+                       "int4_weight_gemv", has_avx512() && g_int4_layout == kInt4Avx512 ? Py_True : Py_False);
+}
+
+PyObject* sk_set_int4_layout(PyObject*, PyObject* code) {
+  const long v = PyLong_AsLong(code);
+  if (v == -1 && PyErr_Occurred()) return nullptr;
+  g_int4_layout = v >= kInt4Unknown && v <= kInt4Pairs ? int(v) : kInt4Unknown;
+  Py_RETURN_NONE;
 }
 
 PyObject* sk_use_vectors(PyObject*, PyObject* flag) {
@@ -325,7 +346,8 @@ PyObject* sk_use_vectors(PyObject*, PyObject* flag) {
 }
 
 PyMethodDef sk_methods[] = {{"fast_path", sk_fast_path, METH_NOARGS, nullptr},
-                            {"use_vectors", sk_use_vectors, METH_O, nullptr}, {nullptr, nullptr, 0, nullptr}};
+                            {"use_vectors", sk_use_vectors, METH_O, nullptr},
+                            {"set_int4_layout", sk_set_int4_layout, METH_O, nullptr}, {nullptr, nullptr, 0, nullptr}};
 PyModuleDef sk_module = {PyModuleDef_HEAD_INIT, SK_STR(SK_MODULE), nullptr, -1, sk_methods};
 
 }  // namespace
@@ -378,6 +400,42 @@ def provided_by(provider: Callable[[Any], Any] | None) -> Iterator[None]:
         _PROVIDER.reset(token)
 
 
+#: the packed int4 layouts the kernel reads (its ``Int4Layout``): code -> (rows a block, rows of byte j's low and
+#: high nibble within its block)
+INT4_LAYOUTS = {1: (64, lambda j: j, lambda j: 32 + j),       # ATen built for AVX512
+                2: (32, lambda j: j, lambda j: 16 + j),       # AVX2
+                3: (32, lambda j: 2 * j, lambda j: 2 * j + 1)}  # DEFAULT (no vectors)
+
+
+def _packed(q: torch.Tensor, code: int) -> torch.Tensor:
+    """``q`` ([N, K] values 0..15) packed in layout ``code``: uint8 [N, K / 2], as ATen's packing lays it out."""
+    block, low, high = INT4_LAYOUTS[code]
+    n, k = q.shape
+    rows = torch.arange(block // 2)
+    lo = torch.tensor([low(j) for j in rows.tolist()])
+    hi = torch.tensor([high(j) for j in rows.tolist()])
+    blocks = q.reshape(n // block, block, k).transpose(1, 2)  # [N / B, K, B]
+    return (blocks[:, :, lo] | (blocks[:, :, hi] << 4)).to(torch.uint8).reshape(n, k // 2)
+
+
+@functools.lru_cache(maxsize=1)
+def int4_layout() -> int:
+    """Which layout ATen's ``_convert_weight_to_int4pack_for_cpu`` packs in this process (it follows ATen's CPU
+    capability, which ``ATEN_CPU_CAPABILITY`` can lower): a code of :data:`INT4_LAYOUTS`, found by packing a probe,
+    or 0 when it is none of them (the kernel then refuses, and the rewrite keeps ATen's call)."""
+    q = torch.randint(0, 16, (128, 8), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+    try:
+        got = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+    except (RuntimeError, AttributeError):
+        return 0
+    return next((code for code in INT4_LAYOUTS
+                 if got.dtype == torch.uint8 and torch.equal(got.reshape(128, 4), _packed(q, code))), 0)
+
+
+def _configure(module: Any) -> None:
+    module.set_int4_layout(int4_layout())
+
+
 def _register_fakes() -> None:
     """Shapes for tracing (Inductor's fake tensors): ``[M, N]``, int32 for the W8A8 dot, float32 otherwise."""
     def gemv_fake(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -396,6 +454,7 @@ def adopt(module: Any) -> None:
     with _lock:
         if _state.get("module") is None:
             _register_fakes()
+            _configure(module)
             _state["module"], _state["error"] = module, None
 
 
@@ -415,6 +474,7 @@ def load() -> Any | None:
             module = provider(src) if provider is not None else load_library(build_library(src), src.module_name)
             if _state.get("module") is None:
                 _register_fakes()
+            _configure(module)
         except (NativeBuildError, OSError, ImportError, RuntimeError) as exc:
             _state["module"], _state["error"] = None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return None
@@ -433,5 +493,5 @@ def fast_path(op: str) -> bool:
     return bool(module is not None and module.fast_path().get(op))
 
 
-__all__ = ["FLAGS", "ROWS", "adopt", "fast_path", "load", "native_source", "provided_by", "source",
-           "unavailable_reason"]
+__all__ = ["FLAGS", "INT4_LAYOUTS", "ROWS", "adopt", "fast_path", "int4_layout", "load", "native_source",
+           "provided_by", "source", "unavailable_reason"]
