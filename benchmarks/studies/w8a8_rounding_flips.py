@@ -3,8 +3,9 @@
     .venv/bin/python benchmarks/studies/w8a8_rounding_flips.py [--layers 24] [--steps 32] [--output FILE.md]
 
 A Qwen2-0.5B-shaped decoder (random weights, ``benchmarks/quant_decode.py``'s), 1 thread, in eager only: the model
-as it is, and the same model whose RMSNorm sums its squares in another order (``(x * x).sum(-1) / n`` instead of
-``x.pow(2).mean(-1)``: the same float32 arithmetic reordered, what a fused norm kernel does). Each is decoded
+as it is, and the same model whose RMSNorm sums its squares in another order (the even and the odd elements apart,
+then the two sums, instead of ``x.pow(2).mean(-1)``: the same float32 arithmetic reordered, as a fused norm kernel
+with other vector lanes does). Each is decoded
 greedily from the same 16-token prompt for ``--steps`` tokens, free running as ``generate()`` does, for float32,
 int8 weight-only and W8A8. Prints and writes whether the two decodes give the same tokens, where they part, the
 max logit difference before that, and the eager model's gap between its first and second choice there.
@@ -31,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 @contextmanager
 def reordered_norm():
-    """Qwen2's RMSNorm with its variance summed as ``(x * x).sum(-1) / n``: float32, other order."""
+    """Qwen2's RMSNorm with its squares summed as even and odd elements apart, then added: float32, other order."""
     from transformers.models.qwen2 import modeling_qwen2 as m
 
     original = m.Qwen2RMSNorm.forward
@@ -39,7 +40,8 @@ def reordered_norm():
     def forward(self, hidden_states):
         dtype = hidden_states.dtype
         x = hidden_states.to(torch.float32)
-        variance = (x * x).sum(-1, keepdim=True) / x.shape[-1]
+        squares = x * x
+        variance = (squares[..., ::2].sum(-1, keepdim=True) + squares[..., 1::2].sum(-1, keepdim=True)) / x.shape[-1]
         return self.weight * (x * torch.rsqrt(variance + self.variance_epsilon)).to(dtype)
 
     m.Qwen2RMSNorm.forward = forward
