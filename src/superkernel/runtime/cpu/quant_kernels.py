@@ -201,9 +201,9 @@ void int4_plain(const float* x, const uint8_t* w, const float* sz, float* y, int
       }
 }
 
-// One block of 64 output columns (the AVX512 layout): per group, a = sum_k x[k] * (q - 8) and xs = sum_k x[k] in float32, then
-// y += scale * a + zero * xs. A byte widened to a 32-bit lane indexes a 16-float table (q - 8) with its low
-// nibble (vpermps reads the low four bits), and with its high nibble after a shift: 13 instructions per 64
+// One block of 64 output columns (the AVX512 layout): per group, a = sum_k x[k] * (q - 8) and xs = sum_k x[k] in
+// float32, then y += scale * a + zero * xs. A byte widened to a 32-bit lane indexes a 16-float table (q - 8) with
+// its low nibble (vpermps reads the low four bits), and with its high nibble after a shift: 13 instructions per 64
 // weights, against 19 with and/shift/convert (0.17 ms against 0.23 ms for a 4864x896 GEMV here; a second set
 // of accumulators for odd k measured no faster: the loop is throughput-bound, not waiting on FMA latency).
 __attribute__((target("avx512f,avx512bw")))
@@ -400,22 +400,19 @@ def provided_by(provider: Callable[[Any], Any] | None) -> Iterator[None]:
         _PROVIDER.reset(token)
 
 
-#: the packed int4 layouts the kernel reads (its ``Int4Layout``): code -> (rows a block, rows of byte j's low and
-#: high nibble within its block)
-INT4_LAYOUTS = {1: (64, lambda j: j, lambda j: 32 + j),       # ATen built for AVX512
-                2: (32, lambda j: j, lambda j: 16 + j),       # AVX2
-                3: (32, lambda j: 2 * j, lambda j: 2 * j + 1)}  # DEFAULT (no vectors)
+#: the packed int4 layouts the kernel reads (its ``Int4Layout``): code -> (rows a block, the rows of its bytes' low
+#: nibbles, of their high nibbles; byte j of a block and k holds the j-th of each)
+INT4_LAYOUTS = {1: (64, range(32), range(32, 64)),         # ATen built for AVX512
+                2: (32, range(16), range(16, 32)),         # AVX2
+                3: (32, range(0, 32, 2), range(1, 32, 2))}  # DEFAULT (no vectors)
 
 
 def _packed(q: torch.Tensor, code: int) -> torch.Tensor:
     """``q`` ([N, K] values 0..15) packed in layout ``code``: uint8 [N, K / 2], as ATen's packing lays it out."""
     block, low, high = INT4_LAYOUTS[code]
     n, k = q.shape
-    rows = torch.arange(block // 2)
-    lo = torch.tensor([low(j) for j in rows.tolist()])
-    hi = torch.tensor([high(j) for j in rows.tolist()])
     blocks = q.reshape(n // block, block, k).transpose(1, 2)  # [N / B, K, B]
-    return (blocks[:, :, lo] | (blocks[:, :, hi] << 4)).to(torch.uint8).reshape(n, k // 2)
+    return (blocks[:, :, list(low)] | (blocks[:, :, list(high)] << 4)).to(torch.uint8).reshape(n, k // 2)
 
 
 @functools.lru_cache(maxsize=1)
@@ -428,8 +425,9 @@ def int4_layout() -> int:
         got = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
     except (RuntimeError, AttributeError):
         return 0
-    return next((code for code in INT4_LAYOUTS
-                 if got.dtype == torch.uint8 and torch.equal(got.reshape(128, 4), _packed(q, code))), 0)
+    if got.dtype != torch.uint8 or got.numel() != 128 * 4:
+        return 0
+    return next((code for code in INT4_LAYOUTS if torch.equal(got.reshape(128, 4), _packed(q, code))), 0)
 
 
 def _configure(module: Any) -> None:
