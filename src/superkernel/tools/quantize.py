@@ -165,16 +165,17 @@ def extra_repr(self: torch.nn.Module) -> str:
 
 
 def _plain_extra_repr(model: torch.nn.Module) -> None:
-    """torchao binds each quantized linear's ``extra_repr`` as a method over a ``functools.partial``; Dynamo's
-    guard serializer (a :func:`superkernel.precompile_step` frame) cannot name such a method. Bind a plain
-    function of this module instead (the printed line keeps the shapes and names the weight's class)."""
-    import functools
+    """torchao binds each quantized linear's ``extra_repr`` to the module as a method over a ``functools.partial``
+    (int8 configs) or over a function of another name (``_linear_extra_repr``, the int4 config); Dynamo's guard
+    serializer (a :func:`superkernel.precompile_step` frame) looks a bound method up on its object by the
+    function's name, and fails on both. Bind a plain function of this module, named ``extra_repr``, instead (the
+    printed line keeps the shapes and names the weight's class)."""
     import inspect
     import types
 
     for module in model.modules():
         bound = vars(module).get("extra_repr")
-        if inspect.ismethod(bound) and isinstance(bound.__func__, functools.partial):
+        if inspect.ismethod(bound) and getattr(bound.__func__, "__name__", None) != "extra_repr":
             module.extra_repr = types.MethodType(extra_repr, module)
 
 
