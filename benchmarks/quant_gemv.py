@@ -9,7 +9,7 @@ lm_head 151936x896), batch 1, in float32 and in bfloat16:
 * ATen ``_weight_int8pack_mm`` (Inductor's own weight-only pattern rewrites to it, for bfloat16 only);
 * Inductor's compile of the graph torchao's int8 weight-only linear produces (``mm(x, float(w_int8).T) * s``);
 * superkernel's rewrite (``superkernel.runtime.inductor.quant_gemv``) of the same graph, both ways it can go:
-  our int8 kernel (``superkernel.runtime.cpu.quant_kernels``, where this CPU has AVX-512) and Inductor's reduction
+  our int8 kernel (``superkernel.runtime.cpu.quant_kernels``, where this CPU has AVX-512 or AVX2) and Inductor's reduction
   reading int8 (elsewhere, and for bfloat16);
 * for float32 also the W8A8 dot of the same weight with an int8 activation: ATen's ``torch._int_mm`` and our
   kernel (``torch.ops.superkernel.int8_gemv``);
@@ -104,9 +104,22 @@ def timed(fn: Callable[[], Any], reps: int) -> float:
     return statistics.median(samples) * 1e3
 
 
+def machine_line() -> str:
+    """Where it ran: the CPU, its core count and the vector kernel each of our ops runs there."""
+    from superkernel.runtime.cpu import quant_kernels
+    from superkernel.util import cpu_id
+
+    module = quant_kernels.load()
+    kernels = module.fast_path() if module is not None else {}
+    named = ", ".join(f"{op} {isa or 'plain loop'}" for op, isa in kernels.items()) or "not built"
+    return f"CPU: {cpu_id()} (ATen {torch.backends.cpu.get_cpu_capability()}); superkernel's kernels: {named}."
+
+
 def write_result(output: Path, stem: str, result: dict[str, Any], lines: list[str]) -> int:
-    """``<stem>.json`` and ``<stem>.md`` in ``output`` (atomically); the table printed too."""
+    """``<stem>.json`` and ``<stem>.md`` in ``output`` (atomically); the table printed too, the machine named."""
     output.mkdir(parents=True, exist_ok=True)
+    result["machine"] = machine_line()
+    lines = [*lines[:2], result["machine"], "", *lines[2:]]
     atomic_write(output / f"{stem}.json", json.dumps(result, indent=2) + "\n")
     atomic_write(output / f"{stem}.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -142,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--int4", action="store_true", help="time the int4 weight-only GEMV ways instead")
+    parser.add_argument("--tag", default="", help="appended to the result files' name (e.g. _avx2)")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from superkernel.runtime.cpu import quant_kernels
@@ -209,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
              "Relative error: max |out - float64 reference| / max |reference|.", "",
              *_plan_table(rows, {"dtype": lambda row: row["dtype"], **_SHAPE_COLUMN,
                                  "roofline ms": lambda row: f"{row['roofline_int8_ms']:.3f}"})]
-    return write_result(args.output, "quant_gemv", result, lines)
+    return write_result(args.output, "quant_gemv" + args.tag, result, lines)
 
 
 def int4_main(args: argparse.Namespace, bandwidth: float, group: int = 128) -> int:
@@ -257,7 +271,7 @@ def int4_main(args: argparse.Namespace, bandwidth: float, group: int = 128) -> i
              *_plan_table(rows, {**_SHAPE_COLUMN, "roofline ms": lambda row: f"{row['roofline_ms']:.3f}"})]
     result = {"threads": args.threads, "rounds": args.rounds, "copy_bandwidth_GBps": bandwidth / 1e9,
               "torch": torch.__version__, "rows": rows}
-    return write_result(args.output, "quant_gemv_int4", result, lines)
+    return write_result(args.output, "quant_gemv_int4" + args.tag, result, lines)
 
 
 if __name__ == "__main__":

@@ -18,14 +18,40 @@ def kernels():
     return module
 
 
-@pytest.fixture(params=[True, False], ids=["vectors", "plain"])
+ISA_LEVELS = {"avx512": 2, "avx2": 1, "plain": 0}
+
+
+@pytest.fixture(params=list(ISA_LEVELS))
 def path(request, kernels):
-    """Both code paths on this CPU: the AVX-512 kernels (where it has them) and the plain loops."""
-    if request.param and not kernels.fast_path()["int8_gemv"]:
-        pytest.skip("this CPU has no AVX-512 VNNI")
-    kernels.use_vectors(request.param)
-    yield request.param
-    kernels.use_vectors(True)
+    """Every code path this CPU has: the AVX-512 kernels, the AVX2 ones (an AVX-512 machine runs them when told
+    AVX2 is the widest it may use) and the plain loops."""
+    level = ISA_LEVELS[request.param]
+    try:
+        kernels.set_isa(level)
+        if request.param != "plain" and kernels.fast_path()["int8_weight_gemv"] != request.param:
+            pytest.skip(f"this CPU has no {request.param.upper()}")
+        yield request.param
+    finally:
+        kernels.set_isa(2)
+
+
+def test_each_op_names_the_kernel_it_runs(kernels):
+    """``fast_path`` says which vector kernel each op runs here: the widest this CPU has, and none (falsy) when
+    told to keep to the plain loops."""
+
+    capability = torch.backends.cpu.get_cpu_capability()
+    try:
+        got = kernels.fast_path()
+        kernels.set_isa(0)
+        plain = kernels.fast_path()
+    finally:
+        kernels.set_isa(2)
+    assert plain == {"int8_gemv": "", "int8_weight_gemv": "", "int4_weight_gemv": ""}
+    if capability == "AVX2":
+        assert got == {"int8_gemv": "avx2", "int8_weight_gemv": "avx2", "int4_weight_gemv": "avx2"}
+    elif capability == "AVX512":
+        assert got["int8_weight_gemv"] == got["int4_weight_gemv"] == "avx512"
+        assert got["int8_gemv"] in ("avx512", "avx2")  # AVX-512 without VNNI: the AVX2 dot
 
 
 @pytest.mark.parametrize("m, n, k", SHAPES)
@@ -106,7 +132,7 @@ def test_the_int4_layout_is_the_one_aten_packs_for_its_capability(kernels):
     if capability not in ("AVX512", "AVX2", "DEFAULT"):
         pytest.skip(f"ATen's capability here is {capability}")
     assert quant_kernels.int4_layout() == {"AVX512": 1, "AVX2": 2, "DEFAULT": 3}[capability]
-    assert kernels.fast_path()["int4_weight_gemv"] == (capability == "AVX512")
+    assert kernels.fast_path()["int4_weight_gemv"] == {"AVX512": "avx512", "AVX2": "avx2", "DEFAULT": ""}[capability]
 
 
 _LOWERED = """
@@ -120,7 +146,8 @@ sz, x = torch.randn(4, 128, 2, generator=g), torch.randn(2, 256, generator=g)
 got = torch.ops.superkernel.int4_weight_gemv(x, packed, 64, sz)
 aten = torch.ops.aten._weight_int4pack_mm_for_cpu(x, packed, 64, sz)
 torch.testing.assert_close(got, aten, rtol=1e-5, atol=1e-5 * aten.abs().max().item())
-print(torch.backends.cpu.get_cpu_capability(), quant_kernels.int4_layout(), quant_kernels.fast_path("int4_weight_gemv"))
+isa = quant_kernels.load().fast_path()["int4_weight_gemv"]
+print(torch.backends.cpu.get_cpu_capability(), quant_kernels.int4_layout(), isa or "plain")
 """
 
 
@@ -137,4 +164,4 @@ def test_the_int4_gemv_reads_the_layout_of_a_lowered_aten_capability(kernels, ca
     env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
     done = subprocess.run([sys.executable, "-c", _LOWERED], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == [capability.upper(), {"default": "3", "avx2": "2"}[capability], "False"]
+    assert done.stdout.split() == [capability.upper(), *{"default": ["3", "plain"], "avx2": ["2", "avx2"]}[capability]]

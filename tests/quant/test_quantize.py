@@ -101,14 +101,14 @@ def test_reduce_overhead_is_bit_identical_on_every_scheme(scheme):
          "int4-weight-no-kernel-said"])
 def test_max_autotune_reads_quantized_weights_once(scheme, explained, kernel, monkeypatch):
     """int8 weight-only: the float32 GEMV over a dequantized weight; W8A8: _int_mm with its column-sum
-    correction; both become superkernel's int8 kernel (where this CPU has its AVX-512 path) or else a
+    correction; both become superkernel's int8 kernel (where this CPU has its AVX-512 or AVX2 path) or else a
     reduction reading the int8 weight once (float32 accumulation). int4 weight-only: ATen's float32 int4 call
-    becomes superkernel's int4 kernel (without AVX-512 it stays ATen's)."""
+    becomes superkernel's int4 kernel (without a vector path it stays ATen's)."""
     from superkernel.runtime.cpu import quant_kernels
 
     op = {"w8a8": "int8_gemv", "int8-weight": "int8_weight_gemv", "int4-weight": "int4_weight_gemv"}[scheme]
     if kernel and not quant_kernels.fast_path(op):
-        pytest.skip(f"no vector kernel on this CPU ({quant_kernels.unavailable_reason() or 'no AVX-512 (VNNI)'})")
+        pytest.skip(f"no vector kernel on this CPU ({quant_kernels.unavailable_reason() or 'no AVX2'})")
     if not kernel:
         monkeypatch.setattr(quant_kernels, "fast_path", lambda op: False)
     how = {True: "superkernel's int8 kernel", False: "a reduction reading int8"}[kernel]
@@ -140,7 +140,7 @@ def test_the_w8a8_rewrite_gives_the_same_integers(shifted, kernel, monkeypatch):
     from superkernel.runtime.inductor import quant_gemv
 
     if kernel and not quant_kernels.fast_path("int8_gemv"):
-        pytest.skip(f"no vector int8 kernel on this CPU ({quant_kernels.unavailable_reason() or 'no AVX-512 VNNI'})")
+        pytest.skip(f"no vector int8 kernel on this CPU ({quant_kernels.unavailable_reason() or 'no AVX2'})")
     if not kernel:
         monkeypatch.setattr(quant_kernels, "fast_path", lambda op: False)
 

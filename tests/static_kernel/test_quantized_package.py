@@ -22,7 +22,7 @@ def test_a_w8a8_package_carries_the_int8_kernels_and_a_fresh_process_loads_them(
     from superkernel.runtime.cpu import quant_kernels
 
     if not quant_kernels.fast_path("int8_gemv"):
-        pytest.skip(f"no vector int8 kernel on this CPU ({quant_kernels.unavailable_reason() or 'no AVX-512 VNNI'})")
+        pytest.skip(f"no vector int8 kernel on this CPU ({quant_kernels.unavailable_reason() or 'no AVX2'})")
     build_dir = tmp_path / "build"
     build_dir.mkdir()
     # (no fresh-process load check in the build: the loading child below is one, with an empty native cache;

@@ -20,8 +20,17 @@ the weight-only one widens 16 weights at a time and uses FMA, eight rows at once
 eight prefetched (without a prefetch a row block waits on memory: 8-12 GB/s, measured with
 ``benchmarks/quant_gemv.py``'s shapes); in a Qwen2-0.5B step they read 20-24 GB/s
 (``benchmarks/results/quant_decode_t1.md``). Threads split the rows (``at::parallel_for``, torch's thread
-count). Without AVX-512 (or VNNI) a plain loop computes the same values, slowly, so a kernel built elsewhere
-still runs: :func:`fast_path` tells the rewrite whether to use them at all.
+count).
+
+Without AVX-512 (AMD before Zen 4, Intel's client CPUs) each op has an AVX2 kernel: W8A8 widens the weight to
+int16 and multiplies it by the int16-widened activation with ``vpmaddwd`` (exact: AVX2's byte dot
+``vpmaddubsw`` saturates its 16-bit pair sums, so llama.cpp's sign trick is exact only for weights above
+-128), four rows a block; weight-only widens 8 weights to float32 a time with FMA, eight rows a block; int4
+reads ATen's AVX2 packed layout (32-row blocks) with two sets of sums, one FMA latency apart. On an EPYC of
+family 25 (Zen 3, 1 thread) they read int8 at 0.8-0.95 of a plain sum over the same bytes, 15x Inductor's
+reduction (``benchmarks/results/quant_gemv_avx2.md``). A CPU with neither runs a plain loop that computes
+the same values, slowly, so a kernel built elsewhere still runs: :func:`fast_path` tells the rewrite whether
+to use them at all (and which kernel each op runs: ``"avx512"``, ``"avx2"``, or ``""``).
 
 The module is built from this source by this user (the native build cache: private, signed, keyed by the
 source, torch and compiler) and loaded once per process. No compiler, or a failed build: :func:`load`
@@ -46,6 +55,7 @@ ROWS = 8
 #: two blocks ahead: the 151936x896 lm_head 4.92 ms against 7.23 ms (a plain sum over its bytes: 4.04 ms), the
 #: layers' shapes equal within the runs' noise (the weight-only kernel measured slower that way and keeps 8)
 W8A8_ROWS, W8A8_AHEAD = 1, 4
+W8A8_AVX2_ROWS, W8A8_AVX2_AHEAD = 4, 8
 #: ``at::parallel_for`` is OpenMP inside the header: without ``-fopenmp`` it runs on one thread (measured: the
 #: 2-thread step as slow as the 1-thread one). The module then needs ``libgomp.so.1``, the OpenMP runtime
 #: torch has already loaded (the one Inductor's own C++ kernels use).
@@ -60,7 +70,9 @@ _SOURCE = r"""
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <immintrin.h>
+#include <cmath>
 #include <cstdint>
+#include <vector>
 
 #pragma GCC optimize("O2")
 
@@ -74,10 +86,29 @@ namespace {
 constexpr int64_t kRows = %(rows)d;            // weight-only: rows per block
 constexpr int kW8A8Rows = %(w8a8_rows)d;         // W8A8: rows per block
 constexpr int kW8A8Ahead = %(w8a8_ahead)d;       // W8A8: prefetch distance in rows
+constexpr int kW8A8Avx2Rows = %(w8a8_avx2_rows)d;  // W8A8 with AVX2: rows per block
+constexpr int kW8A8Avx2Ahead = %(w8a8_avx2_ahead)d;  // and its prefetch distance in rows
 
-bool g_vectors = true;  // off: the plain loops everywhere (the path of a CPU without AVX-512; for tests)
-bool has_avx512() { return g_vectors && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"); }
+// The widest instruction set the kernels may use (set_isa, for tests and measurements): 2 AVX-512, 1 AVX2, 0 the
+// plain loops everywhere. Each kernel takes the widest one this CPU has within it.
+int g_isa = 2;
+bool has_avx512() { return g_isa >= 2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"); }
 bool has_vnni() { return has_avx512() && __builtin_cpu_supports("avx512vnni"); }
+bool has_avx2() { return g_isa >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+
+__attribute__((target("avx2"))) inline int32_t hsum_epi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+__attribute__((target("avx2"))) inline float hsum_ps(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
 
 // ---- W8A8: y[m, n] = sum_k x[m, k] * w[n, k], exact in int32 ----
 void w8a8_plain(const int8_t* x, const int8_t* w, int32_t* y, int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
@@ -127,6 +158,42 @@ void w8a8_block(const int8_t* x, const int8_t* w, int32_t* y, int64_t M, int64_t
   }
 }
 
+// AVX2 has no byte dot that is exact for every int8 pair (vpmaddubsw saturates its 16-bit sums), so the weight is
+// widened to int16 and multiplied by x, widened once per call (x16), with vpmaddwd: pairs of products summed in
+// int32, exact ((-128) * (-128) * 2 fits). R rows at once share each load of x; the prefetch runs AHEAD rows on.
+template <int R, int AHEAD>
+__attribute__((target("avx2,fma")))
+void w8a8_block_avx2(const int8_t* x, const int16_t* x16, const int8_t* w, int32_t* y, int64_t M, int64_t N,
+                     int64_t K, int64_t n) {
+  const int64_t kmain = K & ~int64_t(15);
+  const int8_t* w0 = w + n * K;
+  for (int64_t m = 0; m < M; ++m) {
+    const int16_t* xr = x16 + m * K;
+    __m256i a[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) a[r] = _mm256_setzero_si256();
+    const char* pf = (const char*)(w0 + AHEAD * K);
+    for (int64_t k = 0; k < kmain; k += 16) {
+      if (m == 0 && (k & 63) == 0) {
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) _mm_prefetch(pf + 64 * r, _MM_HINT_T1);
+        pf += 64 * R;
+      }
+      const __m256i xv = _mm256_loadu_si256((const __m256i*)(xr + k));
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r)
+        a[r] = _mm256_add_epi32(a[r], _mm256_madd_epi16(
+                   _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(w0 + r * K + k))), xv));
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      int32_t s = hsum_epi32(a[r]);
+      for (int64_t k = kmain; k < K; ++k) s += int32_t(x[m * K + k]) * int32_t(w0[r * K + k]);
+      y[m * N + n + r] = s;
+    }
+  }
+}
+
 // ---- weight-only: y[m, n] = sum_k x[m, k] * float(w[n, k]), float32 ----
 void woq_plain(const float* x, const int8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
   for (int64_t n = n0; n < n1; ++n)
@@ -169,6 +236,39 @@ void woq_block(const float* x, const int8_t* w, float* y, int64_t M, int64_t N, 
   }
 }
 
+// AVX2: 8 weights at a time widened to float32 (vpmovsxbd, vcvtdq2ps) and FMA, R rows at once, prefetched as above.
+template <int R>
+__attribute__((target("avx2,fma")))
+void woq_block_avx2(const float* x, const int8_t* w, float* y, int64_t M, int64_t N, int64_t K, int64_t n) {
+  const int64_t kmain = K & ~int64_t(7);
+  const int8_t* w0 = w + n * K;
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x + m * K;
+    __m256 a[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) a[r] = _mm256_setzero_ps();
+    const char* pf = (const char*)(w0 + 2 * R * K);
+    for (int64_t k = 0; k < kmain; k += 8) {
+      if (m == 0 && (k & 63) == 0) {
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) _mm_prefetch(pf + 64 * r, _MM_HINT_T1);
+        pf += 64 * R;
+      }
+      const __m256 xv = _mm256_loadu_ps(xr + k);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r)
+        a[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                   _mm_loadl_epi64((const __m128i*)(w0 + r * K + k)))), xv, a[r]);
+    }
+    float s[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) s[r] = hsum_ps(a[r]);
+    for (int64_t k = kmain; k < K; ++k)
+      for (int r = 0; r < R; ++r) s[r] += xr[k] * float(w0[r * K + k]);
+    for (int r = 0; r < R; ++r) y[m * N + n + r] = s[r];
+  }
+}
+
 // ---- int4 weight-only, torchao's CPU packed layout (ATen's _convert_weight_to_int4pack_for_cpu) ----
 // ATen packs for the vector width it runs with (its CPU capability: AVX512, AVX2 or DEFAULT, ATEN_CPU_CAPABILITY
 // can lower it), and its own kernel reads the weight back the same way, so the layout is this process's:
@@ -180,6 +280,10 @@ void woq_block(const float* x, const int8_t* w, float* y, int64_t M, int64_t N, 
 enum Int4Layout { kInt4Unknown = 0, kInt4Avx512 = 1, kInt4Avx2 = 2, kInt4Pairs = 3 };
 int g_int4_layout = kInt4Unknown;
 int64_t int4_block_rows() { return g_int4_layout == kInt4Avx512 ? 64 : 32; }
+// The vector kernel for this process's layout on this CPU: 2 AVX-512 (AVX512's layout), 1 AVX2 (AVX2's), 0 none.
+int int4_isa() {
+  return g_int4_layout == kInt4Avx512 && has_avx512() ? 2 : g_int4_layout == kInt4Avx2 && has_avx2() ? 1 : 0;
+}
 
 void int4_plain(const float* x, const uint8_t* w, const float* sz, float* y, int64_t M, int64_t N, int64_t K,
                 int64_t G, int64_t b0, int64_t b1) {
@@ -244,6 +348,59 @@ void int4_block(const float* x, const uint8_t* w, const float* sz, float* y, int
   }
 }
 
+// One block of 32 output columns (the AVX2 layout: byte j holds rows j and 16 + j): a byte widened to a 32-bit lane
+// gives its row's q with `& 15` and the row 16 on with `>> 4`, converted to float32 and multiplied by x[k] (FMA).
+// Two k at a time into two sets of sums: one set is bound by the FMA's latency (4 cycles a k), not by its
+// throughput. Per group the sums a of x * q become scale * (a - 8 * sum(x)) + zero * sum(x).
+__attribute__((target("avx2,fma")))
+void int4_block_avx2(const float* x, const uint8_t* w, const float* sz, float* y, int64_t M, int64_t N, int64_t K,
+                     int64_t G, int64_t b) {
+  const __m256i nibble = _mm256_set1_epi32(15);
+  const uint8_t* wb = w + b * K * 16;
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x + m * K;
+    float out[32] = {0.f}, acc[32];
+    for (int64_t g0 = 0; g0 < K; g0 += G) {
+      __m256 a[8];
+#pragma GCC unroll 8
+      for (int c = 0; c < 8; ++c) a[c] = _mm256_setzero_ps();
+      float xs = 0.f;
+      int64_t k = g0;
+      for (; k + 2 <= g0 + G; k += 2) {
+        if (m == 0 && (k & 3) == 0) _mm_prefetch((const char*)(wb + (k + 32) * 16), _MM_HINT_T0);
+#pragma GCC unroll 2
+        for (int u = 0; u < 2; ++u) {
+          const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(wb + (k + u) * 16)));
+          const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(wb + (k + u) * 16 + 8)));
+          const __m256 xv = _mm256_set1_ps(xr[k + u]);
+          __m256* s = a + 4 * u;
+          s[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b0, nibble)), xv, s[0]);
+          s[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b1, nibble)), xv, s[1]);
+          s[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4)), xv, s[2]);
+          s[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4)), xv, s[3]);
+        }
+        xs += xr[k] + xr[k + 1];
+      }
+      for (; k < g0 + G; ++k) {  // an odd group size
+        const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(wb + k * 16)));
+        const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(wb + k * 16 + 8)));
+        const __m256 xv = _mm256_set1_ps(xr[k]);
+        xs += xr[k];
+        a[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b0, nibble)), xv, a[0]);
+        a[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b1, nibble)), xv, a[1]);
+        a[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4)), xv, a[2]);
+        a[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4)), xv, a[3]);
+      }
+#pragma GCC unroll 4
+      for (int c = 0; c < 4; ++c) _mm256_storeu_ps(acc + 8 * c, _mm256_add_ps(a[c], a[c + 4]));
+      const float* p = sz + ((g0 / G) * N + 32 * b) * 2;  // 32 (scale, zero) pairs
+      for (int r = 0; r < 32; ++r)
+        out[r] = std::fma(p[2 * r + 1], xs, std::fma(p[2 * r], std::fma(-8.f, xs, acc[r]), out[r]));
+    }
+    for (int r = 0; r < 32; ++r) y[m * N + 32 * b + r] = out[r];
+  }
+}
+
 void check(const at::Tensor& x, const at::Tensor& w, c10::ScalarType xtype, const char* op) {
   TORCH_CHECK(x.scalar_type() == xtype && w.scalar_type() == at::kChar && x.dim() == 2 && w.dim() == 2 &&
               x.size(1) == w.size(1) && x.device().is_cpu() && w.device().is_cpu(),
@@ -271,12 +428,24 @@ at::Tensor int8_gemv(const at::Tensor& x_, const at::Tensor& w_) {
   std::vector<int32_t> xsum(M, 0);
   for (int64_t m = 0; m < M; ++m)
     for (int64_t k = 0; k < K; ++k) xsum[m] += xp[m * K + k];
-  const bool fast = has_vnni();
-  const int64_t blocks = (N + kW8A8Rows - 1) / kW8A8Rows;
-  at::parallel_for(0, blocks, 64 / kW8A8Rows, [&](int64_t b0, int64_t b1) {
-    rows<kW8A8Rows>(b0 * kW8A8Rows, std::min(N, b1 * kW8A8Rows), fast,
-         [&](int64_t n) { w8a8_block<kW8A8Rows, kW8A8Ahead>(xp, wp, yp, M, N, K, n, xsum.data()); },
-         [&](int64_t n) { w8a8_block<1, kW8A8Ahead>(xp, wp, yp, M, N, K, n, xsum.data()); },
+  if (has_vnni()) {
+    const int64_t blocks = (N + kW8A8Rows - 1) / kW8A8Rows;
+    at::parallel_for(0, blocks, 64 / kW8A8Rows, [&](int64_t b0, int64_t b1) {
+      rows<kW8A8Rows>(b0 * kW8A8Rows, std::min(N, b1 * kW8A8Rows), true,
+           [&](int64_t n) { w8a8_block<kW8A8Rows, kW8A8Ahead>(xp, wp, yp, M, N, K, n, xsum.data()); },
+           [&](int64_t n) { w8a8_block<1, kW8A8Ahead>(xp, wp, yp, M, N, K, n, xsum.data()); },
+           [&](int64_t a, int64_t b) { w8a8_plain(xp, wp, yp, M, N, K, a, b); });
+    });
+    return y;
+  }
+  const bool avx2 = has_avx2();
+  std::vector<int16_t> x16(avx2 ? M * K : 0);
+  for (size_t i = 0; i < x16.size(); ++i) x16[i] = xp[i];
+  const int64_t blocks = (N + kW8A8Avx2Rows - 1) / kW8A8Avx2Rows;
+  at::parallel_for(0, blocks, 64 / kW8A8Avx2Rows, [&](int64_t b0, int64_t b1) {
+    rows<kW8A8Avx2Rows>(b0 * kW8A8Avx2Rows, std::min(N, b1 * kW8A8Avx2Rows), avx2,
+         [&](int64_t n) { w8a8_block_avx2<kW8A8Avx2Rows, kW8A8Avx2Ahead>(xp, x16.data(), wp, yp, M, N, K, n); },
+         [&](int64_t n) { w8a8_block_avx2<1, kW8A8Avx2Ahead>(xp, x16.data(), wp, yp, M, N, K, n); },
          [&](int64_t a, int64_t b) { w8a8_plain(xp, wp, yp, M, N, K, a, b); });
   });
   return y;
@@ -290,13 +459,19 @@ at::Tensor int8_weight_gemv(const at::Tensor& x_, const at::Tensor& w_) {
   const float* xp = x.const_data_ptr<float>();
   const int8_t* wp = w.const_data_ptr<int8_t>();
   float* yp = y.mutable_data_ptr<float>();
-  const bool fast = has_avx512();
+  const bool avx512 = has_avx512(), avx2 = has_avx2();
   const int64_t blocks = (N + kRows - 1) / kRows;
   at::parallel_for(0, blocks, 8, [&](int64_t b0, int64_t b1) {
-    rows<kRows>(b0 * kRows, std::min(N, b1 * kRows), fast,
-         [&](int64_t n) { woq_block<kRows>(xp, wp, yp, M, N, K, n); },
-         [&](int64_t n) { woq_block<1>(xp, wp, yp, M, N, K, n); },
-         [&](int64_t a, int64_t b) { woq_plain(xp, wp, yp, M, N, K, a, b); });
+    if (avx512)
+      rows<kRows>(b0 * kRows, std::min(N, b1 * kRows), true,
+           [&](int64_t n) { woq_block<kRows>(xp, wp, yp, M, N, K, n); },
+           [&](int64_t n) { woq_block<1>(xp, wp, yp, M, N, K, n); },
+           [&](int64_t a, int64_t b) { woq_plain(xp, wp, yp, M, N, K, a, b); });
+    else
+      rows<kRows>(b0 * kRows, std::min(N, b1 * kRows), avx2,
+           [&](int64_t n) { woq_block_avx2<kRows>(xp, wp, yp, M, N, K, n); },
+           [&](int64_t n) { woq_block_avx2<1>(xp, wp, yp, M, N, K, n); },
+           [&](int64_t a, int64_t b) { woq_plain(xp, wp, yp, M, N, K, a, b); });
   });
   return y;
 }
@@ -319,18 +494,23 @@ at::Tensor int4_weight_gemv(const at::Tensor& x_, const at::Tensor& w_, int64_t 
   float* yp = y.mutable_data_ptr<float>();
   TORCH_CHECK(g_int4_layout != kInt4Unknown, "superkernel::int4_weight_gemv: this process's packed int4 layout ",
               "(ATen's _convert_weight_to_int4pack_for_cpu) is not one this kernel reads");
-  const bool fast = has_avx512() && g_int4_layout == kInt4Avx512;
+  const int isa = int4_isa();
   at::parallel_for(0, N / int4_block_rows(), 1, [&](int64_t b0, int64_t b1) {
-    if (!fast) { int4_plain(xp, wp, sp, yp, M, N, K, G, b0, b1); return; }
-    for (int64_t b = b0; b < b1; ++b) int4_block(xp, wp, sp, yp, M, N, K, G, b);
+    if (isa == 0) { int4_plain(xp, wp, sp, yp, M, N, K, G, b0, b1); return; }
+    for (int64_t b = b0; b < b1; ++b)
+      if (isa == 2) int4_block(xp, wp, sp, yp, M, N, K, G, b);
+      else int4_block_avx2(xp, wp, sp, yp, M, N, K, G, b);
   });
   return y;
 }
 
+const char* isa_name(int isa) { return isa == 2 ? "avx512" : isa == 1 ? "avx2" : ""; }
+
+// Each op's vector kernel on this CPU: "avx512", "avx2", or "" (the plain loop: falsy).
 PyObject* sk_fast_path(PyObject*, PyObject*) {
-  return Py_BuildValue("{s:O,s:O,s:O}", "int8_gemv", has_vnni() ? Py_True : Py_False,
-                       "int8_weight_gemv", has_avx512() ? Py_True : Py_False,
-                       "int4_weight_gemv", has_avx512() && g_int4_layout == kInt4Avx512 ? Py_True : Py_False);
+  return Py_BuildValue("{s:s,s:s,s:s}", "int8_gemv", isa_name(has_vnni() ? 2 : has_avx2() ? 1 : 0),
+                       "int8_weight_gemv", isa_name(has_avx512() ? 2 : has_avx2() ? 1 : 0),
+                       "int4_weight_gemv", isa_name(int4_isa()));
 }
 
 PyObject* sk_set_int4_layout(PyObject*, PyObject* code) {
@@ -340,13 +520,15 @@ PyObject* sk_set_int4_layout(PyObject*, PyObject* code) {
   Py_RETURN_NONE;
 }
 
-PyObject* sk_use_vectors(PyObject*, PyObject* flag) {
-  g_vectors = PyObject_IsTrue(flag) == 1;
+PyObject* sk_set_isa(PyObject*, PyObject* level) {
+  const long v = PyLong_AsLong(level);
+  if (v == -1 && PyErr_Occurred()) return nullptr;
+  g_isa = v < 0 ? 0 : v > 2 ? 2 : int(v);
   Py_RETURN_NONE;
 }
 
 PyMethodDef sk_methods[] = {{"fast_path", sk_fast_path, METH_NOARGS, nullptr},
-                            {"use_vectors", sk_use_vectors, METH_O, nullptr},
+                            {"set_isa", sk_set_isa, METH_O, nullptr},
                             {"set_int4_layout", sk_set_int4_layout, METH_O, nullptr}, {nullptr, nullptr, 0, nullptr}};
 PyModuleDef sk_module = {PyModuleDef_HEAD_INIT, SK_STR(SK_MODULE), nullptr, -1, sk_methods};
 
@@ -378,7 +560,8 @@ _PROVIDER: contextvars.ContextVar[Callable[[Any], Any] | None] = contextvars.Con
 
 
 def source() -> str:
-    return _SOURCE % {"rows": ROWS, "w8a8_rows": W8A8_ROWS, "w8a8_ahead": W8A8_AHEAD, "flags": " ".join(FLAGS)}
+    return _SOURCE % {"rows": ROWS, "w8a8_rows": W8A8_ROWS, "w8a8_ahead": W8A8_AHEAD, "w8a8_avx2_rows": W8A8_AVX2_ROWS,
+                      "w8a8_avx2_ahead": W8A8_AVX2_AHEAD, "flags": " ".join(FLAGS)}
 
 
 @functools.lru_cache(maxsize=1)
@@ -485,8 +668,8 @@ def unavailable_reason() -> str | None:
 
 
 def fast_path(op: str) -> bool:
-    """Whether ``op`` (``"int8_gemv"`` or ``"int8_weight_gemv"``) has its vector kernel on this CPU (the module
-    is built if needed); False where it cannot be built."""
+    """Whether ``op`` (``"int8_gemv"``, ``"int8_weight_gemv"`` or ``"int4_weight_gemv"``) has a vector kernel
+    (AVX-512 or AVX2) on this CPU (the module is built if needed); False where it cannot be built."""
     module = load()
     return bool(module is not None and module.fast_path().get(op))
 

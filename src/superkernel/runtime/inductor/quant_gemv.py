@@ -9,8 +9,8 @@ activations only, and ATen's float32 ``_weight_int8pack_mm`` is a reference loop
 4864x896 GEMV here, against 1.0 ms for the float32 GEMV).
 
 For a decode-sized left operand (at most :data:`MAX_ROWS` rows) this pass rewrites the ``mm`` as a call of
-superkernel's own int8 kernel (:mod:`superkernel.runtime.cpu.quant_kernels`, where the CPU has AVX-512: 20-24 GB/s
-of int8 in a step, against 13-14 GB/s for the reduction below), else as a reduction,
+superkernel's own int8 kernel (:mod:`superkernel.runtime.cpu.quant_kernels`, where the CPU has AVX-512 or AVX2:
+20-24 GB/s of int8 in a step with AVX-512, against 13-14 GB/s for the reduction below), else as a reduction,
 ``sum(x[:, None, :] * float(w_int8), -1)``, which Inductor's C++ backend emits as one vectorized loop that
 loads int8, converts and accumulates in float32. ``x`` is materialized first
 (``prims.inductor_force_stride_order``): left to Inductor, the pointwise work that produces it (a norm's
@@ -266,7 +266,7 @@ def _rewrite_int4(gm: fx.GraphModule) -> list[str]:
     activations ATen runs a reference loop (7.4 ms for a 4864x896 GEMV here, 41x our kernel's 0.18 ms:
     ``benchmarks/results/quant_gemv_int4.md``) and Inductor's int4 template takes bfloat16 activations only.
     A decode-sized float32 call becomes our kernel (same layout, float32 accumulation: the result differs
-    from ATen's in the last bits, max-autotune's tolerance); without AVX-512 the call stays ATen's."""
+    from ATen's in the last bits, max-autotune's tolerance); without AVX2 the call stays ATen's."""
     from superkernel.runtime.cpu import quant_kernels
 
     done: list[str] = []
@@ -282,7 +282,7 @@ def _rewrite_int4(gm: fx.GraphModule) -> list[str]:
         if n % 64 or k % group or wv.shape[1] * 2 != k or tuple(szv.shape) != (k // group, n, 2):
             continue
         if not quant_kernels.fast_path("int4_weight_gemv"):  # said, not silent: ATen's float32 call is slow
-            why = quant_kernels.unavailable_reason() or "no AVX-512 on this CPU"
+            why = quant_kernels.unavailable_reason() or "no AVX2 here, or no vector kernel for ATen's packed layout"
             done.append(f"int4 weight-only GEMV {tuple(x.shape)} x ({n}, {k})^T left to ATen's float32 "
                         f"_weight_int4pack_mm_for_cpu, a slow reference loop ({why})")
             continue
