@@ -165,3 +165,26 @@ def test_the_int4_gemv_reads_the_layout_of_a_lowered_aten_capability(kernels, ca
     done = subprocess.run([sys.executable, "-c", _LOWERED], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == [capability.upper(), *{"default": ["3", "plain"], "avx2": ["2", "avx2"]}[capability]]
+
+
+_LOADED_IN_A_COMPILE = """
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from superkernel.runtime.cpu import quant_kernels
+with FakeTensorMode():
+    module = quant_kernels.load()
+assert module is not None, quant_kernels.unavailable_reason()
+print(quant_kernels.int4_layout(), module.fast_path()["int8_weight_gemv"] or "plain")
+"""
+
+
+def test_the_module_loads_inside_a_compile_s_fake_tensor_mode(kernels):
+    """A compile is where the module is first needed (the rewrite asks for it inside Inductor's fake-tensor mode):
+    its int4 layout probe must still run on real tensors. It did not, and every process whose first load came
+    from a compile lost the kernels (a 24-layer int8 step 25x slower, found by benchmarks/quant_decode.py)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _LOADED_IN_A_COMPILE], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == [str(quant_kernels.int4_layout()), kernels.fast_path()["int8_weight_gemv"] or "plain"]

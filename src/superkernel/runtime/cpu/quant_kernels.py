@@ -602,15 +602,21 @@ def _packed(q: torch.Tensor, code: int) -> torch.Tensor:
 def int4_layout() -> int:
     """Which layout ATen's ``_convert_weight_to_int4pack_for_cpu`` packs in this process (it follows ATen's CPU
     capability, which ``ATEN_CPU_CAPABILITY`` can lower): a code of :data:`INT4_LAYOUTS`, found by packing a probe,
-    or 0 when it is none of them (the kernel then refuses, and the rewrite keeps ATen's call)."""
-    q = torch.randint(0, 16, (128, 8), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
-    try:
-        got = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-    except (RuntimeError, AttributeError):
-        return 0
-    if got.dtype != torch.uint8 or got.numel() != 128 * 4:
-        return 0
-    return next((code for code in INT4_LAYOUTS if torch.equal(got.reshape(128, 4), _packed(q, code))), 0)
+    or 0 when it is none of them (the kernel then refuses, and the rewrite keeps ATen's call).
+
+    The module is loaded where a compile first needs it, inside Inductor's fake-tensor mode: the probe runs on
+    real tensors outside it (under it ``torch.equal`` raised, and the whole module was lost for the process)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        q = torch.randint(0, 16, (128, 8), dtype=torch.int32, generator=torch.Generator().manual_seed(0))
+        try:
+            got = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        except (RuntimeError, AttributeError):
+            return 0
+        if got.dtype != torch.uint8 or got.numel() != 128 * 4:
+            return 0
+        return next((code for code in INT4_LAYOUTS if torch.equal(got.reshape(128, 4), _packed(q, code))), 0)
 
 
 def _configure(module: Any) -> None:
