@@ -288,6 +288,20 @@ void int4_block(const float* x, const uint8_t* w, const float* sz, float* y, int
   }
 }
 
+// One k of the block: its 16 bytes (32 rows' nibbles) times x[k] into the four sums s[0..3] (rows 0-7, 8-15, 16-23,
+// 24-31).
+__attribute__((target("avx2,fma"), always_inline))
+inline void int4_k_avx2(const uint8_t* wk, float xk, __m256* s) {
+  const __m256i nibble = _mm256_set1_epi32(15);
+  const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)wk));
+  const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(wk + 8)));
+  const __m256 xv = _mm256_set1_ps(xk);
+  s[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b0, nibble)), xv, s[0]);
+  s[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b1, nibble)), xv, s[1]);
+  s[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4)), xv, s[2]);
+  s[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4)), xv, s[3]);
+}
+
 // One block of 32 output columns (the AVX2 layout: byte j holds rows j and 16 + j): a byte widened to a 32-bit lane
 // gives its row's q with `& 15` and the row 16 on with `>> 4`, converted to float32 and multiplied by x[k] (FMA).
 // Two k at a time into two sets of sums: one set is bound by the FMA's latency (4 cycles a k), not by its
@@ -295,7 +309,6 @@ void int4_block(const float* x, const uint8_t* w, const float* sz, float* y, int
 __attribute__((target("avx2,fma")))
 void int4_block_avx2(const float* x, const uint8_t* w, const float* sz, float* y, int64_t M, int64_t N, int64_t K,
                      int64_t G, int64_t b) {
-  const __m256i nibble = _mm256_set1_epi32(15);
   const uint8_t* wb = w + b * K * 16;
   for (int64_t m = 0; m < M; ++m) {
     const float* xr = x + m * K;
@@ -308,28 +321,13 @@ void int4_block_avx2(const float* x, const uint8_t* w, const float* sz, float* y
       int64_t k = g0;
       for (; k + 2 <= g0 + G; k += 2) {
         if (m == 0 && (k & 3) == 0) _mm_prefetch((const char*)(wb + (k + 32) * 16), _MM_HINT_T0);
-#pragma GCC unroll 2
-        for (int u = 0; u < 2; ++u) {
-          const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(wb + (k + u) * 16)));
-          const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(wb + (k + u) * 16 + 8)));
-          const __m256 xv = _mm256_set1_ps(xr[k + u]);
-          __m256* s = a + 4 * u;
-          s[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b0, nibble)), xv, s[0]);
-          s[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b1, nibble)), xv, s[1]);
-          s[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4)), xv, s[2]);
-          s[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4)), xv, s[3]);
-        }
+        int4_k_avx2(wb + k * 16, xr[k], a);
+        int4_k_avx2(wb + (k + 1) * 16, xr[k + 1], a + 4);
         xs += xr[k] + xr[k + 1];
       }
       for (; k < g0 + G; ++k) {  // an odd group size
-        const __m256i b0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(wb + k * 16)));
-        const __m256i b1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(wb + k * 16 + 8)));
-        const __m256 xv = _mm256_set1_ps(xr[k]);
+        int4_k_avx2(wb + k * 16, xr[k], a);
         xs += xr[k];
-        a[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b0, nibble)), xv, a[0]);
-        a[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(b1, nibble)), xv, a[1]);
-        a[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b0, 4)), xv, a[2]);
-        a[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(b1, 4)), xv, a[3]);
       }
 #pragma GCC unroll 4
       for (int c = 0; c < 4; ++c) _mm256_storeu_ps(acc + 8 * c, _mm256_add_ps(a[c], a[c + 4]));
