@@ -45,11 +45,12 @@ def test_bad_quantize_arguments_are_one_line_errors_and_write_nothing(tmp_path, 
 
 @pytest.fixture(scope="module")
 def quantized_run(tmp_path_factory):
-    """One optimize run on a quantized llama-tiny (the public workflow, in this process)."""
+    """One optimize run on a W8A8 llama-tiny (the public workflow, in this process; the seed's scheme, and the one
+    whose plans are judged against eager's measured rounding floor)."""
     from superkernel.tools.advisor.workflow import OptimizeOptions, optimize
 
     out = tmp_path_factory.mktemp("quantized")
-    outcome = optimize(OptimizeOptions(model="llama-tiny", quantize="int8-weight", strategy="all_layers",
+    outcome = optimize(OptimizeOptions(model="llama-tiny", quantize="w8a8", strategy="all_layers",
                                        modes=("reduce-overhead",), steps=4, warmup=1, quiet=True, output=out))
     assert outcome.has_recommendation, outcome.message
     return out
@@ -58,12 +59,26 @@ def quantized_run(tmp_path_factory):
 def test_optimize_reports_the_quantization_and_its_own_cost(quantized_run):
     results = json.loads((quantized_run / "results.json").read_text())
     q = results["settings"]["quantization"]
-    assert q["scheme"] == "int8-weight" and q["layers"] == 29 and q["weight_bytes_after"] < q["weight_bytes_before"]
+    assert q["scheme"] == "w8a8" and q["layers"] == 29 and q["weight_bytes_after"] < q["weight_bytes_before"]
     assert 0.0 <= q["cost"]["mean_kl"] and q["cost"]["steps"] == 5 and 0 < q["cost"]["max_abs_logit_diff"] < 1
     report = (quantized_run / "superkernel_optimization_report.md").read_text()
-    assert "- Quantized: int8-weight with torchao" in report and "greedy tokens agree on" in report
+    assert "- Quantized: w8a8 with torchao" in report and "greedy tokens agree on" in report
     plan = read_plan(quantized_run / "superkernel.yaml")
-    assert plan.quantization == {"scheme": "int8-weight"}
+    assert plan.quantization == {"scheme": "w8a8"}
+
+
+def test_optimize_judges_w8a8_against_eagers_own_rounding_floor(quantized_run):
+    """The W8A8 run measured eager's floor (eager with its embeddings one ulp off), reported it, and judged
+    max-autotune -- and the torch.compile baseline's check -- at max(5e-2, 2 floors)."""
+    from superkernel.tools.advisor.precision import W8A8_TOLERANCE
+
+    results = json.loads((quantized_run / "results.json").read_text())
+    floor = results["rounding_floor"]
+    assert floor["perturbed"] == "Embedding" and floor["factor"] == 2.0
+    assert 0 < floor["relative"] < 1 and floor["max_abs"] > 0  # W8A8 carries a one-ulp input change to the logits
+    assert results["tolerance"] == max(W8A8_TOLERANCE, 2.0 * floor["relative"])
+    report = (quantized_run / "superkernel_optimization_report.md").read_text()
+    assert "- W8A8 rounding floor: eager with its `Embedding` output one ulp off" in report
 
 
 def test_apply_for_generate_quantizes_a_float_model_as_the_plan_says(quantized_run):
@@ -73,7 +88,7 @@ def test_apply_for_generate_quantizes_a_float_model_as_the_plan_says(quantized_r
 
     plan = quantized_run / "superkernel.yaml"
     reference = load_model("llama-tiny").model
-    quantize_model(reference, "int8-weight")
+    quantize_model(reference, "w8a8")
     prompt = torch.tensor([[1, 2, 3, 4]])
     with torch.no_grad():
         expected = reference.generate(prompt, max_new_tokens=6, do_sample=False, cache_implementation="static")

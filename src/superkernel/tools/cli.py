@@ -66,7 +66,8 @@ def _add_precision_args(p: argparse.ArgumentParser) -> None:
                    help="max-autotune passes when max abs logit diff to the exactness reference <= TOLERANCE x "
                         "max(1, max |reference logit|) (default by the dtype the model computes in: "
                         + ", ".join(f"{k} {v:g}" for k, v in DTYPE_TOLERANCE.items())
-                        + f"; at least {W8A8_TOLERANCE:g} with --quantize w8a8); "
+                        + f"; with --quantize w8a8 at least {W8A8_TOLERANCE:g} and two of eager's rounding floors, "
+                        "measured in the run); "
                         "reduce-overhead must always be bit-identical")
 
 

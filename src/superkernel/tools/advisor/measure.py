@@ -11,10 +11,11 @@ from superkernel.tools.decode import DecodeRun, DecodeSession, run_decode
 from superkernel.tools.advisor.analysis import missing_labels
 from superkernel.tools.advisor.compiling import compile_inductor, compile_superkernel, guard_path_of
 from superkernel.tools.advisor.plan_file import inductor_choices
-from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE, compare, judge
+from superkernel.tools.advisor.precision import (MAX_AUTOTUNE_TOLERANCE, compare, default_tolerance, judge,
+                                                 measures_floor)
 from superkernel.tools.advisor.progress import Reporter
 from superkernel.tools.advisor.results import REDUCE_OVERHEAD_BASELINE, RunResult
-from superkernel.tools.advisor.precision import default_tolerance
+from superkernel.tools.advisor.rounding_floor import RoundingFloor, rounding_floor
 from superkernel.tools.peer_check import PeerCheck
 from superkernel.tools.advisor.strategies import ScopePlan
 from superkernel.util import exception_summary
@@ -40,7 +41,8 @@ def run_baselines(session: DecodeSession, reporter: Reporter, *, keep: bool = Fa
     plans again interleaved with plain torch.compile); no ``torch._dynamo.reset()``.
 
     Each compiled baseline's logits are checked against eager's (:mod:`superkernel.tools.peer_check`);
-    one that is wrong gets ``error`` set: it stays in the table and is never a baseline.
+    one that is wrong gets ``error`` set: it stays in the table and is never a baseline. For a W8A8 model eager's
+    rounding floor is measured first (``results[0].rounding_floor``; :mod:`.rounding_floor`) and widens that check.
     """
     results = []
     eager = RunResult(name="eager", kind="baseline")
@@ -48,6 +50,8 @@ def run_baselines(session: DecodeSession, reporter: Reporter, *, keep: bool = Fa
     _fill_timing(eager, run)
     eager.compile_s = 0.0
     results.append(eager)
+    if measures_floor(session.model):
+        eager.rounding_floor = measure_floor(session, eager.logits, reporter)
     variants = [("torch.compile", None)]
     if session.device.type == "cuda":
         variants.append((REDUCE_OVERHEAD_BASELINE, "reduce-overhead"))
@@ -60,7 +64,7 @@ def run_baselines(session: DecodeSession, reporter: Reporter, *, keep: bool = Fa
         except Exception as exc:  # reported in the table; plans still run
             res.error = exception_summary(exc, 440, first_line=False)
         results.append(res)
-    tolerance = default_tolerance(session.model)
+    tolerance = default_tolerance(session.model, eager.rounding_floor)
     for r in results:
         if r.logits is not None:
             r.vs_eager = compare(r.logits, eager.logits)
@@ -71,6 +75,17 @@ def run_baselines(session: DecodeSession, reporter: Reporter, *, keep: bool = Fa
     if not keep:
         torch._dynamo.reset()
     return results
+
+
+def measure_floor(session: DecodeSession, eager_logits: torch.Tensor, reporter: Reporter) -> RoundingFloor:
+    """W8A8's rounding floor, with a progress line and a note of what it found."""
+    with reporter.task("W8A8 rounding floor (eager, embeddings one ulp off)"):
+        floor = rounding_floor(session, eager_logits)
+    reporter.note(f"W8A8 rounding floor: eager with its {floor.perturbed} output one ulp off moves the logits by "
+                  f"{floor.max_abs:.3g} ({floor.relative:.2g} of their scale, top-1 agreement "
+                  f"{floor.top1_agreement:.0%}); max-autotune is judged at "
+                  f"{default_tolerance(session.model, floor):.2g} x the logit scale")
+    return floor
 
 
 def _explain_into(result: RunResult, backend: Any) -> None:

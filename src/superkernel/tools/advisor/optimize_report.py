@@ -6,7 +6,7 @@ import datetime as _dt
 from typing import Any
 
 from superkernel.tools.advisor.analysis import Analysis
-from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE
+from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE, W8A8_TOLERANCE
 from superkernel.tools.advisor.results import (
     NOISE_FLOOR, UNSTEADY_DRIFT, RunResult, faster_reduce_overhead_baseline,
 )
@@ -108,11 +108,21 @@ def _quantization_line(info: dict[str, Any]) -> str:
     return describe_cost(info)
 
 
+def floor_lines(floor: Any) -> list[str]:
+    """W8A8's measured rounding floor (rounding_floor.py), when the run measured one."""
+    if floor is None:
+        return []
+    return [f"- W8A8 rounding floor: eager with its `{floor.perturbed}` output one ulp off (seeded) differs from "
+            f"eager by {floor.max_abs:.3g} ({floor.relative:.2g} of the logit scale, top-1 agreement "
+            f"{floor.top1_agreement:.0%}): a correct plan's rounding can move the logits as far, so without "
+            f"`--tolerance` max-autotune is judged at max({W8A8_TOLERANCE:g}, {floor.to_dict()['factor']:g} x floor)."]
+
+
 def render(*, analysis: Analysis, model_name: str, model_source: str, notes: list[str], results: list[RunResult],
            recommended: RunResult | None, settings: dict[str, Any], hardware: str, versions: dict[str, str],
            tolerance: float, plan_yaml: str | None, prefill_ms: float, eager_drift: float | None = None,
            decision: Any = None, profile: Any = None, plan_profiles: list | None = None,
-           search: dict | None = None, run_time: dict | None = None) -> str:
+           search: dict | None = None, run_time: dict | None = None, floor: Any = None) -> str:
     eager = next((r for r in results if r.name == "eager"), None)
     inductor = next((r for r in results if r.name == "torch.compile"), None)
     plans = [r for r in results if r.kind == "plan"]
@@ -149,7 +159,9 @@ def render(*, analysis: Analysis, model_name: str, model_source: str, notes: lis
              "reference (the same scopes, captured graph run operator by operator: `debug.run_eagerly`) and with the "
              "uncompiled model.", "",
              "- `reduce-overhead` must be bit-identical to the reference (`torch.equal`, max abs diff 0).",
-             f"- `max-autotune` passes when max abs diff <= {tolerance:g} x max(1, max |reference logit|) (float32).",
+             f"- `max-autotune` passes when max abs diff <= {tolerance:g} x max(1, max |reference logit|) "
+             "(`--tolerance`, else the default for the model's dtype and quantization).",
+             *floor_lines(floor),
              "- The diff to the uncompiled model is reported, not judged: transformers takes other code paths under "
              "torch.compile, so the last bits may differ.", ""]
     for r in plans:

@@ -68,7 +68,7 @@ def bench(opts: BenchOptions, reporter: Reporter | None = None) -> BenchOutcome:
     validate_scopes(loaded.model, [plan], spec.options)
     from superkernel.tools.advisor.precision import default_tolerance
 
-    tolerance = opts.tolerance if opts.tolerance is not None else default_tolerance(loaded.model)
+    tolerance = opts.tolerance if opts.tolerance is not None else default_tolerance(loaded.model, eager.rounding_floor)
     results += run_plan(session, plan, (opts.mode or spec.mode,), eager.logits, options=spec.options,
                         tolerance=tolerance, reporter=reporter)
     fill_speedups(results, eager, next((r for r in results if r.name == "torch.compile" and not r.error), None))

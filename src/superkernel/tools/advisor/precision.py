@@ -22,6 +22,8 @@ from superkernel.config import REDUCE_OVERHEAD
 if TYPE_CHECKING:  # (torch is imported where logits are compared: the command line's parser reads this module)
     import torch
 
+    from superkernel.tools.advisor.rounding_floor import RoundingFloor
+
 #: Relative fp32 tolerance of max-autotune: fp32 rounding from reordered reductions stays
 #: far below it (1e-6 relative on the zoo), while a semantic error moves logits by O(1).
 MAX_AUTOTUNE_TOLERANCE = 1e-3
@@ -34,19 +36,28 @@ MAX_AUTOTUNE_TOLERANCE = 1e-3
 DTYPE_TOLERANCE = {"float32": MAX_AUTOTUNE_TOLERANCE, "float16": 2e-2, "bfloat16": 1e-1}
 #: W8A8 quantizes every activation per token: a last-bit difference upstream moves a value across an int8
 #: rounding boundary, one step of 1/127 of the token's range, and that step propagates (llama-tiny: 8.7e-3
-#: between two exact runs that differ by 4e-7 before quantization; docs/quantization.md).
+#: between two exact runs that differ by 4e-7 before quantization; docs/quantization.md). The least W8A8
+#: tolerance: over a deep stack the workflow measures eager's own floor and widens it (rounding_floor.py).
 W8A8_TOLERANCE = 5e-2
 #: the attribute ``superkernel.tools.quantize.quantize_model`` leaves on a model: its scheme
 QUANTIZATION_TAG = "_superkernel_quantization"
 
 
-def default_tolerance(model: object) -> float:
-    """max-autotune's tolerance for ``model``: by the dtype it computes in, looser for W8A8 (see above)."""
+def measures_floor(model: object) -> bool:
+    """Whether the workflow measures eager's rounding floor for ``model`` before judging plans: W8A8 models."""
+    return getattr(model, QUANTIZATION_TAG, None) == "w8a8"
+
+
+def default_tolerance(model: object, floor: RoundingFloor | None = None) -> float:
+    """max-autotune's tolerance for ``model``: by the dtype it computes in, looser for W8A8 (see above), and for
+    W8A8 at least ``floor.widened`` (two of eager's measured rounding floors) when one is given."""
     dtype = next((str(p.dtype).replace("torch.", "") for p in model.parameters()  # type: ignore[attr-defined]
                   if p.is_floating_point()), "float32")
     tolerance = DTYPE_TOLERANCE.get(dtype, MAX_AUTOTUNE_TOLERANCE)
-    if getattr(model, QUANTIZATION_TAG, None) == "w8a8":
+    if measures_floor(model):
         tolerance = max(tolerance, W8A8_TOLERANCE)
+        if floor is not None:
+            tolerance = max(tolerance, floor.widened)
     return tolerance
 
 

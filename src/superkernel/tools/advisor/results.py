@@ -46,6 +46,7 @@ class RunResult:
     step: Any = field(default=None, repr=False)           # the compiled step, kept while the search runs
     own_median_ms: float | None = None                    # auto: the run's own median, before the re-timing
     timing: str = "own"                                   # "own" (its run) or "interleaved" (see search.py)
+    rounding_floor: Any = None                            # eager, W8A8: rounding_floor.RoundingFloor
 
     @property
     def recompiles_timed(self) -> int | None:

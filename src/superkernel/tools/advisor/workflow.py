@@ -130,13 +130,15 @@ def load_and_prepare(opts: OptimizeOptions, reporter: Reporter) -> tuple[LoadedM
     return loaded, session
 
 
-def resolved_tolerance(opts: OptimizeOptions, model: torch.nn.Module) -> OptimizeOptions:
-    """``opts`` with its max-autotune tolerance set: the user's, else by the model's dtype and quantization."""
+def resolved_tolerance(opts: OptimizeOptions, model: torch.nn.Module, eager: RunResult) -> OptimizeOptions:
+    """``opts`` with its max-autotune tolerance set: the user's, else by the model's dtype and quantization and,
+    for W8A8, eager's rounding floor measured with the baselines."""
     import dataclasses
 
     from superkernel.tools.advisor.precision import default_tolerance
 
-    return opts if opts.tolerance is not None else dataclasses.replace(opts, tolerance=default_tolerance(model))
+    return opts if opts.tolerance is not None else dataclasses.replace(
+        opts, tolerance=default_tolerance(model, eager.rounding_floor))
 
 
 def _quantize(opts: OptimizeOptions, loaded: LoadedModel, reporter: Reporter) -> torch.nn.Module | None:
@@ -252,7 +254,6 @@ def optimize(opts: OptimizeOptions, reporter: Reporter | None = None) -> Outcome
 def _optimize(opts: OptimizeOptions, choice: StrategyChoice, reporter: Reporter, log: RunLog) -> Outcome:
     started = time.perf_counter()
     loaded, session = load_and_prepare(opts, reporter)
-    opts = resolved_tolerance(opts, loaded.model)
     structure = analyze_structure(loaded.model)
     plans = select_plans(choice, structure)
     validate_scopes(loaded.model, plans, opts.options)
@@ -268,6 +269,7 @@ def _optimize(opts: OptimizeOptions, choice: StrategyChoice, reporter: Reporter,
     # (a real-width step timed once, alone, drifted 8 % over one run); exhaustive keeps one timing each
     results = run_baselines(session, reporter, keep=choice.retimed)
     eager = results[0]
+    opts = resolved_tolerance(opts, loaded.model, eager)
     inductor = next((r for r in results if r.name == "torch.compile" and not r.error), None)
     timer = (Interleaved(session, inductor.step, session.step_fn()) if inductor is not None and inductor.step is not None
              else None)
@@ -417,6 +419,7 @@ def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSes
     if plan is not None:
         files["plan"] = write_plan(out / PLAN_NAME, plan, inputs)
         plan_yaml = files["plan"].read_text()
+    floor = results[0].rounding_floor if results else None  # eager's (W8A8)
     title = f"{loaded.name}: decode step latency ({hardware(session.device).split(' (')[0]})"
     files["chart"] = atomic_write(out / CHART_NAME, latency_chart(results, marked, title), inputs)
     shown = best if best is not None else decision.plan   # the recommended plan, else the best passing one
@@ -433,13 +436,14 @@ def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSes
                 "quantization": loaded.quantization}
     report = render(analysis=analysis, model_name=loaded.name, model_source=loaded.source, notes=loaded.notes,
                     results=results, recommended=marked, settings=settings, hardware=hardware(session.device),
-                    versions=versions(), tolerance=opts.tolerance, plan_yaml=plan_yaml,
+                    versions=versions(), tolerance=opts.tolerance, floor=floor, plan_yaml=plan_yaml,
                     prefill_ms=session.prefill_seconds * 1e3, eager_drift=drift, decision=decision,
                     profile=profile, plan_profiles=[r.profile for r in results if r.profile is not None],
                     search=search, run_time=run_time)
     files["report"] = atomic_write(out / REPORT_NAME, report, inputs)
     payload = {"model": loaded.name, "hardware": hardware(session.device), "versions": versions(),
                "settings": settings, "tolerance": opts.tolerance, "prefill_ms": session.prefill_seconds * 1e3,
+               "rounding_floor": floor.to_dict() if floor is not None else None,
                "recommended": decision.name, "recommendation": {"kind": decision.kind, "reason": decision.reason,
                                                                 "noise_threshold": decision.noise},
                "eager_drift": drift, "results": [r.to_dict() for r in results],
