@@ -19,7 +19,6 @@ from typing import Iterator
 
 import torch
 
-from superkernel.tools.advisor.precision import allowed_abs
 from superkernel.tools.decode import DecodeSession, run_decode
 
 #: a plan may differ from the exactness reference by this many floors: the floor is one draw of the same
@@ -73,6 +72,6 @@ def rounding_floor(session: DecodeSession, eager_logits: torch.Tensor) -> Roundi
     with embeddings_one_ulp_off(session.model) as perturbed:
         logits = run_decode(session, session.step_fn()).logits
     max_abs = float((logits.double() - eager_logits.double()).abs().max())
-    relative = max_abs / allowed_abs(eager_logits, 1.0)
+    relative = max_abs / max(1.0, float(eager_logits.abs().max()))  # the logit scale, as precision.allowed_abs
     agree = float((logits.argmax(-1) == eager_logits.argmax(-1)).double().mean())
     return RoundingFloor(max_abs=max_abs, relative=relative, top1_agreement=agree, perturbed=perturbed)
