@@ -64,3 +64,18 @@ def test_a_model_without_input_embeddings_is_refused_by_name():
     with pytest.raises(ValueError, match="Linear has no input embeddings module to perturb"):
         with embeddings_one_ulp_off(torch.nn.Linear(2, 2)):
             pass
+
+
+def test_a_floor_that_cannot_be_measured_leaves_the_fixed_w8a8_gate(capsys):
+    """measure_floor (run_baselines' step for a W8A8 model) notes why and returns None: no stack trace, the
+    fixed W8A8 tolerance judges."""
+    import types
+
+    from superkernel.tools.advisor.measure import measure_floor
+    from superkernel.tools.advisor.progress import Reporter
+
+    session = types.SimpleNamespace(model=torch.nn.Linear(2, 2))
+    assert measure_floor(session, torch.zeros(1, 4), Reporter()) is None
+    out = capsys.readouterr()
+    said = " ".join((out.out + out.err).split())  # the console wraps lines
+    assert "W8A8 rounding floor not measured (ValueError: Linear has no input embeddings module" in said
