@@ -31,6 +31,7 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 #: a plan is wrong where its logits leave eager's by more than this fraction of their largest value in a round
 WRONG_ABOVE = 0.05
-#: W8A8's eager with its RMSNorm's sum reordered (benchmarks/studies/w8a8_rounding_flips.py): not a plan but
+#: W8A8's eager with its RMSNorm's sum reordered (reordered_norm; benchmarks/studies/w8a8_rounding_flips.py): not a plan but
 #: the difference a last-bit change upstream of a per-token int8 rounding makes, measured beside the plans
 FLOOR = "eager, RMSNorm sum reordered (W8A8's rounding floor)"
 
@@ -63,9 +64,28 @@ def context_of(plan: dict[str, Any]) -> Any:
 
     if plan["kind"] != FLOOR:
         return contextlib.nullcontext()
-    from studies.w8a8_rounding_flips import reordered_norm
-
     return reordered_norm()
+
+
+@contextmanager
+def reordered_norm():
+    """Qwen2's RMSNorm with its squares summed as even and odd elements apart, then added: float32, other order."""
+    from transformers.models.qwen2 import modeling_qwen2 as m
+
+    original = m.Qwen2RMSNorm.forward
+
+    def forward(self, hidden_states):
+        dtype = hidden_states.dtype
+        x = hidden_states.to(torch.float32)
+        squares = x * x
+        variance = (squares[..., ::2].sum(-1, keepdim=True) + squares[..., 1::2].sum(-1, keepdim=True)) / x.shape[-1]
+        return self.weight * (x * torch.rsqrt(variance + self.variance_epsilon)).to(dtype)
+
+    m.Qwen2RMSNorm.forward = forward
+    try:
+        yield
+    finally:
+        m.Qwen2RMSNorm.forward = original
 
 
 def build(layers: int) -> torch.nn.Module:

@@ -30,8 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=None, help="a markdown file for the table")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    from quant_decode import build
-    from studies.w8a8_rounding_flips import reordered_norm
+    from quant_decode import build, reordered_norm
 
     from superkernel.tools.advisor.rounding_floor import FLOOR_FACTOR, embeddings_one_ulp_off
     from superkernel.tools.decode import prepare, run_decode

@@ -22,33 +22,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-
-@contextmanager
-def reordered_norm():
-    """Qwen2's RMSNorm with its squares summed as even and odd elements apart, then added: float32, other order."""
-    from transformers.models.qwen2 import modeling_qwen2 as m
-
-    original = m.Qwen2RMSNorm.forward
-
-    def forward(self, hidden_states):
-        dtype = hidden_states.dtype
-        x = hidden_states.to(torch.float32)
-        squares = x * x
-        variance = (squares[..., ::2].sum(-1, keepdim=True) + squares[..., 1::2].sum(-1, keepdim=True)) / x.shape[-1]
-        return self.weight * (x * torch.rsqrt(variance + self.variance_epsilon)).to(dtype)
-
-    m.Qwen2RMSNorm.forward = forward
-    try:
-        yield
-    finally:
-        m.Qwen2RMSNorm.forward = original
 
 
 def greedy(model, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=None, help="a markdown file for the table")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    from quant_decode import build
+    from quant_decode import build, reordered_norm
     from superkernel.tools.quantize import quantize_model
 
     lines = [f"Qwen2-0.5B-shaped, {args.layers} layers, random weights, 1 thread, greedy decode of {args.steps} "
