@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from superkernel.tools import cli
+from superkernel.tools.advisor.plan_file import read_plan
 
 from .test_wf_analyze import EXPECTED_TRIALS, check_profile, check_zoo_analysis
 from .wf_helpers import run_cli
@@ -30,8 +31,26 @@ def test_doc_has_tested_examples_of_each_command():
     assert any(lang == "python" and "superkernel.apply" in code for lang, code in blocks)
 
 
+def check_generate_report(report: Path, plan) -> None:
+    """What ``bench --generate --report`` wrote: every peer generated eager's tokens on every round and has a rate,
+    a time to first token and a first call; the plan's row names its strategy and mode and its compile time."""
+    data = json.loads(report.with_suffix(".json").read_text())
+    rows = {r["peer"]: r for r in data["rows"]}
+    planned = (f"superkernel generate() ({plan.strategy or 'plan'} / {plan.mode})" if plan.backend == "superkernel"
+               else "plan generate() (backend: torch.compile)")
+    assert set(rows) == {"eager generate()", "torch.compile generate()", planned}
+    for row in rows.values():
+        assert row["error"] is None
+        assert row["tokens_equal_eager_every_round"] is True
+        assert row["tokens_per_s"] > 0 and row["ttft_ms"] > 0 and row["first_call_s"] > 0
+    assert "TTFT ms" in report.read_text()
+    assert rows[planned]["compile_s"] is not None
+
+
 def test_doc_examples_run(tmp_path, monkeypatch):
     """Every tested block, as written (the CLI gets ``--quiet``, analyze ``--json`` to be checked).
+
+    The ``bench --generate --report`` block is the suite's run of that command: its report is checked here.
 
     The analysis of the deepseek-v3-tiny example is checked as test_wf_analyze.py checks every zoo
     model's (that test leaves this model to this run rather than analyzing it a second time).
@@ -53,6 +72,7 @@ def test_doc_examples_run(tmp_path, monkeypatch):
         else:
             exec(compile(code, str(DOC), "exec"), {"__name__": "__doc_example__"})
     assert (tmp_path / "sk_quick" / "superkernel.yaml").is_file()
+    check_generate_report(tmp_path / "generate.md", read_plan(tmp_path / "sk_quick" / "superkernel.yaml"))
     (argv, path, out), = analyzed
     assert argv[2:] == ["--model", "deepseek-v3-tiny", "--profile"], \
         "test_wf_analyze.py leaves deepseek-v3-tiny to this example: analyze it there again if the example changes"
