@@ -112,6 +112,13 @@ def test_bad_input_is_one_line_before_any_rank_starts(tmp_path, capsys, monkeypa
     err = capsys.readouterr().err
     assert code != 0
     assert "unknown style(s) diagonal" in err and len(err.strip().splitlines()) == 1
+    for command in (["optimize", "--model", "llama-tiny", "--output", str(tmp_path / "o")],
+                    ["bench", "--config", str(plan)]):  # a flag of the job, given to one process: refused
+        code = main([*command, "--no-torch-compile-baseline"])
+        err = capsys.readouterr().err
+        assert code == 2 and "--no-torch-compile-baseline goes with --nproc" in err, err
+        assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
 
 
 def test_bench_reruns_the_plan_on_two_ranks(job):

@@ -185,7 +185,7 @@ def test_bench_remeasures_a_plan(tmp_path):
 def test_a_plan_that_is_not_bit_exact_fails_and_nothing_is_recommended(monkeypatch, tmp_path):
     monkeypatch.setattr(measure, "compile_superkernel", _perturbed_compile(measure.compile_superkernel))
     result = run_cli("optimize", "--strategy", "attention", "--mode", "reduce-overhead", *E2E_SHAPES,
-                     "--no-torch-compile-baseline", "--output", str(tmp_path), "--quiet")  # (the e2e run has one)
+                     "--output", str(tmp_path), "--quiet")
     assert result.code == 1
     lines = error_lines(result.err)
     assert len(lines) == 1 and "no plan passed precision" in lines[0] and "not bit-identical" in lines[0]
@@ -205,8 +205,7 @@ def test_a_model_that_cannot_be_captured_exits_nonzero(monkeypatch, tmp_path):
     def broken(session, mode, *, run_eagerly=False, **kwargs):
         raise RuntimeError("simulated capture failure")
     monkeypatch.setattr(measure, "compile_superkernel", broken)
-    result = run_cli("optimize", "--strategy", "attention", *E2E_SHAPES, "--no-torch-compile-baseline",
-                     "--output", str(tmp_path), "--quiet")  # (the e2e run has the baseline)
+    result = run_cli("optimize", "--strategy", "attention", *E2E_SHAPES, "--output", str(tmp_path), "--quiet")
     assert result.code == 1
     lines = error_lines(result.err)
     assert len(lines) == 1 and "model cannot be captured" in lines[0] and "simulated capture failure" in lines[0]

@@ -254,6 +254,9 @@ def _private_inductor_cache() -> None:
 def _cmd_optimize(args) -> int:
     from superkernel.tools.advisor.strategies import parse_strategy
 
+    from superkernel.tools.distributed import nproc as distributed
+
+    distributed.check_single_process(args)
     custom = _custom_scopes(args)
     parse_strategy(args.strategy, args.search, custom)  # before anything heavy is imported
     _private_inductor_cache()
@@ -269,8 +272,6 @@ def _cmd_optimize(args) -> int:
                            quiet=args.quiet, inputs=[p for p in (args.scopes_file,) if p is not None],
                            dtype=args.dtype, batch_size=args.batch_size, search=args.search,
                            quantize=args.quantize, group_size=args.group_size)
-    from superkernel.tools.distributed import nproc as distributed
-
     if distributed.wanted(args) and args.quantize:
         raise ValueError("--quantize measures one process; drop --nproc (tensor-parallel quantized models are not "
                          "supported)")
@@ -403,6 +404,9 @@ def _cmd_bench_generate(args) -> int:
 
 
 def _cmd_bench(args) -> int:
+    from superkernel.tools.distributed import nproc as distributed
+
+    distributed.check_single_process(args)
     _private_inductor_cache()
     from superkernel.tools.advisor.plan_bench import BenchOptions, bench
 
@@ -414,8 +418,6 @@ def _cmd_bench(args) -> int:
         raise ValueError("--report goes with --generate (the decode-step bench prints its table)")
     from superkernel.tools.advisor.console import print_results
     from superkernel.tools.advisor.progress import Reporter
-
-    from superkernel.tools.distributed import nproc as distributed
 
     if distributed.wanted(args):
         return distributed.bench(args)

@@ -32,6 +32,13 @@ def wanted(args: argparse.Namespace) -> bool:
     return getattr(args, "nproc", None) is not None or in_job()
 
 
+def check_single_process(args: argparse.Namespace) -> None:
+    """A flag of the tensor-parallel job given to a single-process run is refused, not ignored."""
+    if getattr(args, "no_torch_compile_baseline", False) and not wanted(args):
+        raise ValueError("--no-torch-compile-baseline goes with --nproc: a single-process run always measures "
+                         "torch.compile, the baseline its recommendation and speed-ups are judged against")
+
+
 def optimize(args: argparse.Namespace, opts) -> int:
     """``superkernel optimize --nproc N``: launch (parent) or run this rank's part (child).
 
