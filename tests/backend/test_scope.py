@@ -224,6 +224,35 @@ def test_other_graph_break_in_scope_is_reported_with_scope_reason_and_line():
     assert cut.scope == "blk" and cut.source.endswith(f"test_scope.py:{_line_of('a graph break Dynamo cannot')}")
 
 
+def _records_as_torch_2_11_logs_them(line: int, options_marker: str = "") -> list[str]:
+    """The two graph-break records torch 2.11 logs for ``_printing``'s print (text as it writes them, shortened):
+    the break itself, whose traceback has no ``with`` line, then the follow-up naming ``annotate``."""
+    frames = (f'User code traceback:\n  File "{__file__}", line {line}, in f\n'
+              '    print("side effect", end="")  # a graph break Dynamo cannot capture\n')
+    at = f"Graph break in user code at {__file__}:{line}\n"
+    return [at + "Graph Break Reason: Encountered graph break when attempting to trace CALL: a function call\n\n"
+                 "Failed to trace builtin operator\n  Explanation: Dynamo does not know how to trace builtin operator "
+                 "`print` with argument types ['str'] (has_kwargs True)\n\n" + frames,
+            at + "Graph Break Reason: Failed to handle graph break gracefully. Skipping the function and falling back "
+                 "to eager. Graph break encountered:\n\ntorch.fx.traceback.annotate escaped from compiled region\n"
+                 "  Explanation: Dynamo doesn't support graph break on torch.fx.traceback.annotate.\n\n" + frames]
+
+
+def test_a_break_logged_as_torch_2_11_logs_it_names_its_scope_and_its_own_reason():
+    """torch 2.11 (the GPU machines') skips the whole frame on a break inside ``annotate`` and logs no ``with``
+    line: the scope is read from the source around the break, the reason from the break's own record (torch
+    2.13 logs the ``with`` line: the test above). Checked against the text 2.11 writes; `make test-gpu-versions`
+    runs the test above on 2.11 itself."""
+    line = _line_of("a graph break Dynamo cannot")
+    backend = sk.get_backend(_ro_config())
+    with pytest.warns(sk_backend.SuperKernelScopeBreakWarning, match=r"scope 'blk'.*test_scope\.py:\d+.*`print`"):
+        backend._scope_breaks(_records_as_torch_2_11_logs_them(line))
+    (cut,) = backend.scope_breaks
+    assert cut.scope == "blk" and cut.source.endswith(f"test_scope.py:{line}")
+    assert "print" in cut.reason and "annotate" not in cut.reason
+    assert sk_backend.scope_of_break(_records_as_torch_2_11_logs_them(line)[0]) is None  # no mark of a scope in it
+
+
 def test_other_graph_break_in_scope_aborts_under_strict():
     def f(x):
         with sk.super_kernel("strict_blk", "strict-scope-check=abort"):

@@ -150,16 +150,25 @@ class SuperKernelBackend:
     def _scope_breaks(self, records: list[str]) -> None:
         """Report graph breaks inside scopes at compile time; strict-scope-check=abort raises."""
         found_here = 0
+        unscoped: dict[str, str] = {}  # break place -> a record there that named no scope
         for message in records:
             scope = scope_of_break(message)
+            where = BREAK_AT.search(message)
+            escaped = "escaped from compiled region" in message
+            if scope is None:
+                if where:
+                    unscoped[where.group(1)] = message
+                continue
             # Dynamo's follow-up record ("annotate escaped from compiled region") only matters
             # when the record of the break itself was not logged (Dynamo logs each place once)
-            if scope is None or ("escaped from compiled region" in message and found_here):
+            if escaped and found_here:
                 continue
             found_here += 1
             label, options = scope
-            where = BREAK_AT.search(message)
-            reason_lines = [line.strip() for line in message.splitlines() if line.strip()]
+            # torch 2.11 logs the break itself without the scope's ``with`` line, then the follow-up: the
+            # scope is read from the follow-up, the reason from the break's own record at the same place
+            said = unscoped.get(where.group(1), message) if escaped and where else message
+            reason_lines = [line.strip() for line in said.splitlines() if line.strip()]
             reason = next((line.split(":", 1)[1].strip() for line in reason_lines
                            if line.startswith("Graph Break Reason:")), "graph break")
             detail = next((line for line in reason_lines if line.startswith("Explanation:")), "")

@@ -83,6 +83,51 @@ _LITERAL = re.compile(r"[\"']([^\"']*)[\"']")
 BREAK_AT = re.compile(r"Graph break in user code at (\S+:\d+)")
 
 
+def _scope_literals(line: str) -> tuple[str, str] | None:
+    """(label, options) of a ``with super_kernel("label", "options")`` line written with literals, else None."""
+    if "with " in line and ("super_kernel(" in line or "superkernel_scope(" in line):
+        found = _SCOPE_CALL.search(line)
+        literals = _LITERAL.findall(found.group(1)) if found else []
+        if literals:
+            return literals[0], literals[1] if len(literals) > 1 else ""
+    return None
+
+
+_USER_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def _enclosing_scope_in_source(message: str, look_back: int = 200) -> tuple[str, str] | None:
+    """The ``with super_kernel(...)`` line around the break's own source line, read from the file.
+
+    torch 2.11's record of a break inside ``annotate`` ("Dynamo doesn't support graph break on
+    torch.fx.traceback.annotate") lists the user frames down to the breaking line but not the ``with``
+    line (torch 2.13's does); the innermost frame's file is read (``linecache``, as a traceback does) up
+    to ``look_back`` lines above the break for the nearest ``with`` of a scope indented less than it."""
+    import linecache
+
+    frames = _USER_FRAME.findall(message)
+    if not frames:
+        return None
+    path, lineno = frames[-1][0], int(frames[-1][1])
+    broke = linecache.getline(path, lineno)
+    if not broke.strip():
+        return None
+    indent = len(broke) - len(broke.lstrip())
+    for number in range(lineno - 1, max(0, lineno - look_back), -1):
+        line = linecache.getline(path, number)
+        if not line.strip():
+            continue
+        level = len(line) - len(line.lstrip())
+        if level < indent:
+            found = _scope_literals(line)
+            if found is not None:
+                return found
+            if line.lstrip().startswith(("def ", "async def ", "class ")):
+                return None  # left the function without meeting a scope
+            indent = level
+    return None
+
+
 def scope_of_break(message: str) -> tuple[str, str] | None:
     """(scope label, options) a graph-break record happened in, or None when outside every scope."""
     from superkernel.scope_apply import applied_scopes_in
@@ -91,15 +136,13 @@ def scope_of_break(message: str) -> tuple[str, str] | None:
     if not inside:
         return None
     for line in message.splitlines():
-        if "with " in line and ("super_kernel(" in line or "superkernel_scope(" in line):
-            found = _SCOPE_CALL.search(line)
-            literals = _LITERAL.findall(found.group(1)) if found else []
-            if literals:
-                return literals[0], literals[1] if len(literals) > 1 else ""
+        found = _scope_literals(line)
+        if found is not None:
+            return found
     applied = applied_scopes_in(message)  # scopes put on modules with apply_scopes
     if applied:
         return applied[0]
-    return ("?", "")
+    return _enclosing_scope_in_source(message) or ("?", "")
 
 
 _dynamo_counters: Any = None  # torch._dynamo.utils.counters, looked up once
