@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests._doc_module import doc_module
+
 ROOT = Path(__file__).resolve().parents[2]
 BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 
@@ -24,7 +26,7 @@ CASES = blocks("README.md") + blocks("docs/api.md") + blocks("docs/quantization.
 def test_doc_example_runs(name, code, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     torch._dynamo.reset()
-    exec(compile(code, name, "exec"), {"__name__": "__doc_example__"})
+    exec(compile(code, name, "exec"), doc_module(monkeypatch).__dict__)
 
 
 def test_there_are_examples():

@@ -11,6 +11,7 @@ import pytest
 
 from superkernel.tools import cli
 from superkernel.tools.advisor.plan_file import read_plan
+from tests._doc_module import doc_module
 
 from .test_wf_analyze import EXPECTED_TRIALS, check_profile, check_zoo_analysis
 from .wf_helpers import run_cli
@@ -70,7 +71,7 @@ def test_doc_examples_run(tmp_path, monkeypatch):
             if argv[1] == "analyze":
                 analyzed.append((argv, extra[1], result.out))
         else:
-            exec(compile(code, str(DOC), "exec"), {"__name__": "__doc_example__"})
+            exec(compile(code, str(DOC), "exec"), doc_module(monkeypatch).__dict__)
     assert (tmp_path / "sk_quick" / "superkernel.yaml").is_file()
     check_generate_report(tmp_path / "generate.md", read_plan(tmp_path / "sk_quick" / "superkernel.yaml"))
     (argv, path, out), = analyzed
