@@ -104,6 +104,28 @@ def test_dynamo_layers_with_other_node_names_share_the_frozen_build():
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-5)
 
 
+def test_shape_arrays_are_keyed_by_the_buffer_written_not_by_a_bound_methods_id():
+    """torch 2.11 keyed them by ``id(writeline)``, a bound method made anew per call (the layers of
+    test_dynamo_layers_with_other_node_names_share_the_frozen_build then got other sources there:
+    ``make test-gpu-versions``); the tweak applies only to a method that keys so."""
+    from torch._inductor.utils import IndentedBuffer
+
+    first, second = IndentedBuffer(), IndentedBuffer()
+    assert first.writeline is not first.writeline  # a new bound method on every attribute read
+    key = frozen_code.int_array_key
+    assert key("{1L}", first.writeline, False, None) == key("{1L}", first.writeline, False, None)
+    assert key("{1L}", first.writeline, False, None) != key("{1L}", second.writeline, False, None)
+
+    def keyed_as_in_2_11(self, int_array, writeline, known_statically=False, graph=None):
+        return (int_array, id(writeline), known_statically, id(graph) if graph else None)
+
+    def keyed_as_in_2_13(self, int_array, writeline, known_statically=False, graph=None):
+        return (int_array, id(writeline.__self__) if hasattr(writeline, "__self__") else id(writeline))
+
+    assert frozen_code._keys_int_arrays_by_transient_id(keyed_as_in_2_11)
+    assert not frozen_code._keys_int_arrays_by_transient_id(keyed_as_in_2_13)
+
+
 def test_canonical_graph_renames_by_position_and_keeps_the_original():
     gm = _layer_graph()
     names = [n.name for n in gm.graph.nodes]

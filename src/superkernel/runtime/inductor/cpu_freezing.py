@@ -210,7 +210,7 @@ def compile_frozen(gm: fx.GraphModule, example_inputs: list[Any], frozen: dict[i
         # Inductor's own freezing compiles with the fake mode accepting the real constants.
         fake_mode = torch._guards.detect_fake_mode(kept_inputs)
         with tweaks.context("real constants in the frozen compile", fake_mode), \
-                tweaks.context("value-free constant comments"):
+                tweaks.context("value-free constant comments"), tweaks.context("stable int-array names"):
             compiled = compile_partition(gm, kept_inputs, device="cpu", cpp_wrapper=cpp_wrapper, autotune=autotune)
 
     def run(*args: Any) -> Any:

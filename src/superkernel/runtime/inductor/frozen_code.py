@@ -11,6 +11,11 @@ each (~5 s CPU per layer at Qwen2-0.5B width), for three reasons:
   variable names in the C++. :func:`canonical_graph` renames them by position.
 * ``from_node`` provenance (the Dynamo-level names, ``layer_norm_2``) is written into kernel comments;
   it is dropped from the copy (it only feeds comments and provenance reports).
+* torch 2.11's C++ wrapper numbers its shape arrays (``int_array_<n>``) through a cache keyed by the
+  ``id`` of a bound method, made anew on every call: whether a shape reuses an earlier array depended on
+  where Python put that object, so a second identical layer got other numbers (found under torch 2.11 by
+  ``make test-gpu-versions``; torch 2.13 keys it by the method's object).
+  :func:`stable_int_array_names` keys it as 2.13 does, on a torch whose method still keys by the ``id``.
 * Inductor writes one comment per constant with the tensor's ``hash`` (its ``id``) into the C++
   header, so that "different constants get different files". The constants are not in that file: they
   are attached to a fresh Python module on every load (``PyCodeCache.load_by_key_path`` with
@@ -134,6 +139,51 @@ def parsed_index_expressions_reused(enabled: bool | None = None) -> Iterator[Non
         return parsed[text]
 
     with unittest.mock.patch.object(cpp_template_kernel, "parse_expr_with_index_symbols", reuse):
+        yield
+
+
+def _keys_int_arrays_by_transient_id(method: Any) -> bool:
+    """Whether ``CppWrapperCpu.codegen_int_array_var`` keys its cache by ``id(writeline)`` (torch 2.11)."""
+    import inspect
+
+    try:
+        source = inspect.getsource(method)
+    except (OSError, TypeError):
+        return False
+    return "id(writeline)" in source and "__self__" not in source
+
+
+def int_array_key(int_array: str, writeline: Any, known_statically: bool, graph: Any) -> tuple[Any, ...]:
+    """The shape-array cache key torch 2.13 uses: a bound ``writeline`` counts by the object it writes to."""
+    owner = getattr(writeline, "__self__", None)
+    return int_array, id(owner) if owner is not None else id(writeline), known_statically, id(graph) if graph else None
+
+
+@contextlib.contextmanager
+def stable_int_array_names() -> Iterator[None]:
+    """Inside: the C++ wrapper's shape-array cache is keyed by the buffer a ``writeline`` writes to, not by
+    the ``id`` of the bound method (which Python reuses or not): the same graph gets the same array names.
+    Only where this torch keys by that ``id``; elsewhere nothing changes."""
+    try:
+        from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
+    except ImportError:
+        yield
+        return
+    original = getattr(CppWrapperCpu, "codegen_int_array_var", None)
+    if original is None or not hasattr(CppWrapperCpu, "_codegen_int_array_var_impl") \
+            or not _keys_int_arrays_by_transient_id(original):
+        yield
+        return
+
+    def codegen_int_array_var(self: Any, int_array: str, writeline: Any, known_statically: bool = False,
+                              graph: Any = None) -> str:
+        key = int_array_key(int_array, writeline, known_statically, graph)
+        cache = self.codegen_int_array_var_cache
+        if key not in cache:
+            cache[key] = self._codegen_int_array_var_impl(int_array, writeline, known_statically)
+        return cache[key]
+
+    with unittest.mock.patch.object(CppWrapperCpu, "codegen_int_array_var", codegen_int_array_var):
         yield
 
 

@@ -55,6 +55,12 @@ TWEAKS: tuple[Tweak, ...] = (
     Tweak("value-free constant comments", ("torch._inductor.codegen.cpp_wrapper_cpu:CppWrapperCpu.write_constant",),
           "CPU max-autotune, frozen compiles with cpp_wrapper: generated code names no weight value, so identical "
           "layers with other weights build one module", f"{_IND}.frozen_code:value_free_constant_comments"),
+    Tweak("stable int-array names",
+          ("torch._inductor.codegen.cpp_wrapper_cpu:CppWrapperCpu.codegen_int_array_var",
+           "torch._inductor.codegen.cpp_wrapper_cpu:CppWrapperCpu._codegen_int_array_var_impl"),
+          "CPU max-autotune, frozen compiles with cpp_wrapper, on a torch (2.11) whose shape-array cache is keyed by "
+          "a bound method's id: identical layers get the same array names, so one module",
+          f"{_IND}.frozen_code:stable_int_array_names"),
     Tweak("template builds use the precompiled header", ("torch._inductor:autotune_process",
                                                          "torch._inductor.autotune_process:CppCodeCache",
                                                          "torch._inductor.codecache:CppCodeCache"),
