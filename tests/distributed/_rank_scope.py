@@ -34,6 +34,17 @@ class MLP(nn.Module):
             return x + self.down(F.silu(self.up(x)))
 
 
+class Head(nn.Module):
+    """An LM-head-like projection, sharded ``colwise_rep``: each rank computes its output features, all-gathered."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(32, 16)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
 def _abort_forward(model: MLP, x: torch.Tensor) -> torch.Tensor:
     with super_kernel("mlp", "strict-scope-check=abort"):
         return x + model.down(F.silu(model.up(x)))
@@ -77,6 +88,12 @@ def main() -> None:
             abort_error = None
         except Exception as exc:  # noqa: BLE001 - what strict-scope-check=abort raises
             abort_error = f"{type(exc).__name__}: {exc}"
+    with torch.no_grad():  # the all-gather: one graph on every torch (2.11 broke the graph in its own helper)
+        torch._dynamo.reset()
+        head = Head().eval().requires_grad_(False)
+        head_full = head(x)
+        apply_tensor_parallel(head, {"proj": "colwise_rep"})
+        head_out = torch.compile(head, fullgraph=True, backend="eager")(x)
     collectives = []
     for path in sorted(dump.rglob("*_segments.txt")):  # the dump that names each node's partition
         for line in path.read_text().splitlines():
@@ -90,6 +107,7 @@ def main() -> None:
         "vs_unsharded_max_abs": float((out - full).abs().max()),
         "segments": [(s.name, s.realization, s.fallback) for s in ex.segments], "cuts": len(ex.cuts),
         "collectives": collectives, "abort_error": abort_error,
+        "gathered_head_shape": list(head_out.shape), "gathered_head_max_abs": float((head_out - head_full).abs().max()),
         "max_autotune_max_abs": max(float((o - eager).abs().max()) for o in tuned_out),
         "max_autotune_not_timed": tuned_counters.get("partitions_not_timed_collectives", 0),
         "max_autotune_frozen": tuned_counters.get("partitions_frozen", 0)}), flush=True)

@@ -90,7 +90,12 @@ def _all_reduce(t: torch.Tensor, group) -> torch.Tensor:
 def _all_gather_last(t: torch.Tensor, group) -> torch.Tensor:
     from torch.distributed import _functional_collectives as funcol
 
-    return funcol.wait_tensor(funcol.all_gather_single(t.contiguous(), t.dim() - 1, group))
+    # Gathered along dim 0 and laid out here: torch 2.11 (the GPU machines') has no all_gather_single, and its
+    # all_gather_tensor along another dim calls a helper Dynamo will not trace (a graph break in every step)
+    t = t.contiguous()
+    gathered = funcol.wait_tensor(funcol.all_gather_tensor(t, 0, group))  # [world * d0, ..., n]
+    world = gathered.shape[0] // t.shape[0]
+    return gathered.view(world, *t.shape).movedim(0, -2).reshape(*t.shape[:-1], world * t.shape[-1])
 
 
 def _set_param(owner: torch.nn.Module, name: str, value: torch.Tensor) -> None:
