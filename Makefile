@@ -22,16 +22,18 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile --durations=25
 
 # The versions of the GPU machines (Python 3.12, torch 2.11 from PyPI -- its CUDA build, a few GB --,
-# transformers 5.17) on this CPU: the backend and decode tests, so GPU minutes are not spent on a version
-# difference. Not part of `make test`.
+# transformers 5.17) on this CPU: the backend, quantization, static-kernel, workflow and distributed tests, so
+# GPU minutes are not spent on a version difference (about 11 minutes on 2 cores). Not part of `make test`.
+# PY312=/path/to/python3.12 where python3.12 is not on the PATH.
 GPU_VENV := .venv-gpu-versions
 PY312 ?= python3.12
 test-gpu-versions:
 	test -x $(GPU_VENV)/bin/python || $(PY312) -m venv $(GPU_VENV)
 	$(GPU_VENV)/bin/python -m pip install --quiet "torch==2.11.0" "transformers==5.17.0" "torchao==0.18.0" \
-		"numpy>=1.26" "filelock>=3.12" "safetensors>=0.4" "rich>=13" "matplotlib>=3.8" "pyyaml>=6" "pytest>=8"
-	PYTHONPATH=src $(GPU_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/backend tests/quant \
-		tests/static_kernel/test_precompiled_step.py tests/workflow/test_wf_decode.py tests/workflow/test_wf_generate.py
+		"numpy>=1.26" "filelock>=3.12" "safetensors>=0.4" "rich>=13" "matplotlib>=3.8" "pyyaml>=6" "pytest>=8" \
+		"pytest-xdist>=3"
+	PYTHONPATH=$(CURDIR)/src $(GPU_VENV)/bin/python -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 \
+		--dist loadfile -rs tests/backend tests/quant tests/static_kernel tests/workflow tests/distributed
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
