@@ -224,7 +224,7 @@ def test_other_graph_break_in_scope_is_reported_with_scope_reason_and_line():
     assert cut.scope == "blk" and cut.source.endswith(f"test_scope.py:{_line_of('a graph break Dynamo cannot')}")
 
 
-def _records_as_torch_2_11_logs_them(line: int, options_marker: str = "") -> list[str]:
+def _records_as_torch_2_11_logs_them(line: int) -> list[str]:
     """The two graph-break records torch 2.11 logs for ``_printing``'s print (text as it writes them, shortened):
     the break itself, whose traceback has no ``with`` line, then the follow-up naming ``annotate``."""
     frames = (f'User code traceback:\n  File "{__file__}", line {line}, in f\n'

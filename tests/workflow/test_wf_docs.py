@@ -32,9 +32,10 @@ def test_doc_has_tested_examples_of_each_command():
     assert any(lang == "python" and "superkernel.apply" in code for lang, code in blocks)
 
 
-def check_generate_report(report: Path, plan) -> None:
-    """What ``bench --generate --report`` wrote: every peer generated eager's tokens on every round and has a rate,
-    a time to first token and a first call; the plan's row names its strategy and mode and its compile time."""
+def check_generate_report(report: Path, plan, out: str) -> None:
+    """What ``bench --generate --report`` wrote and printed: every peer generated eager's tokens on every round and
+    has a rate, a time to first token and a first call; the plan's row names its strategy and mode and its compile
+    time."""
     data = json.loads(report.with_suffix(".json").read_text())
     rows = {r["peer"]: r for r in data["rows"]}
     planned = (f"superkernel generate() ({plan.strategy or 'plan'} / {plan.mode})" if plan.backend == "superkernel"
@@ -44,7 +45,7 @@ def check_generate_report(report: Path, plan) -> None:
         assert row["error"] is None
         assert row["tokens_equal_eager_every_round"] is True
         assert row["tokens_per_s"] > 0 and row["ttft_ms"] > 0 and row["first_call_s"] > 0
-    assert "TTFT ms" in report.read_text()
+    assert "TTFT ms" in report.read_text() and "tokens/s" in out
     assert rows[planned]["compile_s"] is not None
 
 
@@ -57,7 +58,7 @@ def test_doc_examples_run(tmp_path, monkeypatch):
     model's (that test leaves this model to this run rather than analyzing it a second time).
     """
     monkeypatch.chdir(tmp_path)
-    analyzed = []
+    analyzed, generated = [], []
     for lang, code in doc_blocks():  # in order: optimize writes the yaml that bench and Python read
         if lang == "bash":
             argv = shlex.split(code.strip())
@@ -70,10 +71,13 @@ def test_doc_examples_run(tmp_path, monkeypatch):
             assert result.code == 0, f"{code}\n{result.err}"
             if argv[1] == "analyze":
                 analyzed.append((argv, extra[1], result.out))
+            if "--generate" in argv:
+                generated.append(result.out)
         else:
             exec(compile(code, str(DOC), "exec"), doc_module(monkeypatch).__dict__)
     assert (tmp_path / "sk_quick" / "superkernel.yaml").is_file()
-    check_generate_report(tmp_path / "generate.md", read_plan(tmp_path / "sk_quick" / "superkernel.yaml"))
+    (generate_out,) = generated
+    check_generate_report(tmp_path / "generate.md", read_plan(tmp_path / "sk_quick" / "superkernel.yaml"), generate_out)
     (argv, path, out), = analyzed
     assert argv[2:] == ["--model", "deepseek-v3-tiny", "--profile"], \
         "test_wf_analyze.py leaves deepseek-v3-tiny to this example: analyze it there again if the example changes"

@@ -253,7 +253,6 @@ def _private_inductor_cache() -> None:
 
 def _cmd_optimize(args) -> int:
     from superkernel.tools.advisor.strategies import parse_strategy
-
     from superkernel.tools.distributed import nproc as distributed
 
     distributed.check_single_process(args)

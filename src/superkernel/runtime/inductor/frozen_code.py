@@ -40,6 +40,7 @@ weights from disk.
 from __future__ import annotations
 
 import contextlib
+import functools
 import unittest.mock
 from typing import Any, Iterator
 
@@ -142,8 +143,10 @@ def parsed_index_expressions_reused(enabled: bool | None = None) -> Iterator[Non
         yield
 
 
+@functools.lru_cache(maxsize=None)
 def _keys_int_arrays_by_transient_id(method: Any) -> bool:
-    """Whether ``CppWrapperCpu.codegen_int_array_var`` keys its cache by ``id(writeline)`` (torch 2.11)."""
+    """Whether ``CppWrapperCpu.codegen_int_array_var`` keys its cache by ``id(writeline)`` (torch 2.11); read once
+    per method, not on every frozen compile."""
     import inspect
 
     try:
