@@ -15,6 +15,13 @@ def test_every_slow_first_file_exists():
     assert len(set(SLOW_FIRST)) == len(SLOW_FIRST)
 
 
+def test_every_loadfile_run_keeps_the_order():
+    """pytest-xdist reorders files by their number of tests unless told not to: SLOW_FIRST would be ignored."""
+    makefile = (Path(TESTS).parent / "Makefile").read_text()
+    runs = [line for line in makefile.splitlines() if "--dist loadfile" in line]
+    assert runs and all("--no-loadscope-reorder" in line for line in runs), runs
+
+
 def test_listed_files_come_first_in_their_order_and_each_file_keeps_its_own_order():
     def item(name, i):
         return SimpleNamespace(path=Path(os.path.join(TESTS, name)), i=i)
