@@ -18,10 +18,8 @@ $(STAMP): pyproject.toml constraints.txt
 demo: $(STAMP)
 	$(VENV)/bin/superkernel optimize
 
-# --no-loadscope-reorder: pytest-xdist would otherwise hand out files by their number of tests, not in the
-# order tests/conftest.py puts them (SLOW_FIRST: the heaviest first, so no long file is left for the end).
 test: $(STAMP)
-	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder --durations=25
+	$(PY) -m pytest -q -n auto --maxprocesses 4 --dist loadfile --durations=25
 
 # The versions of the GPU machines (Python 3.12, torch 2.11 from PyPI -- its CUDA build, a few GB --,
 # transformers 5.17) on this CPU: the backend, quantization, static-kernel, workflow and distributed tests, so
@@ -35,7 +33,7 @@ test-gpu-versions:
 		"numpy>=1.26" "filelock>=3.12" "safetensors>=0.4" "rich>=13" "matplotlib>=3.8" "pyyaml>=6" "pytest>=8" \
 		"pytest-xdist>=3"
 	PYTHONPATH=$(CURDIR)/src $(GPU_VENV)/bin/python -m pytest -q -p no:cacheprovider -n auto --maxprocesses 4 \
-		--dist loadfile --no-loadscope-reorder -rs tests/backend tests/quant tests/static_kernel tests/workflow tests/distributed
+		--dist loadfile -rs tests/backend tests/quant tests/static_kernel tests/workflow tests/distributed
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

@@ -14,6 +14,10 @@ def pytest_configure(config):
     # console follows COLUMNS, so tests that read its output see one layout everywhere.
     for name in ("COLUMNS", "LINES"):
         os.environ.pop(name, None)
+    if config.pluginmanager.hasplugin("xdist"):
+        # xdist's --dist loadfile otherwise hands files out by their number of tests, ignoring SLOW_FIRST
+        # (what its --no-loadscope-reorder sets; here so that every -n run keeps the order)
+        config.option.loadscopereorder = False
 
 
 #: Test files in the order of their cold summed time (a suite run of 2026-12-02, 2 workers, empty caches;
@@ -21,7 +25,7 @@ def pytest_configure(config):
 #: longest keeps the last minutes from being one long file on one worker while the other waits (largest
 #: first: simulated on that run's times, 882 s -> 870 s of the busier worker). Only an order: a file not
 #: listed runs after these in its usual place; tests/layout/test_suite_order.py checks every name still exists.
-#: xdist follows it only with ``--no-loadscope-reorder`` (the Makefile passes it): by default it hands files out
+#: xdist follows it only with its reorder off (pytest_configure turns it off): by default it hands files out
 #: by their number of tests, and this order had no effect until 2026-12-06 (a cold run on EPYC-Z4 with it in
 #: effect: 674 s of pytest against 716 s without, the same day, the workers ending 1.5 s apart).
 SLOW_FIRST = (

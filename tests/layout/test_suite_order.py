@@ -15,11 +15,19 @@ def test_every_slow_first_file_exists():
     assert len(set(SLOW_FIRST)) == len(SLOW_FIRST)
 
 
-def test_every_loadfile_run_keeps_the_order():
-    """pytest-xdist reorders files by their number of tests unless told not to: SLOW_FIRST would be ignored."""
-    makefile = (Path(TESTS).parent / "Makefile").read_text()
-    runs = [line for line in makefile.splitlines() if "--dist loadfile" in line]
-    assert runs and all("--no-loadscope-reorder" in line for line in runs), runs
+def test_xdist_keeps_the_order():
+    """pytest-xdist reorders files by their number of tests unless its reorder is off: SLOW_FIRST would be
+    ignored. The suite's configure hook turns it off wherever xdist is loaded, and leaves other runs alone."""
+    from tests.conftest import pytest_configure
+
+    def config(xdist: bool):
+        return SimpleNamespace(pluginmanager=SimpleNamespace(hasplugin=lambda name: xdist and name == "xdist"),
+                               option=SimpleNamespace(loadscopereorder=True))
+
+    with_xdist, without = config(True), config(False)
+    pytest_configure(with_xdist)
+    pytest_configure(without)
+    assert with_xdist.option.loadscopereorder is False and without.option.loadscopereorder is True
 
 
 def test_listed_files_come_first_in_their_order_and_each_file_keeps_its_own_order():
