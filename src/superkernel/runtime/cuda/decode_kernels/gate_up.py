@@ -1,0 +1,56 @@
+"""RMSNorm + gate/up GEMV + SiLU(gate) * up, one kernel: ``h = silu(Wg @ n) * (Wu @ n)``, ``n = rmsnorm(x) * g``.
+
+Each program reads the same ``BLOCK_N`` rows of ``Wg`` and ``Wu`` over all of K (the norm folded in as in
+``gemv``: ``rstd`` scales the finished dot products), so the gate and up values of one output meet in registers and
+leave as one bfloat16 ``h``; Inductor's step writes gate and up and reads them back.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def gate_up_kernel(x_ptr, g_ptr, wg_ptr, wu_ptr, h_ptr, N, K, stride_wg, stride_wu, eps,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = rn < N
+    acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        k_mask = rk < K
+        x = tl.load(x_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)
+        sq += x * x
+        x = x * tl.load(g_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)
+        mask = n_mask[:, None] & k_mask[None, :]
+        wg = tl.load(wg_ptr + rn[:, None] * stride_wg + rk[None, :], mask=mask, other=0.0,
+                     eviction_policy="evict_first")
+        wu = tl.load(wu_ptr + rn[:, None] * stride_wu + rk[None, :], mask=mask, other=0.0,
+                     eviction_policy="evict_first")
+        acc_g += wg.to(tl.float32) * x[None, :]
+        acc_u += wu.to(tl.float32) * x[None, :]
+    rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
+    gate = tl.sum(acc_g, axis=1) * rstd
+    up = tl.sum(acc_u, axis=1) * rstd
+    h = gate * tl.sigmoid(gate) * up
+    tl.store(h_ptr + rn, h.to(h_ptr.dtype.element_ty), mask=n_mask)
+
+
+def gate_up(x: torch.Tensor, norm: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, *, eps: float = 1e-5,
+            out: torch.Tensor | None = None, block_n: int = 4, block_k: int = 512,
+            num_warps: int = 4) -> torch.Tensor:
+    """x ``[K]``, norm ``[K]``, w_gate and w_up ``[N, K]`` with unit stride along K (two views of one fused
+    ``[2N, K]`` weight are fine); returns h ``[N]`` in x's dtype."""
+    n, k = w_gate.shape
+    if w_up.shape != (n, k) or w_gate.stride(1) != 1 or w_up.stride(1) != 1:
+        raise ValueError("gate_up: w_gate and w_up must both be [N, K] with unit stride along K")
+    x = x.reshape(k)
+    if out is None:
+        out = torch.empty(n, dtype=x.dtype, device=x.device)
+    gate_up_kernel[(triton.cdiv(n, block_n),)](x, norm, w_gate, w_up, out, n, k, w_gate.stride(0), w_up.stride(0),
+                                               eps, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
+    return out

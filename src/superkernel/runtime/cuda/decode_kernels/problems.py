@@ -1,0 +1,118 @@
+"""Each kernel of the set as a problem at a shape: inputs (random, or empty on the ``meta`` device for compiling
+ahead of time), the call of its launcher with given launch parameters, and its float64 reference. The tests, the
+sm_90a compile and the GPU benchmark all go through these, so they check and time the same calls.
+
+Names: ``qkv_rope``, ``attention``, ``o_proj`` (GEMV + residual), ``gate_up``, ``down`` (GEMV + residual),
+``lm_head`` (final RMSNorm + GEMV).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from superkernel.runtime.cuda.decode_kernels import reference
+from superkernel.runtime.cuda.decode_kernels.configs import DecodeShape
+
+NAMES = ("qkv_rope", "attention", "o_proj", "gate_up", "down", "lm_head")
+
+
+def make_inputs(name: str, shape: DecodeShape, device: str | torch.device = "cpu", *, seed: int = 0,
+                rows: int | None = None, length: int | None = None) -> dict[str, Any]:
+    """Inputs of ``name`` at ``shape`` in bfloat16; ``rows``: only the first output rows of a GEMV (its real K:
+    how the interpreter checks the biggest weights in reasonable time); ``length``: attention's KV length
+    (default: the cache full but one slot)."""
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(seed)
+    meta = device.type == "meta"
+
+    def rand(*size: int, scale: float = 1.0, offset: float = 0.0) -> torch.Tensor:
+        if meta:
+            return torch.empty(size, dtype=torch.bfloat16, device=device)
+        return (torch.randn(size, generator=gen) * scale + offset).to(device, torch.bfloat16)
+
+    h, d = shape.hidden, shape.head_dim
+    if name == "attention":
+        n = shape.kv_len - 1 if length is None else length
+        return {"q": rand(shape.n_q_heads, d), "k_cache": rand(1, shape.n_kv_heads, shape.kv_len, d),
+                "v_cache": rand(1, shape.n_kv_heads, shape.kv_len, d),
+                "length": torch.tensor([n], device=device) if not meta else torch.empty(1, dtype=torch.int64,
+                                                                                        device=device)}
+    if name == "qkv_rope":
+        pos = (shape.kv_len - 2) if length is None else length - 1
+        angles = torch.rand(d // 2, generator=gen) * 2 * math.pi
+        cos, sin = torch.cat([angles.cos()] * 2), torch.cat([angles.sin()] * 2)
+        return {"x": rand(h), "norm": rand(h, scale=0.1, offset=1.0), "w_qkv": rand(shape.qkv_rows, h,
+                                                                                    scale=h ** -0.5),
+                "cos": cos.to(device, torch.bfloat16), "sin": sin.to(device, torch.bfloat16),
+                "pos": torch.tensor([pos], device=device) if not meta else torch.empty(1, dtype=torch.int64,
+                                                                                      device=device),
+                "k_cache": torch.zeros(1, shape.n_kv_heads, shape.kv_len, d, dtype=torch.bfloat16, device=device),
+                "v_cache": torch.zeros(1, shape.n_kv_heads, shape.kv_len, d, dtype=torch.bfloat16, device=device)}
+    n, k = shape.projections()[name]
+    if name == "gate_up":
+        n //= 2
+    n = min(n, rows) if rows else n
+    inputs: dict[str, Any] = {"x": rand(k)}
+    if name == "gate_up":
+        inputs.update(norm=rand(k, scale=0.1, offset=1.0), w_gate=rand(n, k, scale=k ** -0.5),
+                      w_up=rand(n, k, scale=k ** -0.5))
+    elif name == "lm_head":
+        inputs.update(norm=rand(k, scale=0.1, offset=1.0), w=rand(n, k, scale=k ** -0.5))
+    else:  # o_proj, down: GEMV + residual
+        inputs.update(w=rand(n, k, scale=k ** -0.5), residual=rand(n))
+    return inputs
+
+
+def call(name: str, inputs: dict[str, Any], shape: DecodeShape, launch: dict[str, Any] | None = None) -> Any:
+    """Run ``name``'s launcher on ``inputs`` with ``launch`` (its keyword arguments: blocks, warps, splits)."""
+    launch = dict(launch or {})
+    if name == "qkv_rope":
+        from superkernel.runtime.cuda.decode_kernels.qkv_rope import qkv_rope
+        return qkv_rope(inputs["x"], inputs["norm"], inputs["w_qkv"], inputs["cos"], inputs["sin"], inputs["pos"],
+                        inputs["k_cache"], inputs["v_cache"], n_q_heads=shape.n_q_heads,
+                        n_kv_heads=shape.n_kv_heads, head_dim=shape.head_dim, eps=shape.eps, **launch)
+    if name == "attention":
+        from superkernel.runtime.cuda.decode_kernels.attention import decode_attention
+        return decode_attention(inputs["q"], inputs["k_cache"], inputs["v_cache"], inputs["length"], **launch)
+    if name == "gate_up":
+        from superkernel.runtime.cuda.decode_kernels.gate_up import gate_up
+        return gate_up(inputs["x"], inputs["norm"], inputs["w_gate"], inputs["w_up"], eps=shape.eps, **launch)
+    from superkernel.runtime.cuda.decode_kernels.gemv import gemv
+    if name == "lm_head":
+        return gemv(inputs["x"], inputs["w"], norm=inputs["norm"], eps=shape.eps, **launch)
+    return gemv(inputs["x"], inputs["w"], residual=inputs["residual"], **launch)
+
+
+def expected(name: str, inputs: dict[str, Any], shape: DecodeShape) -> dict[str, torch.Tensor]:
+    """Float64 references of what ``call`` returns or writes, by output name."""
+    if name == "qkv_rope":
+        q, k, v = reference.qkv_rope(inputs["x"], inputs["norm"], inputs["w_qkv"], inputs["cos"], inputs["sin"],
+                                     shape.n_q_heads, shape.n_kv_heads, shape.head_dim, shape.eps)
+        return {"q": q, "k": k, "v": v}
+    if name == "attention":
+        return {"out": reference.decode_attention(inputs["q"], inputs["k_cache"][0], inputs["v_cache"][0],
+                                                  int(inputs["length"].item()))}
+    if name == "gate_up":
+        return {"out": reference.gate_up(inputs["x"], inputs["norm"], inputs["w_gate"], inputs["w_up"], shape.eps)}
+    if name == "lm_head":
+        return {"out": reference.gemv(inputs["x"], inputs["w"], norm=inputs["norm"], eps=shape.eps)}
+    return {"out": reference.gemv(inputs["x"], inputs["w"], residual=inputs["residual"])}
+
+
+def produced(name: str, inputs: dict[str, Any], result: Any) -> dict[str, torch.Tensor]:
+    """What ``call`` produced, by the names of :func:`expected`; qkv_rope's k and v are the cache rows it wrote."""
+    if name == "qkv_rope":
+        pos = int(inputs["pos"].item())
+        return {"q": result, "k": inputs["k_cache"][0, :, pos], "v": inputs["v_cache"][0, :, pos]}
+    return {"out": result}
+
+
+def check(name: str, inputs: dict[str, Any], shape: DecodeShape, result: Any) -> dict[str, float]:
+    """Every output of ``name`` within the bfloat16 tolerance of its float64 reference (raises otherwise);
+    returns each output's largest error as a fraction of its largest reference value."""
+    want = expected(name, inputs, shape)
+    got = produced(name, inputs, result)
+    return {out: reference.check(f"{name}.{out}", got[out], want[out]) for out in want}
