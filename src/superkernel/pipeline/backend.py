@@ -28,7 +28,7 @@ import torch.fx as fx
 
 from superkernel.config import CompilerConfig
 from superkernel.pipeline.capture import break_text, capture, dynamo_graph_breaks
-from superkernel.pipeline.capture_fallback import install as install_capture_fallback
+from superkernel.pipeline.backend_context import BackendName, mark
 from superkernel.pipeline.graph_dump import dump_graph
 from superkernel.ir.graph import (
     Cut, Explanation, GraphInfo, SegmentInfo, SuperKernelScopeError, device_kind, graph_device, parse_options,
@@ -38,8 +38,8 @@ from superkernel.pipeline.passes import reinplace_input_updates
 from superkernel.pipeline.realize import Realizer
 from superkernel.pipeline.segments import build_segments, last_scope
 from superkernel.pipeline.tracing import (
-    BREAK_AT, GRAPH_BREAK_IN_SCOPE, CaptureContext, SuperKernelScopeBreakWarning, active_backend,
-    forward_backend_context, install_break_log, scope_of_break,
+    BREAK_AT, GRAPH_BREAK_IN_SCOPE, CaptureContext, SuperKernelScopeBreakWarning, install_break_log,
+    register_compile_callbacks, scope_of_break,
 )
 from superkernel.runtime.realizations import GraphContext, NullStaticCompiler, StaticCompilerSeam, realization_for
 
@@ -47,7 +47,8 @@ from superkernel.runtime.realizations import GraphContext, NullStaticCompiler, S
 class SuperKernelBackend:
     """A torch.compile backend. One instance keeps the explanation of what it compiled."""
 
-    __name__ = "superkernel"
+    #: read by torch.compile's wrapper, which then also gets :attr:`backend_ctx_ctor` (``pipeline.backend_context``)
+    __name__ = BackendName("superkernel")
 
     def __init__(self, compiler_config: CompilerConfig | None = None) -> None:
         if compiler_config is None:
@@ -69,7 +70,8 @@ class SuperKernelBackend:
         #: graph breaks Dynamo took inside a scope (their operators run uncompiled), as cuts
         self.scope_breaks: list[Cut] = []
         install_break_log()
-        self.backend_ctx_ctor = functools.partial(CaptureContext, self)  # read by Dynamo (see CAPTURE_SETTINGS)
+        register_compile_callbacks()
+        self.backend_ctx_ctor = mark(functools.partial(CaptureContext, self))  # read by Dynamo (see CAPTURE_SETTINGS)
         #: the static-kernel compiler (a NullStaticCompiler, which just builds, when static kernels are off)
         self.static_kernels: StaticCompilerSeam = NullStaticCompiler()
         if self.config.experimental_config.static_kernel.enable:
@@ -200,6 +202,7 @@ class SuperKernelBackend:
         self._graph_breaks_at_start = dynamo_graph_breaks()
         self.scope_breaks.clear()
         install_break_log()
+        register_compile_callbacks()  # torch._dynamo.reset() clears them
 
 
 def get_backend(compiler_config: CompilerConfig | None = None) -> SuperKernelBackend:
@@ -226,16 +229,19 @@ def superkernel_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs:
     return default_backend()(gm, example_inputs)
 
 
-# backend="superkernel": Dynamo reads the context from the registered function.
-superkernel_backend.backend_ctx_ctor = lambda: CaptureContext(default_backend())  # type: ignore[attr-defined]
+# backend="superkernel": the compile-start callback finds the context on the registered function
+# (``pipeline.backend_context.context_of_this_compile``), as torch.compile passes the name, not it.
+superkernel_backend.backend_ctx_ctor = mark(lambda: CaptureContext(default_backend()))  # type: ignore[attr-defined]
+
 
 def _register() -> None:
+    """The backend's name, and Dynamo's compile callbacks (which do nothing for other backends' compiles).
+    Nothing of torch is replaced: see ``runtime.inductor.tweaks.TWEAKS`` for what superkernel reads."""
     from torch._dynamo.backends.registry import _BACKENDS, register_backend
 
     if "superkernel" not in _BACKENDS or _BACKENDS["superkernel"] is None:
         register_backend(name="superkernel")(superkernel_backend)
-    forward_backend_context()
-    install_capture_fallback(active_backend, scope_of_break)
+    register_compile_callbacks()
 
 
 _register()

@@ -8,7 +8,10 @@ index computed from a tensor (``past_key_values.get_seq_length()``), and the unb
 size of the slice makes Dynamo raise (``PendingUnbackedSymbolNotFound``,
 ``GuardOnDataDependentSymNode``) where plain ``torch.compile`` takes a graph break.
 
-This module wraps Dynamo's per-frame converter: when converting a frame under a
+This module wraps Dynamo's per-frame converter (``ConvertFrame.__call__``, a row of
+``runtime.inductor.tweaks.TWEAKS``) while a superkernel-compiled object runs or the decode
+harness allows it (:func:`enter` / :func:`leave`; torch's own is back afterwards, so another
+torch.compile in the process sees Dynamo unchanged): when converting a frame under a
 superkernel compile fails with such a data-dependent error while the capture settings are
 on, the same frame is converted once more with them off (nothing of the frame has run:
 Dynamo converts a frame before executing it), so it graph-breaks like plain
@@ -55,7 +58,8 @@ def allowed() -> Iterator[None]:
     must fall back the same way, as plain torch.compile without the captures would graph-break."""
     state.harness += 1
     try:
-        yield
+        with converter_wrapped():
+            yield
     finally:
         state.harness -= 1
 
@@ -86,26 +90,18 @@ def describe(exc: BaseException) -> tuple[str, str]:
     return error, "(source line not reported by Dynamo)"
 
 
-def install(active_backend: Callable[[], Any], scope_of_break: Callable[[str], tuple[str, str] | None]) -> None:
-    """Wrap Dynamo's frame converter once (see module doc); a no-op when this torch has none.
-
-    ``active_backend()``: the superkernel backend whose call is running on this thread, or None
-    (only its compiles fall back); ``scope_of_break(text)``: (label, options) of the scope a
-    Dynamo message points into (both from ``pipeline.tracing``, passed in to keep imports one-way).
-    """
-    try:
-        from torch._dynamo.convert_frame import ConvertFrame
-    except ImportError:  # pragma: no cover - other torch versions
-        return
-    original = ConvertFrame.__call__
-    if getattr(original, "_superkernel_fallback", False):
-        return
+def _wrapping(original: Callable[..., Any]) -> Callable[..., Any]:
+    """``ConvertFrame.__call__`` that converts a frame once more without the capture settings when converting it
+    under a superkernel call (or :func:`allowed`) failed with a data-dependent error; for any other frame (another
+    thread's, another backend's: vLLM's) it is ``original`` plus one call."""
 
     @functools.wraps(original)
     def __call__(self, frame, cache_entry, hooks, frame_state, *args: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
         try:
             return original(self, frame, cache_entry, hooks, frame_state, *args, **kwargs)
         except Exception as exc:
+            from superkernel.pipeline.tracing import active_backend, scope_of_break
+
             backend = active_backend()
             if (backend is None and not state.harness) or state.disabled or not is_data_dependent_error(exc):
                 raise
@@ -118,7 +114,61 @@ def install(active_backend: Callable[[], Any], scope_of_break: Callable[[str], t
                 state.disabled = False
 
     __call__._superkernel_fallback = True  # type: ignore[attr-defined]
-    ConvertFrame.__call__ = __call__
+    return __call__
+
+
+_lock = threading.Lock()
+_depth = 0
+_swapped: list[Any] = []  # [ConvertFrame, its own __call__, our wrapper] while entered
+_made: list[Any] = []     # [ConvertFrame, its own __call__, our wrapper] made once (a call enters per step)
+
+
+def enter() -> None:
+    """Wrap Dynamo's frame converter (see the module doc) until the matching :func:`leave`; nested and
+    concurrent entries share one wrapping. Entered around every call of a superkernel-compiled object:
+    Dynamo converts a frame lazily, while the compiled object runs (its first call, a recompile, the
+    frame after a graph break), not in ``torch.compile``. A no-op when this torch has no ``ConvertFrame``."""
+    global _depth
+    with _lock:
+        _depth += 1
+        if _depth > 1:
+            return
+        if not _made or _made[0].__dict__.get("__call__") not in (_made[1], _made[2]):
+            try:
+                from torch._dynamo.convert_frame import ConvertFrame
+
+                original = ConvertFrame.__dict__["__call__"]
+            except (ImportError, KeyError):  # pragma: no cover - other torch versions (tests/backend/test_tweaks.py)
+                return
+            _made[:] = [ConvertFrame, original, _wrapping(original)]
+        cls, original, wrapper = _made
+        if cls.__dict__.get("__call__") is original:
+            cls.__call__ = wrapper
+            _swapped[:] = _made
+
+
+def leave() -> None:
+    """Undo :func:`enter`: the last leave puts torch's own ``ConvertFrame.__call__`` back (unless someone
+    replaced ours meanwhile: theirs stays)."""
+    global _depth
+    with _lock:
+        _depth = max(0, _depth - 1)
+        if _depth or not _swapped:
+            return
+        cls, original, wrapper = _swapped
+        _swapped.clear()
+        if cls.__dict__.get("__call__") is wrapper:
+            cls.__call__ = original
+
+
+@contextlib.contextmanager
+def converter_wrapped() -> Iterator[None]:
+    """:func:`enter` ... :func:`leave` as a context manager (the entry of this tweak in ``TWEAKS``)."""
+    enter()
+    try:
+        yield
+    finally:
+        leave()
 
 
 def _fall_back(backend: Any, exc: BaseException, scope: tuple[str, str] | None) -> None:

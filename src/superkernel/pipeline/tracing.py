@@ -7,15 +7,16 @@ scope; this module only sets Dynamo up and reads what Dynamo says.
 
 from __future__ import annotations
 
-import functools
 import logging
 import re
 import threading
+import warnings
 from typing import Any
 
 import torch
 
 from superkernel import eager_branch
+from superkernel.pipeline import backend_context, capture_fallback
 
 # --- Dynamo settings under which a superkernel compile traces ----------------------------
 #
@@ -26,10 +27,12 @@ from superkernel import eager_branch
 # The backend's ``dynamo.dynamic_sources`` (config.py; by default the growing position int of
 # transformers' sliding-window caches) are added to torch.compiler.config.dynamic_sources,
 # so a decode loop compiles once instead of once per position.
-# Dynamo enters ``backend_ctx_ctor`` around every call of an object compiled with the
-# backend (torch.compile(backend=get_backend(cfg)), superkernel.compile and
-# backend="superkernel"), so tracing and recompiles see the settings; already-set flags
-# (the decode harness, a user's global setting) cost a few attribute reads per call.
+# Dynamo enters ``backend_ctx_ctor`` around every call of an object compiled with a backend
+# object (torch.compile(backend=get_backend(cfg)), superkernel.compile; how it gets there:
+# ``pipeline.backend_context``), so tracing and recompiles see the settings; a compile for
+# backend="superkernel" by name, which Dynamo calls without it, enters the same context from
+# the compile-start callback for that compile alone. Already-set flags (the decode harness, a
+# user's global setting) cost a few attribute reads per call.
 CAPTURE_SETTINGS = {"capture_scalar_outputs": True, "capture_dynamic_output_shape_ops": True}
 
 
@@ -191,8 +194,10 @@ class CaptureContext:
         self.breaks = _break_count()
         self.log_mark = len(_break_log.records) if _break_log is not None else 0
         _active.stack.append(self)
+        capture_fallback.enter()  # Dynamo converts this call's frames lazily, inside the call
 
     def __exit__(self, *exc: Any) -> None:
+        capture_fallback.leave()
         stack = _active.stack
         if stack and stack[-1] is self:
             stack.pop()
@@ -236,8 +241,6 @@ class CaptureContext:
 def _capture_settings() -> dict[str, bool]:
     """CAPTURE_SETTINGS, or all off while a frame is traced again after a data-dependent failure
     (``pipeline.capture_fallback``), whoever turned them on."""
-    from superkernel.pipeline import capture_fallback
-
     return dict.fromkeys(CAPTURE_SETTINGS, False) if capture_fallback.state.disabled else CAPTURE_SETTINGS
 
 
@@ -249,26 +252,49 @@ def active_backend() -> Any:
 # The call whose settings the running compile uses. Dynamo runs the start callbacks only for
 # the outermost of nested compiles, and the end callbacks when it finishes: one at a time.
 _applied: CaptureContext | None = None
+# The context entered at compile start for a compile of a superkernel backend no call context covers
+# (backend="superkernel" by name: Dynamo has no context to enter around the call), exited at compile end.
+_adopted: CaptureContext | None = None
 
 
 def _on_compile_start(_args: Any = None) -> None:
-    global _applied
+    """Apply the settings of the innermost superkernel call, or of the superkernel backend this compile is for;
+    nothing for any other compile (another backend's, vLLM's)."""
+    global _applied, _adopted
     if _active.stack:
         _applied = _active.stack[-1]
-        _applied.apply()
+    else:
+        make = backend_context.context_of_this_compile()
+        if make is None:
+            return
+        _adopted = _applied = make()
+        _adopted.__enter__()
+    _applied.apply()
 
 
 def _on_compile_end(_args: Any = None) -> None:
-    global _applied
+    global _applied, _adopted
     if _applied is not None:
         _applied.restore()
         _applied = None
+    if _adopted is not None:
+        adopted, _adopted = _adopted, None
+        try:  # reports this compile's graph breaks inside scopes
+            adopted.__exit__(None, None, None)
+        except Exception as exc:  # noqa: BLE001 - an end callback that raises stops Dynamo's callbacks for good
+            warnings.warn(f"superkernel: {exc}", SuperKernelScopeBreakWarning, stacklevel=2)
 
 
 def _install_compile_callbacks() -> None:
     """Register the compile start/end callbacks with Dynamo (again after ``torch._dynamo.reset()``,
     which clears them); a membership test of a short list per call."""
     eager_branch.install()
+    register_compile_callbacks()
+
+
+def register_compile_callbacks() -> None:
+    """The compile start/end callbacks, registered with Dynamo's public callback list (no torch name
+    replaced); for a compile that is not superkernel's they do nothing (see :func:`_on_compile_start`)."""
     handler = torch._dynamo.callback_handler
     if _on_compile_start in handler.start_callbacks:
         return
@@ -277,41 +303,3 @@ def _install_compile_callbacks() -> None:
         handler.register_end_callback(_on_compile_end)
 
 GRAPH_BREAK_IN_SCOPE = "graph break inside the scope (Dynamo could not capture it; its operators run uncompiled)"
-
-
-def forward_backend_context() -> None:
-    """Make ``torch.compile(..., backend=X)`` honour ``X.backend_ctx_ctor`` like ``torch._dynamo.optimize`` does.
-
-    Why a patch (checked against torch 2.13's sources): ``backend_ctx_ctor`` is Dynamo's one
-    documented hook for a context around every call of a compiled object
-    (``torch._dynamo.eval_frame.optimize`` reads ``getattr(backend, "backend_ctx_ctor", null_context)``;
-    its docstring names the attribute). ``torch.compile`` does not hand Dynamo the backend
-    itself: ``torch/__init__.py`` wraps any non-Inductor backend in ``_TorchCompileWrapper``,
-    whose ``__init__`` keeps only ``compiler_fn`` (and ``kwargs``) and defines no
-    ``__getattr__``, so ``optimize`` finds no ``backend_ctx_ctor`` on it and enters a null
-    context. The alternatives do not serve: ``torch._dynamo.optimize(backend)`` keeps the
-    attribute but is not what users call (``torch.compile(model, backend=get_backend(cfg))``
-    and ``backend="superkernel"`` are the documented entry points); the compile-start
-    callbacks (``torch._dynamo.callback_handler``, used by :class:`CaptureContext`) run for
-    every backend's compiles and do not say which backend is compiling; a backend's
-    ``get_compiler_config`` only reaches Dynamo through ``optimize`` as well. No upstream
-    torch issue for the dropped attribute could be found from this (offline) environment.
-
-    So the wrapper is given the attribute of the backend it wraps (only backends that define
-    one are affected; idempotent), and ``torch.compile(model, backend="superkernel")`` traces
-    with CAPTURE_SETTINGS as well.
-    """
-    wrapper = getattr(torch, "_TorchCompileWrapper", None)
-    if wrapper is None or getattr(wrapper.__init__, "_superkernel_forwarding", False):
-        return
-    original = wrapper.__init__
-
-    @functools.wraps(original)
-    def __init__(self, backend, *args, **kwargs):  # type: ignore[no-untyped-def]
-        original(self, backend, *args, **kwargs)
-        ctx = getattr(getattr(self, "compiler_fn", None), "backend_ctx_ctor", None)
-        if ctx is not None:
-            self.backend_ctx_ctor = ctx
-
-    __init__._superkernel_forwarding = True  # type: ignore[attr-defined]
-    wrapper.__init__ = __init__

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.fx as fx
@@ -15,6 +16,25 @@ def build_tweaks() -> Any:
     from superkernel.runtime.inductor import tweaks
 
     return tweaks.context("C++-wrapper builds precompile the kernel header")
+
+
+@contextlib.contextmanager
+def partition_reports_no_strides() -> Iterator[None]:
+    """Inductor reports a graph's output strides to AOTAutograd through the tracing context, once per graph
+    (``TracingContext.output_strides``, an instance attribute); a partition is not the graph's output, so its
+    compile reports none: the list is None while it compiles and the graph's own is back after, also when the
+    compile fails (a tweak of :data:`superkernel.runtime.inductor.tweaks.TWEAKS`). Intermediate outputs keep
+    eager strides: Inductor's ``keep_output_stride``."""
+    context = torch._guards.TracingContext.try_get()
+    if context is None or not hasattr(context, "output_strides"):
+        yield
+        return
+    saved = context.output_strides
+    context.output_strides = None
+    try:
+        yield
+    finally:
+        context.output_strides = saved
 
 
 def inductor_patches(device: str, *, cpp_wrapper: bool = True, autotune: bool = False,
@@ -59,28 +79,19 @@ def compile_partition(gm: fx.GraphModule, example_inputs: list[Any], *, device: 
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.utils import BoxedBool
 
+    from superkernel.runtime.inductor import tweaks
     from superkernel.runtime.inductor.output import output_logged
 
     use_cpp_wrapper = bool(cpp_wrapper and device == "cpu")
     patches = inductor_patches(device, cpp_wrapper=cpp_wrapper, autotune=autotune, pdl=pdl)
     patches.pop("cpp_wrapper")  # compile_fx_inner takes it as an argument
-    # Inductor reports a graph's output strides to AOTAutograd through the tracing
-    # context, once per graph; a partition is not the graph's output, so it reports none.
-    # (Intermediate outputs keep eager strides: inductor's keep_output_stride.)
-    context = torch._guards.TracingContext.try_get()
-    saved = context.output_strides if context is not None else None
-    if context is not None:
-        context.output_strides = None
     gm = _copy(gm)  # Inductor's passes rewrite the graph in place; identical partitions must stay identical
     rewrites = graph_rewrites(gm, device)
-    try:
-        with inductor_config.patch(patches), output_logged(), build_tweaks():
-            compiled = compile_fx_inner(
-                gm, example_inputs, cudagraphs=BoxedBool(False), is_inference=True, cpp_wrapper=use_cpp_wrapper,
-            )
-    finally:
-        if context is not None:
-            context.output_strides = saved
+    with tweaks.context("partitions report no output strides"), inductor_config.patch(patches), output_logged(), \
+            build_tweaks():
+        compiled = compile_fx_inner(
+            gm, example_inputs, cudagraphs=BoxedBool(False), is_inference=True, cpp_wrapper=use_cpp_wrapper,
+        )
 
     def run(*args: Any) -> Any:
         return compiled(list(args))

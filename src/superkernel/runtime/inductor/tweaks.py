@@ -1,4 +1,7 @@
-"""Every TorchInductor internal superkernel patches, as one list — what breaks first on a torch upgrade.
+"""Every torch internal superkernel patches or reads, as one list — what breaks first on a torch upgrade.
+
+Mostly TorchInductor's; the last rows are Dynamo's (entered by ``pipeline``): in a process shared with another
+torch.compile user (vLLM), each is in effect only around superkernel's own compiles and calls, or only reads.
 
 Each :class:`Tweak` names the private torch names it replaces or reads (``module:Attr.attr``), when it
 applies, and the function (in its own module) that returns its context manager. Compiles enter tweaks from
@@ -23,7 +26,7 @@ class Tweak:
     name: str
     touches: tuple[str, ...]  # "module:Attr.attr" of every torch name it replaces or reads
     when: str                 # when it applies (mode, device, ISA, config)
-    enter: str                # "module:function" returning its context manager
+    enter: str                # "module:function" returning its context manager (a read: the function reading)
     after: tuple[str, ...] = ()  # modules to import first (Inductor's modules import each other in one order only)
 
     def missing(self, resolve: Callable[[str], Any] | None = None) -> list[str]:
@@ -45,6 +48,7 @@ class Tweak:
 
 
 _IND = "superkernel.runtime.inductor"
+_PIPE = "superkernel.pipeline"
 TWEAKS: tuple[Tweak, ...] = (
     Tweak("reused template parses", ("torch._inductor.codegen.common:KernelTemplate._template_from_string",),
           "CPU max-autotune, frozen compiles: identical GEMM templates are parsed once",
@@ -89,6 +93,24 @@ TWEAKS: tuple[Tweak, ...] = (
           "CPU max-autotune, frozen compiles: the fake mode accepts the real frozen weights "
           "(FakeTensorMode.allow_non_fake_inputs, an instance attribute), as Inductor's own freezing does",
           f"{_IND}.cpu_freezing:real_constants_allowed"),
+    Tweak("partitions report no output strides", ("torch._guards:TracingContext.try_get",
+                                                  "torch._guards:TracingContext.report_output_strides"),
+          "every Inductor compile of a partition: the graph's output strides Inductor reports to AOTAutograd "
+          "(TracingContext.output_strides, an instance attribute) are not a partition's; None while it compiles, "
+          "the graph's own back afterwards", f"{_IND}.compile:partition_reports_no_strides"),
+    Tweak("data-dependent frames traced again", ("torch._dynamo.convert_frame:ConvertFrame.__call__",),
+          "while a superkernel-compiled object runs (Dynamo converts its frames lazily, inside its calls) and in "
+          "the decode harness: a frame whose conversion with data-dependent values captured fails is converted "
+          "again without capturing them; torch's own __call__ is back after the call, and frames of other "
+          "threads and backends pass through", f"{_PIPE}.capture_fallback:converter_wrapped"),
+    Tweak("compiled objects enter the backend's context", ("torch:_TorchCompileWrapper.__init__",),
+          "torch.compile(model, backend=<a superkernel backend>); read, not replaced: the __name__ read this "
+          "__init__ makes of the backend gives that one wrapper the backend's backend_ctx_ctor, which Dynamo "
+          "enters around every call", f"{_PIPE}.backend_context:hand_context_to_wrapper"),
+    Tweak("backend by name found in Dynamo's frame", ("torch._dynamo.convert_frame:_compile",),
+          "torch.compile(model, backend=\"superkernel\"); read, not replaced: the compile-start callback finds "
+          "the backend in _compile's compiler_fn argument and traces that compile in its context",
+          f"{_PIPE}.backend_context:context_of_this_compile"),
 )
 BY_NAME = {t.name: t for t in TWEAKS}
 
