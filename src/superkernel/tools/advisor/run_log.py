@@ -109,6 +109,7 @@ class RunLog:
     def __init__(self, path: Path | str, inputs=()) -> None:
         self.path = Path(path)
         check_not_input(self.path, inputs)
+        self._made_dir = not self.path.parent.exists()
         make_dirs(self.path.parent, "--output", parent_of_file=True)
         self._tmp = temp_sibling(self.path)
         self.stream = open(self._tmp, "w", encoding="utf-8", buffering=1)
@@ -128,3 +129,14 @@ class RunLog:
             os.chmod(self._tmp, 0o666 & ~_umask())
             os.replace(self._tmp, self.path)
         return self.path
+
+    def discard(self) -> None:
+        """Leave nothing behind: for a run refused before any work (a model that cannot load), the output folder
+        is as it was (the log's temporary file removed, the folder too when this run made it and it is empty)."""
+        if not self.stream.closed:
+            self.stream.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self._tmp)
+        if self._made_dir:
+            with contextlib.suppress(OSError):
+                self.path.parent.rmdir()

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from superkernel.tools.decode import DecodeSession, prepare, run_decode
-from superkernel.tools.models import DEFAULT_MODEL, LoadedModel, load_model, looks_like_path
+from superkernel.tools.models import DEFAULT_MODEL, LoadedModel, ModelLoadError, load_model, looks_like_path
 from superkernel.tools.advisor.analysis import Analysis, analyze
 from superkernel.tools.advisor.chart import latency_chart
 from superkernel.tools.advisor.compiling import MODES
@@ -245,6 +245,9 @@ def optimize(opts: OptimizeOptions, reporter: Reporter | None = None) -> Outcome
     try:
         with log.capture():
             outcome = _optimize(opts, choice, reporter, log)
+    except ModelLoadError:
+        log.discard()  # refused before any work: nothing written
+        raise
     finally:
         path = log.close()
     outcome.files["log"] = path

