@@ -4,7 +4,10 @@
 of 162 positions (32 prompt tokens, 1 warm-up and 128 timed steps, 1 spare), so attention runs at KV lengths
 33-161. ``CANDIDATES`` are the launch parameters each kernel is compiled with ahead of time (their registers and
 spills recorded) and timed with on the card: the first of each list is the default until a card has measured
-them (none has yet).
+them (none has yet). The defaults were picked from the sm_90a compile
+(``benchmarks/results/triton_decode_kernels_sm90a.md``): where two tiles read as many bytes per loop step, the one
+with fewer registers per thread (more programs resident per SM, more loads in flight), e.g. qkv_rope's 4 x 1024 tile
+at 96 registers over 8 x 512 at 161.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ LLAMA_1B_LAYERS = 16
 
 #: Per kernel of the set, the keyword arguments of its launcher (``qkv_rope.qkv_rope``, ``gemv.gemv``, ...) tried.
 CANDIDATES: dict[str, list[dict[str, Any]]] = {
-    "qkv_rope": [dict(block_p=8, block_k=512, num_warps=4), dict(block_p=4, block_k=1024, num_warps=4),
+    "qkv_rope": [dict(block_p=4, block_k=1024, num_warps=4), dict(block_p=8, block_k=512, num_warps=4),
                  dict(block_p=16, block_k=256, num_warps=4), dict(block_p=8, block_k=1024, num_warps=8)],
     "o_proj": [dict(block_n=8, block_k=512, num_warps=4), dict(block_n=4, block_k=1024, num_warps=4),
                dict(block_n=16, block_k=256, num_warps=4), dict(block_n=4, block_k=512, num_warps=4, split_k=2)],
@@ -50,8 +53,8 @@ CANDIDATES: dict[str, list[dict[str, Any]]] = {
                 dict(block_n=2, block_k=1024, num_warps=4), dict(block_n=16, block_k=256, num_warps=8)],
     "down": [dict(block_n=8, block_k=512, num_warps=4), dict(block_n=4, block_k=1024, num_warps=4),
              dict(block_n=8, block_k=1024, num_warps=8), dict(block_n=8, block_k=512, num_warps=4, split_k=4)],
-    "lm_head": [dict(block_n=16, block_k=512, num_warps=4, split_k=2), dict(block_n=16, block_k=512, num_warps=4),
-                dict(block_n=8, block_k=1024, num_warps=4), dict(block_n=32, block_k=256, num_warps=8, split_k=2)],
+    "lm_head": [dict(block_n=32, block_k=256, num_warps=8, split_k=2), dict(block_n=16, block_k=512, num_warps=4),
+                dict(block_n=8, block_k=1024, num_warps=4), dict(block_n=16, block_k=512, num_warps=4, split_k=2)],
     "attention": [dict(splits=8, block_s=64, num_warps=4), dict(splits=16, block_s=32, num_warps=4),
                   dict(splits=4, block_s=64, num_warps=4), dict(splits=32, block_s=16, num_warps=4)],
 }

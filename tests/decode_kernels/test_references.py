@@ -1,0 +1,74 @@
+"""The float64 references the decode kernels are checked against (runtime/cuda/decode_kernels/reference.py) compute
+what a Hugging Face Llama layer computes, and their tolerance accepts a perfectly rounded bfloat16 output and
+rejects a wrong one. No Triton needed: these run in the project venv."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from superkernel.runtime.cuda.decode_kernels import problems, reference
+from superkernel.runtime.cuda.decode_kernels.configs import LLAMA_1B, DecodeShape
+
+llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+
+
+def test_rms_norm_is_llamas():
+    """(LlamaRMSNorm computes in float32 whatever its input: the float64 reference agrees to float32's precision.)"""
+    x = torch.randn(1, 1, 300, dtype=torch.float64)
+    norm = llama.LlamaRMSNorm(300, eps=1e-5).double()
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.1 * torch.randn(300))
+        torch.testing.assert_close(reference.rms_normed(x[0, 0], norm.weight, 1e-5), norm(x)[0, 0], rtol=2e-6,
+                                   atol=2e-6)
+
+
+def test_rotary_embedding_is_llamas_rotate_half():
+    head_dim, pos = 40, 29
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    angles = torch.cat([pos * inv_freq] * 2)
+    cos, sin = angles.cos(), angles.sin()
+    q, k = torch.randn(1, 6, 1, head_dim, dtype=torch.float64), torch.randn(1, 2, 1, head_dim, dtype=torch.float64)
+    q_hf, k_hf = llama.apply_rotary_pos_emb(q, k, cos[None, None], sin[None, None])
+    torch.testing.assert_close(reference.rotate(q[0, :, 0], cos, sin), q_hf[0, :, 0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(reference.rotate(k[0, :, 0], cos, sin), k_hf[0, :, 0], rtol=1e-12, atol=1e-12)
+
+
+def test_decode_attention_is_sdpa_with_gqa_over_the_first_length_positions():
+    q, kc, vc = (torch.randn(6, 40, dtype=torch.float64), torch.randn(2, 77, 40, dtype=torch.float64),
+                 torch.randn(2, 77, 40, dtype=torch.float64))
+    want = torch.nn.functional.scaled_dot_product_attention(q[None, :, None], kc[None, :, :30], vc[None, :, :30],
+                                                            enable_gqa=True)[0, :, 0]
+    torch.testing.assert_close(reference.decode_attention(q, kc, vc, 30), want, rtol=1e-10, atol=1e-10)
+
+
+def test_gate_up_is_silu_gate_times_up():
+    x, g = torch.randn(64, dtype=torch.float64), torch.ones(64, dtype=torch.float64)
+    wg, wu = torch.randn(8, 64, dtype=torch.float64), torch.randn(8, 64, dtype=torch.float64)
+    n = x / torch.sqrt(x.pow(2).mean() + 1e-5)
+    torch.testing.assert_close(reference.gate_up(x, g, wg, wu), torch.nn.functional.silu(wg @ n) * (wu @ n))
+
+
+def test_the_tolerance_takes_a_perfectly_rounded_bf16_output_and_rejects_a_few_ulps_off():
+    ref = torch.randn(4096, dtype=torch.float64) * 3
+    assert reference.check("rounded", ref.to(torch.bfloat16), ref) <= 2.0 ** -8
+    wrong = ref.to(torch.bfloat16).double()
+    wrong[123] += 0.05 * ref.abs().max()  # 5 % of the largest output at one element
+    with pytest.raises(AssertionError, match="1 of 4096 elements"):
+        reference.check("wrong", wrong, ref)
+    with pytest.raises(AssertionError, match="non-finite"):
+        reference.check("nan", torch.full_like(ref, math.nan), ref)
+
+
+def test_problems_make_the_llama_1b_tensors_on_meta_without_memory():
+    q = problems.make_inputs("qkv_rope", LLAMA_1B, "meta")
+    assert q["w_qkv"].shape == (3072, 2048) and q["k_cache"].shape == (1, 8, 162, 64) and q["x"].is_meta
+    assert problems.make_inputs("lm_head", LLAMA_1B, "meta")["w"].shape == (128256, 2048)
+    assert problems.make_inputs("gate_up", LLAMA_1B, "meta")["w_up"].shape == (8192, 2048)
+    assert problems.make_inputs("down", LLAMA_1B, "meta")["w"].shape == (2048, 8192)
+    assert problems.make_inputs("down", LLAMA_1B, "cpu", rows=40)["w"].shape == (40, 8192)
+    odd = DecodeShape(hidden=300, n_q_heads=6, n_kv_heads=2, head_dim=40, intermediate=333, vocab=1001, kv_len=77)
+    a = problems.make_inputs("attention", odd, "cpu", length=5)
+    assert a["k_cache"].shape == (1, 2, 77, 40) and int(a["length"]) == 5
