@@ -72,3 +72,17 @@ def test_problems_make_the_llama_1b_tensors_on_meta_without_memory():
     odd = DecodeShape(hidden=300, n_q_heads=6, n_kv_heads=2, head_dim=40, intermediate=333, vocab=1001, kv_len=77)
     a = problems.make_inputs("attention", odd, "cpu", length=5)
     assert a["k_cache"].shape == (1, 2, 77, 40) and int(a["length"]) == 5
+
+
+@pytest.mark.parametrize("name", problems.NAMES)
+def test_the_eager_pytorch_form_of_each_kernel_matches_its_reference(name):
+    """eager.py (what the GPU benchmark compiles with Inductor, and the hookup's patterns) computes what the
+    kernel computes, within bfloat16 (it rounds between its operators as a Llama layer does: a wider floor)."""
+    from superkernel.runtime.cuda.decode_kernels import eager
+
+    odd = DecodeShape(hidden=300, n_q_heads=6, n_kv_heads=2, head_dim=40, intermediate=333, vocab=1001, kv_len=77)
+    inputs = problems.make_inputs(name, odd, "cpu", length=30)
+    out = eager.function(name, odd)(**inputs)
+    problems.check(name, inputs, odd, out, floor=problems.EAGER_FLOOR)
+    with pytest.raises(AssertionError):  # and the wider floor still sees a wrong result
+        problems.check(name, inputs, odd, out * 1.1, floor=problems.EAGER_FLOOR)

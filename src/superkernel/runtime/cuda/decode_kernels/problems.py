@@ -110,9 +110,16 @@ def produced(name: str, inputs: dict[str, Any], result: Any) -> dict[str, torch.
     return {"out": result}
 
 
-def check(name: str, inputs: dict[str, Any], shape: DecodeShape, result: Any) -> dict[str, float]:
+#: The floor of the tolerance for the eager PyTorch forms (``eager.py``): they round to bfloat16 between operators
+#: as a Llama layer does (normalized x, the product, each RoPE term: up to five roundings of values as large as the
+#: output), where the kernels round once.
+EAGER_FLOOR = 1e-2
+
+
+def check(name: str, inputs: dict[str, Any], shape: DecodeShape, result: Any,
+          floor: float = 2e-3) -> dict[str, float]:
     """Every output of ``name`` within the bfloat16 tolerance of its float64 reference (raises otherwise);
     returns each output's largest error as a fraction of its largest reference value."""
     want = expected(name, inputs, shape)
     got = produced(name, inputs, result)
-    return {out: reference.check(f"{name}.{out}", got[out], want[out]) for out in want}
+    return {out: reference.check(f"{name}.{out}", got[out], want[out], floor) for out in want}
