@@ -137,16 +137,17 @@ def _configure(module: Any) -> None:
 
 
 def _register_fakes() -> None:
-    """Shapes for tracing (Inductor's fake tensors): ``[M, N]``, int32 for the W8A8 dot, float32 otherwise."""
-    def gemv_fake(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return x.new_empty((x.shape[0], w.shape[0]), dtype=torch.int32)
+    """Shapes for tracing (Inductor's fake tensors): every kernel of the scheme table gives ``[M, N]`` in its row's
+    result dtype (``x``, ``w`` first; int4's group and scales after)."""
+    from superkernel.runtime.quant_schemes import kernels
 
-    def weight_gemv_fake(x: torch.Tensor, w: torch.Tensor, *_: Any) -> torch.Tensor:  # (int4: group, scales)
-        return x.new_empty((x.shape[0], w.shape[0]))
+    def fake(dtype: torch.dtype) -> Callable[..., torch.Tensor]:
+        def shape(x: torch.Tensor, w: torch.Tensor, *_: Any) -> torch.Tensor:
+            return x.new_empty((x.shape[0], w.shape[0]), dtype=dtype)
+        return shape
 
-    torch.library.register_fake("superkernel::int8_gemv", gemv_fake)
-    torch.library.register_fake("superkernel::int8_weight_gemv", weight_gemv_fake)
-    torch.library.register_fake("superkernel::int4_weight_gemv", weight_gemv_fake)
+    for k in kernels():
+        torch.library.register_fake(f"superkernel::{k.op}", fake(getattr(torch, k.out_dtype)))
 
 
 def adopt(module: Any) -> None:

@@ -125,6 +125,7 @@ def _kernel_call(graph: fx.Graph, before: fx.Node, op: str, a: fx.Node, w: fx.No
     :mod:`superkernel.runtime.cpu.quant_kernels`; ``x``, ``wv``: the values of ``a`` and ``w``) giving the ``[M, N]``
     result (int32 for the W8A8 dot); None (nothing inserted) where the weight is not contiguous or the kernel
     has no vector path on this CPU or cannot be built: the caller writes the reduction instead."""
+    from superkernel.runtime import quant_schemes
     from superkernel.runtime.cpu import quant_kernels
 
     if not wv.is_contiguous() or not quant_kernels.fast_path(op):
@@ -132,16 +133,28 @@ def _kernel_call(graph: fx.Graph, before: fx.Node, op: str, a: fx.Node, w: fx.No
     with graph.inserting_before(before):
         call = graph.call_function(getattr(torch.ops.superkernel, op).default, (a, w))
     with fake_mode:
-        dtype = torch.int32 if op == "int8_gemv" else torch.float32
+        dtype = getattr(torch, quant_schemes.kernel(op).out_dtype)
         call.meta["val"] = torch.empty((x.shape[0], wv.shape[0]), dtype=dtype, device=x.device)
     call.meta.update({key: v for key, v in meta.items() if key not in ("val", "tensor_meta")})
     return call
 
 
 def rewrite_quantized_gemv(gm: fx.GraphModule) -> list[str]:
-    """Rewrite every decode-sized float32 x int8-weight ``mm`` of ``gm`` as a reduction (see module doc), and
-    every decode-sized W8A8 ``_int_mm`` with its column-sum correction (:func:`_rewrite_w8a8`); returns one
-    line per rewrite (for explain)."""
+    """Rewrite ``gm``'s decode-sized quantized GEMVs, each scheme of the table
+    (:data:`superkernel.runtime.quant_schemes.SCHEMES`) by its row's rewrite; one line per rewrite (for explain)."""
+    from superkernel.runtime.quant_schemes import SCHEMES
+
+    done: list[str] = []
+    for row in SCHEMES.values():
+        done += row.rewriter()(gm, row)
+    if done:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return done
+
+
+def rewrite_int8_weight(gm: fx.GraphModule, scheme: object) -> list[str]:
+    """Every decode-sized float32 x int8-weight ``mm`` of ``gm`` as our kernel or a reduction (see module doc)."""
     done: list[str] = []
     fake_mode = None
     for node in list(gm.graph.nodes):
@@ -153,18 +166,13 @@ def rewrite_quantized_gemv(gm: fx.GraphModule) -> list[str]:
             continue
         wv = _val(w)
         fake_mode = fake_mode or _fake_mode(x, wv)
-        out = _kernel_call(gm.graph, node, "int8_weight_gemv", a, w, x, wv, fake_mode, node.meta)
+        out = _kernel_call(gm.graph, node, scheme.kernels[0].op, a, w, x, wv, fake_mode, node.meta)
         how = KERNEL if out is not None else REDUCTION
         if out is None:
             out = _reduction(gm.graph, node, a, x, w, wv, fake_mode, node.meta)
         node.replace_all_uses_with(out)
         gm.graph.erase_node(node)
-        done.append(f"int8 weight-only GEMV {tuple(x.shape)} x {tuple(wv.shape)}^T as {how}")
-    done += _rewrite_w8a8(gm)
-    done += _rewrite_int4(gm)
-    if done:
-        gm.graph.eliminate_dead_code()
-        gm.recompile()
+        done.append(f"{scheme.report_name} GEMV {tuple(x.shape)} x {tuple(wv.shape)}^T as {how}")
     return done
 
 
@@ -230,7 +238,7 @@ def _w8a8_reduction(graph: fx.Graph, node: fx.Node, xq: fx.Node, x: torch.Tensor
     return out
 
 
-def _rewrite_w8a8(gm: fx.GraphModule) -> list[str]:
+def rewrite_w8a8(gm: fx.GraphModule, scheme: object) -> list[str]:
     """torchao's CPU W8A8 linear computes ``_int_mm(uint8(X + 128), W.T) - 128 * colsum(W.T)``: exact, but the
     column sum reads the whole int8 weight a second time every step (4864x896: 0.33 ms on top of the 0.39 ms
     ``_int_mm``, measured; not folded, the weight is an input of the graph). For a decode-sized ``X`` the pair
@@ -251,17 +259,17 @@ def _rewrite_w8a8(gm: fx.GraphModule) -> list[str]:
             continue
         fake_mode = fake_mode or _fake_mode(x, wv)
         graph = gm.graph
-        out = _kernel_call(graph, node, "int8_gemv", xq, w, x, wv, fake_mode, node.meta)
+        out = _kernel_call(graph, node, scheme.kernels[0].op, xq, w, x, wv, fake_mode, node.meta)
         way = KERNEL if out is not None else REDUCTION
         if out is None:
             out = _w8a8_reduction(graph, node, xq, x, w, wv, fake_mode)
         node.replace_all_uses_with(out)
         graph.erase_node(node)
-        done.append(f"W8A8 GEMV {tuple(x.shape)} x {tuple(wv.shape)}^T as {way}{how}")
+        done.append(f"{scheme.report_name} GEMV {tuple(x.shape)} x {tuple(wv.shape)}^T as {way}{how}")
     return done
 
 
-def _rewrite_int4(gm: fx.GraphModule) -> list[str]:
+def rewrite_int4(gm: fx.GraphModule, scheme: object) -> list[str]:
     """torchao's CPU int4 weight-only linear calls ATen's ``_weight_int4pack_mm_for_cpu``; with float32
     activations ATen runs a reference loop (7.4 ms for a 4864x896 GEMV here, 41x our kernel's 0.18 ms:
     ``benchmarks/results/quant_gemv_int4.md``) and Inductor's int4 template takes bfloat16 activations only.
@@ -281,18 +289,19 @@ def _rewrite_int4(gm: fx.GraphModule) -> list[str]:
         n, k = wv.shape[0], x.shape[1]
         if n % 64 or k % group or wv.shape[1] * 2 != k or tuple(szv.shape) != (k // group, n, 2):
             continue
-        if not quant_kernels.fast_path("int4_weight_gemv"):  # said, not silent: ATen's float32 call is slow
+        op = scheme.kernels[0].op
+        if not quant_kernels.fast_path(op):  # said, not silent: ATen's float32 call is slow
             why = quant_kernels.unavailable_reason() or "no AVX2 here, or no vector kernel for ATen's packed layout"
-            done.append(f"int4 weight-only GEMV {tuple(x.shape)} x ({n}, {k})^T left to ATen's float32 "
+            done.append(f"{scheme.report_name} GEMV {tuple(x.shape)} x ({n}, {k})^T left to ATen's float32 "
                         f"_weight_int4pack_mm_for_cpu, a slow reference loop ({why})")
             continue
         with gm.graph.inserting_before(node):
-            call = gm.graph.call_function(torch.ops.superkernel.int4_weight_gemv.default, (a, w, group, sz))
+            call = gm.graph.call_function(getattr(torch.ops.superkernel, op).default, (a, w, group, sz))
         call.meta.update(node.meta)
         node.replace_all_uses_with(call)
         gm.graph.erase_node(node)
-        done.append(f"int4 weight-only GEMV {tuple(x.shape)} x ({n}, {k})^T (groups of {group}) as {INT4_KERNEL}")
+        done.append(f"{scheme.report_name} GEMV {tuple(x.shape)} x ({n}, {k})^T (groups of {group}) as {INT4_KERNEL}")
     return done
 
 
-__all__ = ["MAX_ROWS", "rewrite_quantized_gemv"]
+__all__ = ["MAX_ROWS", "rewrite_int4", "rewrite_int8_weight", "rewrite_quantized_gemv", "rewrite_w8a8"]
