@@ -17,7 +17,9 @@ def test_a_plans_quantization_is_validated():
     base = {"mode": "reduce-overhead", "scopes": {"a": "model.layers.*"}}
     assert read_plan({**base, "quantization": {"scheme": "w8a8"}}).quantization == {"scheme": "w8a8"}
     assert read_plan({**base, "quantization": {"scheme": "int4-weight"}}).quantization == \
-        {"scheme": "int4-weight", "group_size": 128}
+        {"scheme": "int4-weight"}  # its group size chosen for the model when quantizing
+    assert read_plan({**base, "quantization": {"scheme": "int4-weight", "group_size": 64}}).quantization == \
+        {"scheme": "int4-weight", "group_size": 64}
     with pytest.raises(PlanFileError, match="quantization: unknown quantization 'fp4'; allowed: int8-weight"):
         read_plan({**base, "quantization": {"scheme": "fp4"}})
     with pytest.raises(PlanFileError, match="'quantization' must be a mapping with 'scheme'"):

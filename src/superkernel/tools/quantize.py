@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from superkernel.tools.quant_schemes import DEFAULT_INT4_GROUP, INT4_GROUP_SIZES, INT4_OUT_MULTIPLE, SCHEMES  # noqa: E402
+from superkernel.runtime.quant_schemes import SCHEMES, Scheme, grouped_names
 
 
 class QuantizationError(ValueError):
@@ -29,6 +29,7 @@ class Quantization:
 
     scheme: str
     group_size: int | None = None
+    group_choice: str = ""                              # "given", or how it was chosen for the model's widths
     layers: int = 0                                     # linear layers quantized
     skipped: list[str] = field(default_factory=list)    # "name: why" of linear layers left in float
     weight_bytes_before: int = 0                        # parameters in bytes, before and after
@@ -48,18 +49,19 @@ class Quantization:
 
 
 def check_scheme(scheme: Any, group_size: Any = None) -> tuple[str, int | None]:
-    """``(scheme, group_size)`` validated; a :class:`QuantizationError` naming what is allowed otherwise."""
+    """``(scheme, group_size)`` validated (group_size None: a grouped scheme chooses one for the model); a
+    :class:`QuantizationError` naming what is allowed otherwise."""
     if scheme not in SCHEMES:
         raise QuantizationError(f"unknown quantization {scheme!r}; allowed: {', '.join(SCHEMES)}")
-    if scheme != "int4-weight":
+    row = SCHEMES[scheme]
+    if not row.grouped:
         if group_size is not None:
-            raise QuantizationError(f"group_size applies to int4-weight only, not to {scheme}")
+            raise QuantizationError(f"group_size applies to {' and '.join(grouped_names())} only, not to {scheme}")
         return scheme, None
-    group = DEFAULT_INT4_GROUP if group_size is None else group_size
-    if group not in INT4_GROUP_SIZES:
-        raise QuantizationError(f"int4-weight group_size {group_size!r} is not supported; allowed: "
-                                f"{', '.join(map(str, INT4_GROUP_SIZES))}")
-    return scheme, group
+    if group_size is not None and group_size not in row.group_sizes:
+        raise QuantizationError(f"{scheme} group_size {group_size!r} is not supported; allowed: "
+                                f"{', '.join(map(str, row.group_sizes))}")
+    return scheme, group_size
 
 
 class _EnumNote:
@@ -120,19 +122,12 @@ def _torchao() -> Any:
     return torchao
 
 
-def _config(scheme: str, group_size: int | None, device: torch.device) -> Any:
-    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig
-
-    if scheme == "int8-weight":
-        return Int8WeightOnlyConfig(set_inductor_config=False)
-    if scheme == "w8a8":
-        return Int8DynamicActivationInt8WeightConfig(set_inductor_config=False)
-    if device.type != "cpu":
-        raise QuantizationError(f"int4-weight runs on the CPU here (torchao's CPU layout); on {device.type} torchao "
-                                "needs its mslk kernels, which this install does not have. Use int8-weight or w8a8")
-    from torchao.prototype.quantization.int4.inference_workflow import PrototypeInt4WeightOnlyConfig
-
-    return PrototypeInt4WeightOnlyConfig(group_size=group_size, set_inductor_config=False)
+def _config(row: Scheme, group_size: int | None, device: torch.device) -> Any:
+    """torchao's config for ``row`` on ``device`` (refused where the scheme does not run)."""
+    if device.type not in row.devices:
+        raise QuantizationError(f"{row.name} runs on the {'/'.join(row.devices).upper()} only here; on {device.type}: "
+                                f"{row.device_note or 'not supported'}")
+    return row.make_config(group_size)
 
 
 def _param_bytes(model: torch.nn.Module) -> int:
@@ -179,47 +174,62 @@ def _plain_extra_repr(model: torch.nn.Module) -> None:
             module.extra_repr = types.MethodType(extra_repr, module)
 
 
+def _linears(model: torch.nn.Module, row: Scheme, skipped: list[str]) -> dict[str, int]:
+    """name -> input features of the linear layers ``row`` can take; the others are listed in ``skipped``."""
+    out: dict[str, int] = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear):
+            continue
+        dtype = str(module.weight.dtype).replace("torch.", "")
+        if dtype not in row.weight_dtypes:
+            skipped.append(f"{name}: weight dtype {module.weight.dtype}")
+        elif module.out_features % row.out_multiple:
+            skipped.append(f"{name}: {module.out_features} output features are not a multiple of "
+                           f"{row.out_multiple} (the packed CPU int4 layout's)")
+        else:
+            out[name] = module.in_features
+    return out
+
+
 def quantize_model(model: torch.nn.Module, scheme: str, *, group_size: int | None = None) -> Quantization:
     """Quantize ``model``'s linear layers in place with torchao (``scheme``: a key of :data:`SCHEMES`).
 
-    Embeddings and norms stay float. A layer whose shape the scheme cannot take (int4: input features
-    not a multiple of the group size) stays float and is listed in ``skipped``; a model with no
-    linear layer it can quantize is an error. Returns what was done.
+    Embeddings and norms stay float. A layer whose dtype or output width the scheme cannot take stays float and
+    is listed in ``skipped``. A grouped scheme (int4) takes ``group_size`` when it divides every layer's input
+    width, chooses one that does when none is given, and is refused otherwise (never a layer silently left
+    float); a model with no linear layer it can quantize is an error. Returns what was done.
     """
+    from superkernel.tools.quant_groups import GroupSizeError, choose
+
     scheme, group_size = check_scheme(scheme, group_size)
+    row = SCHEMES[scheme]
     torchao = _torchao()
     if is_quantized(model):
         raise QuantizationError("the model is quantized already; quantize the float model once")
     from torchao.quantization import quantize_
 
-    device = next(model.parameters()).device
-    config = _config(scheme, group_size, device)
-    info = Quantization(scheme=scheme, group_size=group_size, library=f"torchao {torchao.__version__}",
+    info = Quantization(scheme=scheme, library=f"torchao {torchao.__version__}",
                         weight_bytes_before=_param_bytes(model))
+    wanted = _linears(model, row, info.skipped)
+    if not wanted:
+        raise QuantizationError(f"{scheme}: the model has no linear layer it can quantize"
+                                + (f" ({'; '.join(info.skipped[:3])})" if info.skipped else ""))
+    if row.grouped:
+        try:
+            info.group_size, info.group_choice = choose(row, wanted, group_size)
+        except GroupSizeError as exc:
+            raise QuantizationError(str(exc)) from None
+    config = _config(row, info.group_size, next(model.parameters()).device)
     chosen: list[str] = []
 
     def take(module: torch.nn.Module, name: str) -> bool:
-        if not isinstance(module, torch.nn.Linear):
-            return False
-        if module.weight.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            info.skipped.append(f"{name}: weight dtype {module.weight.dtype}")
-            return False
-        if group_size is not None and module.in_features % group_size:
-            info.skipped.append(f"{name}: {module.in_features} input features are not a multiple of the group "
-                                f"size {group_size}")
-            return False
-        if group_size is not None and module.out_features % INT4_OUT_MULTIPLE:
-            info.skipped.append(f"{name}: {module.out_features} output features are not a multiple of "
-                                f"{INT4_OUT_MULTIPLE} (the packed CPU int4 layout's)")
-            return False
-        chosen.append(name)
-        return True
+        if isinstance(module, torch.nn.Linear) and name in wanted:
+            chosen.append(name)
+            return True
+        return False
 
     quantize_(model, config, filter_fn=take)
     _plain_extra_repr(model)
-    if not chosen:
-        raise QuantizationError(f"{scheme}: the model has no linear layer it can quantize"
-                                + (f" ({'; '.join(info.skipped[:3])})" if info.skipped else ""))
     info.layers = len(chosen)
     info.weight_bytes_after = _param_bytes(model)
     from superkernel.tools.advisor.precision import QUANTIZATION_TAG
@@ -253,7 +263,9 @@ def describe_cost(info: dict[str, Any]) -> str:
     """One line of a report: the scheme, what it did to the weights, and its own error."""
     before, after = info.get("weight_bytes_before", 0), info.get("weight_bytes_after", 0)
     cost = info.get("cost") or {}
-    line = (f"{info['scheme']}" + (f" (group {info['group_size']})" if info.get("group_size") else "")
+    chosen = info.get("group_choice", "").startswith("chosen")
+    line = (f"{info['scheme']}" + (f" (group {info['group_size']}{', chosen for the layer widths' if chosen else ''})"
+                                   if info.get("group_size") else "")
             + f" with {info.get('library', 'torchao')}: {info.get('layers', 0)} linear layers, parameters "
               f"{before / 2**20:.1f} -> {after / 2**20:.1f} MiB")
     if cost:
@@ -263,5 +275,5 @@ def describe_cost(info: dict[str, Any]) -> str:
     return line
 
 
-__all__ = ["DEFAULT_INT4_GROUP", "INT4_GROUP_SIZES", "Quantization", "QuantizationError", "SCHEMES", "check_scheme",
+__all__ = ["Quantization", "QuantizationError", "SCHEMES", "check_scheme",
            "describe_cost", "import_torchao_quietly", "is_quantized", "quantization_cost", "quantize_model"]

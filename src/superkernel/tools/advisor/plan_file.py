@@ -12,7 +12,7 @@ Format (version 1)::
     measured: {...}              # numbers from the run that chose it (informational)
     inductor: {freezing: true}   # optional: CompilerConfig.inductor fields the measuring run chose
                                  # (CPU max-autotune: frozen weights measured faster), applied by apply()
-    quantization: {scheme: w8a8} # optional: the model was quantized (superkernel.tools.quantize.SCHEMES,
+    quantization: {scheme: w8a8} # optional: the model was quantized (superkernel.runtime.quant_schemes.SCHEMES,
                                  # int4-weight also group_size); apply(), apply_for_generate() and bench
                                  # quantize a float model the same way first
 
@@ -138,7 +138,8 @@ def _validate(data: Any, where: str) -> PlanFile:
 
 
 def _quantization(value: Any, where: str) -> dict[str, Any]:
-    """The plan's ``quantization`` entry, checked (a mapping with ``scheme`` and, for int4-weight, ``group_size``)."""
+    """The plan's ``quantization`` entry, checked (a mapping with ``scheme`` and, for int4-weight, ``group_size``;
+    without one it is chosen for the model when quantizing)."""
     if value is None or value == {}:
         return {}
     if not isinstance(value, Mapping) or set(value) - {"scheme", "group_size"} or "scheme" not in value:

@@ -45,7 +45,10 @@ QUANTIZATION_TAG = "_superkernel_quantization"
 
 def measures_floor(model: object) -> bool:
     """Whether the workflow measures eager's rounding floor for ``model`` before judging plans: W8A8 models."""
-    return getattr(model, QUANTIZATION_TAG, None) == "w8a8"
+    from superkernel.runtime.quant_schemes import scheme
+
+    row = scheme(getattr(model, QUANTIZATION_TAG, None) or "")
+    return row is not None and row.rounds_activations
 
 
 def default_tolerance(model: object, floor: RoundingFloor | None = None) -> float:
