@@ -17,7 +17,9 @@ on, the same frame is converted once more with them off (nothing of the frame ha
 Dynamo converts a frame before executing it), so it graph-breaks like plain
 ``torch.compile`` does. A :class:`SuperKernelCaptureFallbackWarning` names the error and
 the source line; ``strict-scope-check=abort`` on a scope of the compiled model raises
-:class:`~superkernel.ir.graph.SuperKernelScopeError` instead.
+:class:`~superkernel.ir.graph.SuperKernelScopeError` instead. ``backend="superkernel"`` by name
+has no context around its calls (only around its compiles, from the compile-start callback,
+which runs inside the converter): there the error is Dynamo's.
 """
 
 from __future__ import annotations

@@ -119,7 +119,7 @@ class DecodeSession:
         """
         import contextlib
 
-        import superkernel.pipeline.backend  # noqa: F401 - registering the backend installs the capture fallback
+        import superkernel.pipeline.backend  # noqa: F401 - the backend registered (allowed() wraps Dynamo's converter)
         from superkernel.pipeline import capture_fallback
 
         stack = contextlib.ExitStack()
