@@ -15,6 +15,10 @@
 # 7. qproduct: `superkernel optimize --device cuda --quantize int8-weight` on llama-tiny (needs torchao as in 5).
 # 8. int8gemv: a study, our Triton int8 weight-only GEMV against Inductor's reduction at the 1B step's shapes
 #    (benchmarks/studies/cuda_int8_gemv.py; needs no torchao).
+# 9. decodekernels (issue 61): our Triton decode kernel set (runtime/cuda/decode_kernels) measured by
+#    benchmarks/gpu_decode_kernels.py in three calls with their own limits (DK_M1_LIMIT, DK_M2_LIMIT, DK_M3_LIMIT;
+#    330 s together, the whole part under 6 minutes): m1 every kernel against cuBLAS F.linear and Inductor at the
+#    1B shapes, m2 a graph of 230 dependent tiny kernels without and with PDL, m3 attention per layer.
 # PARTS picks parts (default pytest,big,tiny,generate,product); a lease's second run repeats only what
 # the first one showed wrong.
 # Everything lands in $OUT: gpu_run.log (all output), gpu_decode_*.{json,md}, gpu_generate_*.{json,md}.
@@ -94,6 +98,13 @@ TINY_PLANS=${TINY_PLANS:-eager,cudagraphs,cudagraphs-static-params,sk-ro-decoder
     if part int8gemv; then
     echo "== int8 weight-only GEMV: our Triton kernel against Inductor's reduction (a study)"
     timeout ${GEMV_LIMIT:-150} $PY benchmarks/studies/cuda_int8_gemv.py --out "$OUT"
+    fi
+    if part decodekernels; then
+    for p in m1 m2 m3; do
+        echo "== decode kernel set, part $p"
+        case $p in m1) limit=${DK_M1_LIMIT:-180} ;; m2) limit=${DK_M2_LIMIT:-60} ;; m3) limit=${DK_M3_LIMIT:-90} ;; esac
+        timeout $limit $PY benchmarks/gpu_decode_kernels.py --parts $p --out "$OUT"
+    done
     fi
     date -u
 } 2>&1 | tee "$OUT/gpu_run.log"

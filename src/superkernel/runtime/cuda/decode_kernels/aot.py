@@ -18,7 +18,7 @@ import torch
 
 _TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int64: "i64",
           torch.int32: "i32", torch.float64: "fp64"}
-_OPTIONS = ("num_warps", "num_stages", "num_ctas")
+_OPTIONS = ("num_warps", "num_stages", "num_ctas", "launch_pdl")
 
 
 @dataclass

@@ -3,6 +3,8 @@ what Inductor compiles for the same work (the GPU benchmark's "Inductor" rows), 
 max-autotune hookup will match in a scope's graph (docs/gpu.md, "Decode kernel set").
 
 Each function takes a problem's inputs (``problems.make_inputs``) by keyword and returns what the kernel returns.
+Products run on one row ``[1, K]``, as in the model's step (``[1, 1, K]`` flattened), so that Inductor sees the
+``mm`` with M = 1 that it turns into a reduction, not a matrix-vector ``mv``.
 """
 
 from __future__ import annotations
@@ -27,11 +29,16 @@ def rotate(v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     return v * cos + torch.cat([-v[..., half:], v[..., :half]], dim=-1) * sin
 
 
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``w @ x`` for x ``[K]`` as the step computes it: ``F.linear`` of one row."""
+    return F.linear(x.view(1, -1), w).view(-1)
+
+
 def qkv_rope(shape: DecodeShape) -> Callable[..., torch.Tensor]:
     hq, hkv, d = shape.n_q_heads, shape.n_kv_heads, shape.head_dim
 
     def fn(*, x, norm, w_qkv, cos, sin, pos, k_cache, v_cache):
-        y = F.linear(rms_norm(x, norm, shape.eps), w_qkv)
+        y = linear(rms_norm(x, norm, shape.eps), w_qkv)
         q, k, v = y.split([hq * d, hkv * d, hkv * d])
         q, k = rotate(q.view(hq, d), cos, sin), rotate(k.view(hkv, d), cos, sin)
         k_cache.index_copy_(2, pos, k.view(1, hkv, 1, d))  # StaticCache.update: index_copy_ at the position
@@ -57,21 +64,21 @@ def attention(shape: DecodeShape) -> Callable[..., torch.Tensor]:
 def gate_up(shape: DecodeShape) -> Callable[..., torch.Tensor]:
     def fn(*, x, norm, w_gate, w_up):
         h = rms_norm(x, norm, shape.eps)
-        return F.silu(F.linear(h, w_gate)) * F.linear(h, w_up)
+        return F.silu(linear(h, w_gate)) * linear(h, w_up)
 
     return fn
 
 
 def gemv_residual(shape: DecodeShape) -> Callable[..., torch.Tensor]:  # noqa: ARG001 (same signature as the rest)
     def fn(*, x, w, residual):
-        return residual + F.linear(x, w)
+        return residual + linear(x, w)
 
     return fn
 
 
 def lm_head(shape: DecodeShape) -> Callable[..., torch.Tensor]:
     def fn(*, x, norm, w):
-        return F.linear(rms_norm(x, norm, shape.eps), w)
+        return linear(rms_norm(x, norm, shape.eps), w)
 
     return fn
 
@@ -92,6 +99,6 @@ def gemv_only(name: str, inputs: dict[str, Any]) -> Callable[[], Any]:
         return None  # type: ignore[return-value]
     x = inputs["x"]
     if name == "gate_up":
-        return lambda: (F.linear(x, inputs["w_gate"]), F.linear(x, inputs["w_up"]))
+        return lambda: (linear(x, inputs["w_gate"]), linear(x, inputs["w_up"]))
     w = inputs["w_qkv"] if name == "qkv_rope" else inputs["w"]
-    return lambda: F.linear(x, w)
+    return lambda: linear(x, w)

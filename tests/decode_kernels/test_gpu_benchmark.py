@@ -1,0 +1,96 @@
+"""benchmarks/gpu_decode_kernels.py, prepared for the next lent GPU: what of it can run on the CPU does (its
+``--check`` under Triton's interpreter, the m2 chain kernel with PDL compiled for sm_90a, its tables), and it refuses
+to time anything without CUDA."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "gpu_decode_kernels.py"
+has_triton = importlib.util.find_spec("triton") is not None
+needs_triton = pytest.mark.skipif(not has_triton, reason="Triton is not installed here: make test-triton")
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("gpu_decode_kernels", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+def test_without_cuda_it_times_nothing_and_says_to_use_check():
+    bench = load()
+    with pytest.raises(SystemExit, match="--check"):
+        bench.main(["--parts", "m2"])
+    with pytest.raises(SystemExit):
+        bench.main(["--parts", "m9"])  # unknown part: argparse's error
+
+
+def test_the_tables_of_each_part():
+    bench = load()
+    meta = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11", "triton": "3.6.0", "date": "d", "copy_gbps": 3000.0,
+            "rounds": 5}
+    m1 = {"rows": [{"problem": "o_proj", "plans": {
+        "cuBLAS F.linear (the GEMV alone)": {"us": 5.0, "check": None, "pct_of_copy_rate": 55.9},
+        "ours block_n=8": {"us": 4.0, "check": {"out": 2.5e-3}, "pct_of_copy_rate": 69.9},
+        "ours block_n=4": {"us": None, "check": "AssertionError: beyond", "pct_of_copy_rate": None}}}]}
+    text = bench.markdown("m1", m1, meta)
+    assert "| o_proj | ours block_n=8 | 4.00 | 70 | out 2.5e-03 |" in text
+    assert "| o_proj | ours block_n=4 | - | - | AssertionError: beyond |" in text
+    m2 = {"rows": [{"programs": 1, "kernels": 230, "us_per_kernel": {"PDL off": 2.0, "PDL on": 1.2}}]}
+    assert "| 1 | 230 | 2.000 | 1.200 |" in bench.markdown("m2", m2, meta)
+
+
+@needs_triton
+def test_check_runs_every_kernel_at_llama_1b_shapes_under_the_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--check"], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    assert sum("max error" in line for line in lines) == 6, proc.stdout
+    assert "m2 chain, 6 launches, 3 programs, no PDL: right" in lines and lines[-1] == "check passed"
+
+
+@needs_triton
+def test_the_m2_chain_kernel_with_pdl_compiles_for_sm90a():
+    """PDL's griddepcontrol instructions (inline PTX the interpreter cannot run) assemble for Hopper."""
+    code = f"""
+import importlib.util, torch
+from superkernel.runtime.cuda.decode_kernels import aot
+spec = importlib.util.spec_from_file_location("b", {str(SCRIPT)!r}); b = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(b)
+a = torch.empty(132 * 256, device="meta"); c = torch.empty_like(a)
+for pdl in (False, True):
+    (launch,) = aot.record(b.run_chain, b.chain_kernel(), a, c, 1, 132, pdl)
+    from triton.compiler import ASTSource
+    src, options = aot.source(launch)
+    import triton
+    from triton.backends.compiler import GPUTarget
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    print(pdl, k.metadata.launch_pdl, "griddepcontrol.wait" in k.asm["ptx"], aot.ptxas_usage(k.asm["ptx"])["spill_stores"])
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[:2] == ["False False False 0", "True True True 0"], proc.stdout
+
+
+def test_gpu_run_sh_runs_the_three_parts_within_six_minutes():
+    import re
+
+    text = (ROOT / "benchmarks" / "gpu_run.sh").read_text()
+    block = text[text.index("if part decodekernels"):]
+    limits = {m.group(1): int(m.group(2)) for m in re.finditer(r"(m\d)\) limit=\$\{DK_M\d_LIMIT:-(\d+)\}", block)}
+    assert set(limits) == {"m1", "m2", "m3"} and sum(limits.values()) <= 360 - 20, limits  # 20 s for the starts
+    assert "for p in m1 m2 m3" in block and "benchmarks/gpu_decode_kernels.py --parts $p" in block
