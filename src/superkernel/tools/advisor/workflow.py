@@ -70,6 +70,7 @@ class OptimizeOptions:
     batch_size: int = 1
     search: str | None = None                           # strategies.SEARCHES; None: the strategy's default
     quantize: str | None = None                         # superkernel.tools.quantize.SCHEMES; None: float
+    eval_text: Path | None = None                       # --eval-text; None: the shipped text (models with a tokenizer)
     group_size: int | None = None                       # int4-weight's group size (None: chosen for the model)
 
 
@@ -100,17 +101,24 @@ def validate_scopes(model: torch.nn.Module, plans: list[ScopePlan], options: str
             superkernel.remove_scopes(model)
 
 
-def load_and_prepare(opts: OptimizeOptions, reporter: Reporter) -> tuple[LoadedModel, DecodeSession]:
+def load_and_prepare(opts: OptimizeOptions, reporter: Reporter,
+                     score_text: bool = False) -> tuple[LoadedModel, DecodeSession]:
+    """Load, quantize, prefill. A model with a tokenizer decodes a real text teacher-forced (text_eval.py);
+    ``score_text``: also its eager perplexity over the whole text (the optimize report's quality section)."""
+    from superkernel.tools.advisor.text_eval import float_decode_logits, score_whole_text, text_for
+
     device = pick_device(opts.device)
     with reporter.task(f"loading {opts.model}"):
         loaded = load_model(opts.model, seed=opts.seed, device=device, dtype=opts.dtype)
     check_supported(loaded)
+    loaded.text_eval = text = text_for(opts.eval_text, loaded)
     choose_threads(opts.threads, device, loaded.num_parameters)
     float_model = _quantize(opts, loaded, reporter)
     with reporter.task("prefill + reference token sequence (uncompiled)"):
         try:
             session = prepare(loaded.model, prompt_len=opts.prompt_len, steps=opts.steps, warmup=opts.warmup,
-                              seed=opts.seed, device=device, batch=opts.batch_size)
+                              seed=opts.seed, device=device, batch=opts.batch_size,
+                              text_ids=text.ids if text is not None else None)
         except ValueError as exc:
             if str(exc).startswith(_USAGE_ERRORS):
                 raise  # bad lengths: a usage error
@@ -126,7 +134,12 @@ def load_and_prepare(opts: OptimizeOptions, reporter: Reporter) -> tuple[LoadedM
 
         with reporter.task("quantization's own error (the float model fed the same tokens)"):
             loaded.quantization["cost"] = quantization_cost(session, float_model)
-        del float_model
+            if text is not None:
+                text.float_decode = float_decode_logits(session, float_model)
+    if text is not None and score_text:
+        with reporter.task(f"eager over the whole evaluation text ({text.ids.shape[0]} tokens)"):
+            score_whole_text(text, loaded.model, float_model)
+    del float_model
     return loaded, session
 
 
@@ -258,7 +271,7 @@ def optimize(opts: OptimizeOptions, reporter: Reporter | None = None) -> Outcome
 
 def _optimize(opts: OptimizeOptions, choice: StrategyChoice, reporter: Reporter, log: RunLog) -> Outcome:
     started = time.perf_counter()
-    loaded, session = load_and_prepare(opts, reporter)
+    loaded, session = load_and_prepare(opts, reporter, score_text=True)
     structure = analyze_structure(loaded.model)
     plans = select_plans(choice, structure)
     validate_scopes(loaded.model, plans, opts.options)
@@ -425,6 +438,9 @@ def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSes
         files["plan"] = write_plan(out / PLAN_NAME, plan, inputs)
         plan_yaml = files["plan"].read_text()
     floor = results[0].rounding_floor if results else None  # eager's (W8A8)
+    from superkernel.tools.advisor.text_eval import score_runs
+
+    quality = score_runs(loaded.text_eval, session, results) if loaded.text_eval is not None else None
     title = f"{loaded.name}: decode step latency ({hardware(session.device).split(' (')[0]})"
     files["chart"] = atomic_write(out / CHART_NAME, latency_chart(results, marked, title), inputs)
     shown = best if best is not None else decision.plan   # the recommended plan, else the best passing one
@@ -444,14 +460,15 @@ def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSes
                     versions=versions(), tolerance=opts.tolerance, floor=floor, plan_yaml=plan_yaml,
                     prefill_ms=session.prefill_seconds * 1e3, eager_drift=drift, decision=decision,
                     profile=profile, plan_profiles=[r.profile for r in results if r.profile is not None],
-                    search=search, run_time=run_time)
+                    search=search, run_time=run_time, quality=quality)
     files["report"] = atomic_write(out / REPORT_NAME, report, inputs)
     payload = {"model": loaded.name, "hardware": hardware(session.device), "versions": versions(),
                "settings": settings, "tolerance": opts.tolerance, "prefill_ms": session.prefill_seconds * 1e3,
                "rounding_floor": floor.to_dict() if floor is not None else None,
                "recommended": decision.name, "recommendation": {"kind": decision.kind, "reason": decision.reason,
                                                                 "noise_threshold": decision.noise},
-               "eager_drift": drift, "results": [r.to_dict() for r in results],
+               "eager_drift": drift, "results": [r.to_dict() for r in results], "quality": quality,
+               "model_source": {"kind": loaded.source, "gguf": loaded.gguf},
                "run_time": run_time,
                "profile": profile.to_dict() if profile is not None else None,
                "search": None if search is None else {

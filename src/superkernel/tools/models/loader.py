@@ -46,6 +46,8 @@ class LoadedModel:
     gguf: dict | None = None
     #: the folder whose tokenizer files belong to the model (checkpoints, converted GGUF); None: no tokenizer
     tokenizer_dir: Path | None = None
+    #: the workflow's evaluation text (tools/advisor/text_eval.TextEval), set by load_and_prepare
+    text_eval: object = None
 
     def tokenizer(self):
         """The model's tokenizer (transformers ``AutoTokenizer``, from files only), or None where it has none."""
