@@ -177,8 +177,10 @@ class CaptureContext:
     The settings (CAPTURE_SETTINGS and the backend's ``dynamo.dynamic_sources``) only matter
     while Dynamo traces, which a warm call never does; setting and restoring torch's config
     around every call cost ~70 us per decode step. So a call only marks itself active
-    (a list append), and Dynamo's compile-start callback applies the settings of the
-    innermost active call for exactly the duration of a compile (:func:`_on_compile_start`).
+    (a list append) and wraps Dynamo's frame converter while it runs (``capture_fallback.enter``:
+    Dynamo converts frames lazily, inside the call; torch's own is back at the exit), and
+    Dynamo's compile-start callback applies the settings of the innermost active call for
+    exactly the duration of a compile (:func:`_on_compile_start`).
     """
 
     __slots__ = ("backend", "saved", "saved_sources", "breaks", "log_mark", "branch")
