@@ -143,6 +143,13 @@ class StaticKernelConfig(Section):
 
 
 class ExperimentalConfig(Section):
+    _fields = {
+        "cuda_decode_kernels": Field(False, "CUDA max-autotune: superkernel's own Triton decode kernels for Llama-style "
+                                            "layers at batch 1 (runtime/cuda/decode_kernels: about five kernels a "
+                                            "layer). Not yet measured on hardware and not yet called by the backend "
+                                            "(docs/gpu.md, 'Decode kernel set'): on, it warns and changes nothing",
+                                     kind=bool),
+    }
     _sections = {"static_kernel": StaticKernelConfig}
 
 
@@ -250,4 +257,6 @@ class CompilerConfig(Section):
                     "cpu": d["cpu"]}
         if d["cuda"]["pdl"]:  # (only when on: fingerprints of earlier configs stay as they were)
             relevant["pdl"] = True
+        if d["experimental_config"]["cuda_decode_kernels"]:  # (the same)
+            relevant["cuda_decode_kernels"] = True
         return hashlib.sha256(json.dumps(relevant, sort_keys=True).encode()).hexdigest()[:16]

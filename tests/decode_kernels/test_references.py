@@ -103,3 +103,17 @@ def test_the_eager_qkv_rope_compiles_with_inductor_and_writes_the_caches():
     inputs = problems.make_inputs("qkv_rope", odd, "cpu", length=30)
     compiled = torch.compile(eager.function("qkv_rope", odd), dynamic=False, fullgraph=True)
     problems.check("qkv_rope", inputs, odd, compiled(**inputs), floor=problems.EAGER_FLOOR)
+
+
+def test_the_opt_in_flag_is_off_by_default_validated_and_warns_that_it_is_not_hooked_up_yet():
+    import superkernel as sk
+
+    cfg = sk.CompilerConfig()
+    assert cfg.experimental_config.cuda_decode_kernels is False
+    with pytest.raises(TypeError, match="cuda_decode_kernels must be bool"):
+        cfg.experimental_config.cuda_decode_kernels = "on"
+    plain = cfg.fingerprint()
+    cfg.experimental_config.cuda_decode_kernels = True
+    assert cfg.fingerprint() != plain  # (a build with the kernels will differ: packages must not be shared)
+    with pytest.warns(UserWarning, match="not yet called by the backend"):
+        sk.get_backend(compiler_config=cfg)
