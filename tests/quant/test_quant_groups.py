@@ -16,16 +16,12 @@ HIDDEN, INTERMEDIATE = 96, 160
 
 
 def test_every_scheme_row_names_its_config_kernels_and_rewrite():
-    from superkernel.runtime.inductor import quant_gemv
-
-    assert list(SCHEMES) == ["int8-weight", "w8a8", "int4-weight"]
+    assert list(SCHEMES) == ["int8-weight", "w8a8", "int4-weight", "w4a8"]
     for row in SCHEMES.values():
         assert row.kernels and row.report_name and row.summary
-        module, _, name = row.rewrite.partition(":")
-        assert module == quant_gemv.__name__ and callable(getattr(quant_gemv, name))
-        assert row.config.startswith("torchao.")
-    assert {k.op for k in kernels()} == {"int8_gemv", "int8_weight_gemv", "int4_weight_gemv"}
-    assert [r.name for r in SCHEMES.values() if r.rounds_activations] == ["w8a8"]
+        assert callable(row.rewriter()) and row.config.startswith("torchao.")
+    assert {k.op for k in kernels()} == {"int8_gemv", "int8_weight_gemv", "int4_weight_gemv", "int4_int8_gemv"}
+    assert [r.name for r in SCHEMES.values() if r.rounds_activations] == ["w8a8", "w4a8"]
 
 
 def test_the_group_choice_takes_the_largest_size_dividing_every_width():

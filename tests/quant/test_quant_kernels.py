@@ -46,11 +46,12 @@ def test_each_op_names_the_kernel_it_runs(kernels):
         plain = kernels.fast_path()
     finally:
         kernels.set_isa(2)
-    assert plain == {"int8_gemv": "", "int8_weight_gemv": "", "int4_weight_gemv": ""}
+    assert plain == {"int8_gemv": "", "int8_weight_gemv": "", "int4_weight_gemv": "", "int4_int8_gemv": ""}
     if capability == "AVX2":
-        assert got == {"int8_gemv": "avx2", "int8_weight_gemv": "avx2", "int4_weight_gemv": "avx2"}
+        assert got == {"int8_gemv": "avx2", "int8_weight_gemv": "avx2", "int4_weight_gemv": "avx2",
+                       "int4_int8_gemv": "avx2"}
     elif capability == "AVX512":
-        assert got["int8_weight_gemv"] == got["int4_weight_gemv"] == "avx512"
+        assert got["int8_weight_gemv"] == got["int4_weight_gemv"] == "avx512" and got["int4_int8_gemv"] == "avx2"
         assert got["int8_gemv"] in ("avx512", "avx2")  # AVX-512 without VNNI: the AVX2 dot
 
 

@@ -24,7 +24,7 @@ def test_a_plans_quantization_is_validated():
         read_plan({**base, "quantization": {"scheme": "fp4"}})
     with pytest.raises(PlanFileError, match="'quantization' must be a mapping with 'scheme'"):
         read_plan({**base, "quantization": "w8a8"})
-    with pytest.raises(PlanFileError, match="group_size applies to int4-weight only"):
+    with pytest.raises(PlanFileError, match="group_size applies to int4-weight and w4a8 only"):
         read_plan({**base, "quantization": {"scheme": "int8-weight", "group_size": 64}})
 
 
@@ -33,8 +33,8 @@ def test_bad_quantize_arguments_are_one_line_errors_and_write_nothing(tmp_path, 
 
     out = tmp_path / "out"
     for args, message in [(["--quantize", "int3"], "invalid choice: 'int3'"),
-                          (["--group-size", "64"], "--group-size applies to --quantize int4-weight"),
-                          (["--quantize", "w8a8", "--group-size", "64"], "group_size applies to int4-weight only")]:
+                          (["--group-size", "64"], "--group-size applies to --quantize int4-weight / w4a8"),
+                          (["--quantize", "w8a8", "--group-size", "64"], "group_size applies to int4-weight and w4a8 only")]:
         try:
             code = main(["optimize", "--output", str(out), *args])
         except SystemExit as exc:  # argparse's own errors

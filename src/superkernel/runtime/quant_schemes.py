@@ -19,6 +19,13 @@ FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
+class Ref:
+    """A torch or torchao object a config takes, named here so that the table imports neither."""
+
+    path: str                        # "module:attr" (a dotted attr: "module:Enum.MEMBER")
+
+
+@dataclass(frozen=True)
 class Kernel:
     """One of our native operators, ``torch.ops.superkernel.<op>(x, w, ...) -> [M, N]``."""
 
@@ -46,6 +53,8 @@ class Scheme:
     layers: str = "torch.nn.Linear"                # the modules it quantizes; embeddings and norms stay float
     rounds_activations: bool = False               # activations quantized per token (precision gates widen)
     config_kwargs: tuple[tuple[str, Any], ...] = field(default=(("set_inductor_config", False),))
+    group_arg: str = "group_size"                  # the config's keyword for the group size
+    group_wrap: str = ""                           # "module:Class" wrapping the size (torchao's PerGroup), if any
 
     @property
     def grouped(self) -> bool:
@@ -53,9 +62,9 @@ class Scheme:
 
     def make_config(self, group_size: int | None = None) -> Any:
         """torchao's config for this scheme (imports torchao; ``group_size`` for a grouped scheme)."""
-        kwargs = dict(self.config_kwargs)
+        kwargs = {k: resolve(v.path) if isinstance(v, Ref) else v for k, v in self.config_kwargs}
         if self.grouped:
-            kwargs["group_size"] = group_size
+            kwargs[self.group_arg] = resolve(self.group_wrap)(group_size) if self.group_wrap else group_size
         return resolve(self.config)(**kwargs)
 
     def rewriter(self) -> Callable[..., list[str]]:
@@ -63,9 +72,12 @@ class Scheme:
 
 
 def resolve(path: str) -> Any:
-    """The object a ``"module:name"`` path names."""
+    """The object a ``"module:name"`` path names (``name`` may be dotted)."""
     module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
+    obj = importlib.import_module(module)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 _GEMV = "superkernel.runtime.inductor.quant_gemv"
@@ -92,6 +104,18 @@ _ROWS = (
            out_multiple=16,  # ATen's CPU int4 packing (_convert_weight_to_int4pack_for_cpu)
            devices=("cpu",), device_note="torchao's CUDA int4 needs its mslk kernels, which this install does not "
                                          "have. Use int8-weight or w8a8"),
+    Scheme("w4a8",
+           "int4 weights (symmetric, one scale per block of 32 by default, as llama.cpp's Q4_0) x int8 dynamic "
+           "activations (one scale and zero point per token): integer dot products per block",
+           "W4A8", "torchao.quantization:Int8DynamicActivationIntxWeightConfig",
+           (Kernel("int4_int8_gemv", "float32",
+                   "mm((float(x_int8) - zx) * sx, ((float(w_int4) - zw) * sw).view(N, K).T)"),),
+           "superkernel.runtime.inductor.w4a8_gemv:rewrite_w4a8", group_sizes=(32, 64, 128, 256), auto_groups=(32,),
+           devices=("cpu",), device_note="its integer kernel is a CPU one (AVX2 / plain loop); use int8-weight or w8a8",
+           rounds_activations=True,
+           config_kwargs=(("weight_dtype", Ref("torch:int4")),
+                          ("weight_mapping_type", Ref("torchao.quantization.quant_primitives:MappingType.SYMMETRIC"))),
+           group_arg="weight_granularity", group_wrap="torchao.quantization.granularity:PerGroup"),
 )
 #: scheme name -> its row (``--quantize`` choices, in this order)
 SCHEMES: dict[str, Scheme] = {row.name: row for row in _ROWS}
@@ -120,5 +144,5 @@ def kernel(op: str) -> Kernel:
     return next(k for k in kernels() if k.op == op)
 
 
-__all__ = ["FLOAT_DTYPES", "Kernel", "SCHEMES", "Scheme", "group_sizes", "grouped_names", "kernel", "kernels",
+__all__ = ["FLOAT_DTYPES", "Kernel", "Ref", "SCHEMES", "Scheme", "group_sizes", "grouped_names", "kernel", "kernels",
            "resolve", "scheme"]

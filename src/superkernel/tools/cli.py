@@ -86,9 +86,9 @@ def _add_quantize_args(p: argparse.ArgumentParser) -> None:
     grouped = [SCHEMES[name] for name in grouped_names()]
     p.add_argument("--group-size", type=int, default=None, choices=group_sizes(), metavar="N",
                    help=f"--quantize {' / '.join(row.name for row in grouped)}: weights per scale "
-                        f"({', '.join(map(str, group_sizes()))}; default: the largest of "
-                        f"{', '.join(map(str, grouped[0].auto_groups))} dividing every quantized layer's input width; "
-                        "a size that does not divide one is refused)")
+                        f"({', '.join(map(str, group_sizes()))}; default: the first of "
+                        + ", ".join(f"{row.name} {'/'.join(map(str, row.auto_groups))}" for row in grouped)
+                        + " dividing every quantized layer's input width; a size that does not divide one is refused)")
 
 
 def _add_scope_args(p: argparse.ArgumentParser) -> None:

@@ -50,8 +50,8 @@ def choose(row: Scheme, widths: dict[str, int], asked: int | None) -> tuple[int,
                              f"layer's input width (not even {min(row.group_sizes)}: {_listing(widths, min(row.group_sizes))}); "
                              "those layers would stay float")
     widest = ", ".join(map(str, sorted(set(widths.values()))))
-    return group, (f"chosen: the largest of {', '.join(map(str, row.auto_groups))} dividing every input width "
-                   f"({widest})")
+    how = f"the largest of {', '.join(map(str, row.auto_groups))}" if len(row.auto_groups) > 1 else "the scheme's"
+    return group, f"chosen: {how} dividing every input width ({widest})"
 
 
 __all__ = ["GroupSizeError", "choose", "fitting"]

@@ -50,6 +50,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from superkernel.runtime.cpu.quant_kernels_source import SOURCE as _SOURCE
+from superkernel.runtime.cpu.quant_kernels_w4a8_source import SCHEMA as _W4A8_SCHEMA, SOURCE as _W4A8_SOURCE
 
 #: rows of a weight-only block (each block's accumulators stay in registers), prefetched two blocks ahead
 ROWS = 8
@@ -74,7 +75,8 @@ _PROVIDER: contextvars.ContextVar[Callable[[Any], Any] | None] = contextvars.Con
 
 def source() -> str:
     return _SOURCE % {"rows": ROWS, "w8a8_rows": W8A8_ROWS, "w8a8_ahead": W8A8_AHEAD, "w8a8_avx2_rows": W8A8_AVX2_ROWS,
-                      "w8a8_avx2_ahead": W8A8_AVX2_AHEAD, "flags": " ".join(FLAGS)}
+                      "w8a8_avx2_ahead": W8A8_AVX2_AHEAD, "flags": " ".join(FLAGS), "w4a8": _W4A8_SOURCE,
+                      "w4a8_schema": _W4A8_SCHEMA}
 
 
 @functools.lru_cache(maxsize=1)
@@ -188,8 +190,9 @@ def unavailable_reason() -> str | None:
 
 
 def fast_path(op: str) -> bool:
-    """Whether ``op`` (``"int8_gemv"``, ``"int8_weight_gemv"`` or ``"int4_weight_gemv"``) has a vector kernel
-    (AVX-512 or AVX2) on this CPU (the module is built if needed); False where it cannot be built."""
+    """Whether ``op`` (a kernel of the scheme table: ``"int8_gemv"``, ``"int8_weight_gemv"``, ``"int4_weight_gemv"``,
+    ``"int4_int8_gemv"``) has a vector kernel (AVX-512 or AVX2) on this CPU (the module is built if needed); False
+    where it cannot be built."""
     module = load()
     return bool(module is not None and module.fast_path().get(op))
 

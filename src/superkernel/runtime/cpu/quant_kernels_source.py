@@ -442,13 +442,15 @@ at::Tensor int4_weight_gemv(const at::Tensor& x_, const at::Tensor& w_, int64_t 
   return y;
 }
 
+%(w4a8)s
+
 const char* isa_name(int isa) { return isa == 2 ? "avx512" : isa == 1 ? "avx2" : ""; }
 
 // Each op's vector kernel on this CPU: "avx512", "avx2", or "" (the plain loop: falsy).
 PyObject* sk_fast_path(PyObject*, PyObject*) {
-  return Py_BuildValue("{s:s,s:s,s:s}", "int8_gemv", isa_name(has_vnni() ? 2 : has_avx2() ? 1 : 0),
+  return Py_BuildValue("{s:s,s:s,s:s,s:s}", "int8_gemv", isa_name(has_vnni() ? 2 : has_avx2() ? 1 : 0),
                        "int8_weight_gemv", isa_name(has_avx512() ? 2 : has_avx2() ? 1 : 0),
-                       "int4_weight_gemv", isa_name(int4_isa()));
+                       "int4_weight_gemv", isa_name(int4_isa()), "int4_int8_gemv", isa_name(w4a8_isa()));
 }
 
 PyObject* sk_set_int4_layout(PyObject*, PyObject* code) {
@@ -476,12 +478,14 @@ TORCH_LIBRARY_FRAGMENT(superkernel, m) {
   m.def("int8_gemv(Tensor x, Tensor w) -> Tensor");
   m.def("int8_weight_gemv(Tensor x, Tensor w) -> Tensor");
   m.def("int4_weight_gemv(Tensor x, Tensor w, int group_size, Tensor scales_and_zeros) -> Tensor");
+  m.def("%(w4a8_schema)s");
 }
 
 TORCH_LIBRARY_IMPL(superkernel, CPU, m) {
   m.impl("int8_gemv", &int8_gemv);
   m.impl("int8_weight_gemv", &int8_weight_gemv);
   m.impl("int4_weight_gemv", &int4_weight_gemv);
+  m.impl("int4_int8_gemv", &int4_int8_gemv);
 }
 
 extern "C" __attribute__((visibility("default"))) PyObject* SK_CAT(PyInit_, SK_MODULE)(void) {
