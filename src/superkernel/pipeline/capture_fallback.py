@@ -92,6 +92,16 @@ def describe(exc: BaseException) -> tuple[str, str]:
     return error, "(source line not reported by Dynamo)"
 
 
+_hooks: list[Callable[..., Any]] = []  # [active_backend, scope_of_break], given by pipeline.tracing (see use)
+
+
+def use(active_backend: Callable[[], Any], scope_of_break: Callable[[str], tuple[str, str] | None]) -> None:
+    """``active_backend()``: the superkernel backend whose call runs on this thread, or None (only its compiles
+    fall back); ``scope_of_break(text)``: (label, options) of the scope a Dynamo message points into. Both from
+    ``pipeline.tracing``, which imports this module (passed in to keep imports one-way)."""
+    _hooks[:] = [active_backend, scope_of_break]
+
+
 def _wrapping(original: Callable[..., Any]) -> Callable[..., Any]:
     """``ConvertFrame.__call__`` that converts a frame once more without the capture settings when converting it
     under a superkernel call (or :func:`allowed`) failed with a data-dependent error; for any other frame (another
@@ -102,8 +112,7 @@ def _wrapping(original: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return original(self, frame, cache_entry, hooks, frame_state, *args, **kwargs)
         except Exception as exc:
-            from superkernel.pipeline.tracing import active_backend, scope_of_break
-
+            active_backend, scope_of_break = _hooks or (lambda: None, lambda text: None)
             backend = active_backend()
             if (backend is None and not state.harness) or state.disabled or not is_data_dependent_error(exc):
                 raise

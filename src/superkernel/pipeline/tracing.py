@@ -305,3 +305,6 @@ def register_compile_callbacks() -> None:
         handler.register_end_callback(_on_compile_end)
 
 GRAPH_BREAK_IN_SCOPE = "graph break inside the scope (Dynamo could not capture it; its operators run uncompiled)"
+
+
+capture_fallback.use(active_backend, scope_of_break)
