@@ -140,3 +140,30 @@ def test_the_interpreters_bf16_dot_and_rounding_are_fixed():
     y = torch.empty(8, dtype=torch.bfloat16)
     cast_kernel[(1,)](x, y)
     torch.testing.assert_close(y, x.to(torch.bfloat16), rtol=0, atol=0, equal_nan=True)  # torch rounds to nearest
+
+
+@pytest.mark.parametrize("shape", [ODD, LLAMA_1B_FEW_HEADS], ids=["odd", "llama-1b-dims-4-heads"])
+def test_a_whole_layer_of_six_launches_against_float64(shape):
+    """The layer's intermediates (q, K/V rows, attention output, h, the MLP's input) are rounded to bfloat16
+    between the launches, as the layer stores them: the eager forms' wider floor."""
+    from superkernel.runtime.cuda.decode_kernels import layer
+
+    weights = layer.LayerWeights.random(shape, DEVICE)
+    gen = torch.Generator().manual_seed(1)
+    pos = 40
+    kc = torch.randn(1, shape.n_kv_heads, shape.kv_len, shape.head_dim, generator=gen).to(DEVICE, torch.bfloat16)
+    vc = torch.randn(1, shape.n_kv_heads, shape.kv_len, shape.head_dim, generator=gen).to(DEVICE, torch.bfloat16)
+    x = torch.randn(shape.hidden, generator=gen).to(DEVICE, torch.bfloat16)
+    angles = torch.rand(shape.head_dim // 2, generator=gen) * 6
+    cos = torch.cat([angles.cos()] * 2).to(DEVICE, torch.bfloat16)
+    sin = torch.cat([angles.sin()] * 2).to(DEVICE, torch.bfloat16)
+    before = kc.clone(), vc.clone()
+    want = layer.reference_layer(x, weights, cos, sin, pos, *before, shape)
+    launches = None if shape is ODD else FULL_LAUNCH  # (the 1B widths: few programs, for the interpreter)
+    got = layer.decode_layer(x, weights, cos, sin, torch.tensor([pos], device=DEVICE),
+                             torch.tensor([pos + 1], device=DEVICE), kc, vc, shape, launches)
+    reference.check("layer", got, want, floor=problems.EAGER_FLOOR)
+    # the check sees the attention part: the layer one position earlier (one K/V row fewer) is another output
+    with pytest.raises(AssertionError, match="beyond the bfloat16 tolerance"):
+        reference.check("layer", got, layer.reference_layer(x, weights, cos, sin, pos - 1, *before, shape),
+                        floor=problems.EAGER_FLOOR)

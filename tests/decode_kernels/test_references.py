@@ -117,3 +117,34 @@ def test_the_opt_in_flag_is_off_by_default_validated_and_warns_that_it_is_not_ho
     assert cfg.fingerprint() != plain  # (a build with the kernels will differ: packages must not be shared)
     with pytest.warns(UserWarning, match="not yet called by the backend"):
         sk.get_backend(compiler_config=cfg)
+
+
+@needs_transformers
+def test_the_layer_chain_of_references_is_a_hugging_face_llama_decode_step():
+    """layer.reference_layer over every layer, then the final norm and lm_head (reference.gemv), from the caches
+    a prefill left: the logits of Hugging Face's LlamaForCausalLM decode step with a StaticCache, in float64. What
+    the six launches a layer are checked against is the model's step."""
+    from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
+
+    from superkernel.runtime.cuda.decode_kernels import layer
+
+    cfg = LlamaConfig(hidden_size=96, intermediate_size=112, num_hidden_layers=2, num_attention_heads=6,
+                      num_key_value_heads=2, head_dim=16, vocab_size=101, max_position_embeddings=64,
+                      rms_norm_eps=1e-5)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).double().eval()
+    cache = StaticCache(config=cfg, max_cache_len=16)
+    prompt, token, pos = torch.randint(0, 101, (1, 5)), torch.randint(0, 101, (1, 1)), 5
+    shape = DecodeShape(hidden=96, n_q_heads=6, n_kv_heads=2, head_dim=16, intermediate=112, vocab=101, kv_len=16)
+    with torch.no_grad():
+        model(prompt, past_key_values=cache, use_cache=True, cache_position=torch.arange(pos))
+        caches = [(lay.keys.clone(), lay.values.clone()) for lay in cache.layers]
+        want = model(token, past_key_values=cache, use_cache=True, cache_position=torch.tensor([pos])).logits[0, -1]
+        x = model.model.embed_tokens(token)[0, 0]
+        cos, sin = model.model.rotary_emb(x[None, None], torch.tensor([[pos]]))
+        for decoder, (kc, vc) in zip(model.model.layers, caches):
+            x = layer.reference_layer(x, layer.LayerWeights.from_hf(decoder), cos[0, 0], sin[0, 0], pos, kc, vc, shape)
+        got = reference.gemv(x, model.lm_head.weight, norm=model.model.norm.weight, eps=1e-5)
+    # (LlamaRMSNorm computes in float32 whatever its input: 3e-8 apart on these logits of up to 0.5; leaving the
+    # rotary out moves them by 7e-3, attending one position fewer by 0.1)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
