@@ -60,9 +60,9 @@ def test_bad_w4a8_operands_are_refused_with_what_is_expected(kernels):
 
 
 class Mlp(torch.nn.Module):
-    def __init__(self, d=128, h=384):
+    def __init__(self, d=128, h=384, bias=False):
         super().__init__()
-        self.gate, self.up = torch.nn.Linear(d, h, bias=False), torch.nn.Linear(d, h, bias=False)
+        self.gate, self.up = torch.nn.Linear(d, h, bias=bias), torch.nn.Linear(d, h, bias=False)
         self.down = torch.nn.Linear(h, d, bias=False)
 
     def forward(self, x):
@@ -70,14 +70,16 @@ class Mlp(torch.nn.Module):
             return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
 
 
-def test_max_autotune_runs_w4a8_linears_as_the_integer_kernel(kernels):
+@pytest.mark.parametrize("bias", [False, True], ids=["mm", "addmm"])
+def test_max_autotune_runs_w4a8_linears_as_the_integer_kernel(kernels, bias):
+    """torchao's dequantize-and-GEMM becomes the kernel (a linear with a bias: the kernel, then the bias added)."""
     pytest.importorskip("torchao")
     from superkernel.tools.quantize import quantize_model
 
     if not quant_kernels.fast_path("int4_int8_gemv"):
         pytest.skip("no AVX2 here")
     torch.manual_seed(0)
-    model = Mlp().eval()
+    model = Mlp(bias=bias).eval()
     info = quantize_model(model, "w4a8")
     assert info.layers == 3 and info.group_size == 32 and type(model.gate.weight).__name__ == "IntxUnpackedToInt8Tensor"
 
@@ -90,5 +92,7 @@ def test_max_autotune_runs_w4a8_linears_as_the_integer_kernel(kernels):
             x = torch.randn(1, 1, 128)
             torch.testing.assert_close(ma(x), ref(x), rtol=1e-4, atol=1e-5)
     (seg,) = sk.explain(ma).segments
-    assert seg.rewrites == ["W4A8 GEMV (1, 128) x (384, 128)^T (groups of 32) as superkernel's int4 x int8 kernel"] * 2 \
-        + ["W4A8 GEMV (1, 384) x (128, 384)^T (groups of 32) as superkernel's int4 x int8 kernel"], seg.rewrites
+    how = " as superkernel's int4 x int8 kernel"
+    assert sorted(seg.rewrites) == sorted([f"W4A8 GEMV (1, 128) x (384, 128)^T (groups of 32){' + bias' * bias}{how}",
+                                           f"W4A8 GEMV (1, 128) x (384, 128)^T (groups of 32){how}",
+                                           f"W4A8 GEMV (1, 384) x (128, 384)^T (groups of 32){how}"]), seg.rewrites

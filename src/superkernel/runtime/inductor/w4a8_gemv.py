@@ -55,8 +55,9 @@ def _dequantized(node: object) -> tuple[fx.Node, fx.Node, fx.Node] | None:
 
 
 def _operands(node: fx.Node) -> tuple[tuple, tuple, int] | None:
-    """The activation's and the weight's ``(q, zero, scale)`` and the group size of a W4A8 ``mm``; else None."""
-    a, b = node.args
+    """The activation's and the weight's ``(q, zero, scale)`` and the group size of a W4A8 ``mm`` (or ``addmm``'s
+    product); else None."""
+    a, b = node.args[-2:]
     if not (_call(b, aten.permute.default) and list(b.args[1]) == [1, 0]):
         return None
     grouped = _below_views(b.args[0])
@@ -77,32 +78,39 @@ def _operands(node: fx.Node) -> tuple[tuple, tuple, int] | None:
 
 
 def rewrite_w4a8(gm: fx.GraphModule, scheme: object) -> list[str]:
-    """Every decode-sized float32 W4A8 ``mm`` of ``gm`` as the row's kernel, where it has a vector path here."""
+    """Every decode-sized float32 W4A8 ``mm`` of ``gm`` (``addmm``: a linear with a bias, the bias added after) as
+    the row's kernel, where it has a vector path here."""
     from superkernel.runtime.cpu import quant_kernels
 
     done: list[str] = []
     op = scheme.kernels[0].op
     for node in list(gm.graph.nodes):
-        if not _call(node, aten.mm.default) or _val(node) is None or _val(node).dtype != torch.float32:
+        bias = node.args[0] if _call(node, aten.addmm.default) and not node.kwargs else None
+        if not (_call(node, aten.mm.default) or bias is not None) or _val(node) is None \
+                or _val(node).dtype != torch.float32:
             continue
         found = _operands(node)
         if found is None or not quant_kernels.fast_path(op):
             continue
         (xq, xz, xs), (wq, wz, ws), group = found
-        rows = list(_val(node.args[0]).shape)  # [M, K]
+        rows = list(_val(node.args[-2]).shape)  # [M, K]
         out = _val(node)
         with gm.graph.inserting_before(node):
             x2 = gm.graph.call_function(aten.view.default, (xq, rows))
             call = gm.graph.call_function(getattr(torch.ops.superkernel, op).default, (x2, wq, group, xs, xz, ws, wz))
+            new = [x2, call]
+            if bias is not None:
+                new.append(gm.graph.call_function(aten.add.Tensor, (call, bias)))
         with _fake_mode(out):
             x2.meta["val"] = torch.empty(rows, dtype=torch.int8, device=out.device)
-            call.meta["val"] = torch.empty(out.shape, dtype=torch.float32, device=out.device)
-        for new in (x2, call):
-            new.meta.update({key: v for key, v in node.meta.items() if key not in ("val", "tensor_meta")})
-        node.replace_all_uses_with(call)
+            for result in new[1:]:
+                result.meta["val"] = torch.empty(out.shape, dtype=torch.float32, device=out.device)
+        for new_node in new:
+            new_node.meta.update({key: v for key, v in node.meta.items() if key not in ("val", "tensor_meta")})
+        node.replace_all_uses_with(new[-1])
         gm.graph.erase_node(node)
         done.append(f"{scheme.report_name} GEMV {tuple(rows)} x {tuple(_val(wq).shape)}^T (groups of "
-                    f"{group}) as {KERNEL.replace('int8', 'int4 x int8')}")
+                    f"{group}){' + bias' if bias is not None else ''} as {KERNEL.replace('int8', 'int4 x int8')}")
     return done
 
 
