@@ -1,6 +1,6 @@
 """The decode kernel set (issue 61, ``runtime/cuda/decode_kernels``) on a GPU: is it worth hooking into max-autotune?
 
-    python benchmarks/gpu_decode_kernels.py --parts m1,m2,m3 [--out DIR]    # on a CUDA machine (gpu_run.sh part)
+    python benchmarks/gpu_decode_kernels.py --parts m1,m2,m3,m4 [--out DIR]  # on a CUDA machine (gpu_run.sh part)
     python benchmarks/gpu_decode_kernels.py --check                          # CPU: Triton's interpreter, no timing
 
 Prepared on the CPU and not yet run on a GPU. Parts (each writes ``gpu_decode_kernels_<part>_<card>.{json,md}``, so
@@ -14,6 +14,9 @@ a part that times out leaves the others' files):
   dependent launch (``launch_pdl`` + ``gdc_wait``), at 1 and at 132 programs: the cost of one kernel boundary.
 * **m3** decode attention of one layer at the step's KV length (161 of a 162-position cache) and at 1024 / 4096 of
   a 4096 cache: SDPA over the static cache with a mask (what the step runs) against ours per candidate.
+* **m4** a Llama-3.2-1B-shaped step (16 layers, random weights, ``gpu_decode_kernels_step.py``) by the kernel set
+  against the same work in PyTorch compiled by Inductor as above, same weights and caches, each one CUDA graph: per
+  step time, the roofline at the card's copy rate, layer 0 of ours against float64, the logits against each other.
 
 Every plan is checked against the float64 reference before it is timed (a plan off the bfloat16 tolerance is
 reported and not timed). Times: a CUDA graph of many calls replayed between two CUDA events (never a Python loop of
@@ -36,11 +39,12 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # gpu_decode_kernels_step (m4)
 
 from superkernel.runtime.cuda.decode_kernels import eager, problems  # noqa: E402
 from superkernel.runtime.cuda.decode_kernels.configs import CANDIDATES, LLAMA_1B, DecodeShape, describe  # noqa: E402
 
-PARTS = ("m1", "m2", "m3")
+PARTS = ("m1", "m2", "m3", "m4")
 CHAIN_KERNELS = 230  # kernels per step of the compiled Llama-3.2-1B step (docs/gpu.md)
 ATTENTION_CASES = ((162, 161), (4096, 1024), (4096, 4096))  # (cache length, KV length)
 WEIGHTS = ("w", "w_qkv", "w_gate", "w_up")
@@ -253,6 +257,51 @@ def part_m3(args: argparse.Namespace, save: Callable[[dict], None]) -> dict[str,
     return {"rows": rows}
 
 
+def part_m4(args: argparse.Namespace, gbps: float) -> dict[str, Any]:
+    from torch._inductor import config as inductor_config
+
+    from gpu_decode_kernels_step import Step, compare
+    from superkernel.runtime.cuda.decode_kernels import layer, reference
+    from superkernel.runtime.cuda.decode_kernels.configs import LLAMA_1B_LAYERS
+
+    step = Step(LLAMA_1B, LLAMA_1B_LAYERS, "cuda")
+    token = torch.tensor([1234], device="cuda")
+    pos = torch.tensor([LLAMA_1B.kv_len - 2], device="cuda")  # the last step of the benchmark's cache
+    x, cos, sin = step._inputs(token, pos)
+    kc, vc = step.k_caches[0].clone(), step.v_caches[0].clone()
+    want = layer.reference_layer(x, step.layers[0], cos, sin, int(pos), kc, vc, LLAMA_1B)
+    got = layer.decode_layer(x, step.layers[0], cos, sin, pos, pos + 1, kc, vc, LLAMA_1B, step.launches)
+    checks: dict[str, Any] = {}
+    try:
+        checks["layer 0 of ours vs float64"] = reference.check("layer 0", got, want, floor=problems.EAGER_FLOOR)
+    except AssertionError as exc:
+        checks["layer 0 of ours vs float64"] = f"FAILED {exc}"[:300]
+    start = time.perf_counter()
+    compiled = torch.compile(step.eager, mode="max-autotune-no-cudagraphs", dynamic=False)
+    with inductor_config.patch(coordinate_descent_tuning=True):
+        compiled_logits = compiled(token, pos)
+    compile_s = time.perf_counter() - start
+    eager_logits = step.eager(token, pos)
+    ours_logits = step.ours(token, pos)
+    checks["ours vs eager PyTorch"] = compare(ours_logits, eager_logits)
+    checks["Inductor vs eager PyTorch"] = compare(compiled_logits, eager_logits)
+    print(checks, f"Inductor compile {compile_s:.1f} s", flush=True)
+
+    def inductor_step() -> Any:
+        with inductor_config.patch(coordinate_descent_tuning=True):
+            return compiled(token, pos)
+
+    plans = {"ours (kernel set)": [lambda: step.ours(token, pos)],
+             "Inductor max-autotune (the same work)": [inductor_step],
+             "eager PyTorch in a CUDA graph": [lambda: step.eager(token, pos)]}
+    times = timed_rows(plans, args.rounds, max(5, args.replays // 2))
+    roofline_us = step.weight_bytes() / (gbps * 1e9) * 1e6
+    return {"weight_gb": step.weight_bytes() / 1e9, "roofline_us_at_copy_rate": roofline_us,
+            "step_us": times, "checks": checks, "inductor_compile_s": round(compile_s, 1),
+            "ours_vs_inductor": times["ours (kernel set)"] / times["Inductor max-autotune (the same work)"]
+            if len(times) == 3 else None}
+
+
 # ---------------------------------------------------------------------------------------------- output
 def markdown(part: str, result: dict[str, Any], meta: dict[str, Any]) -> str:
     head = [f"# Decode kernel set on the GPU, part {part} ({meta['device']})", "",
@@ -260,6 +309,16 @@ def markdown(part: str, result: dict[str, Any], meta: dict[str, Any]) -> str:
             "GB/s. Microseconds per call: a CUDA graph of many calls replayed between CUDA events, median of "
             f"{meta['rounds']} interleaved rounds. Written by `benchmarks/gpu_decode_kernels.py --parts {part}`.", ""]
     lines = []
+    if part == "m4":
+        inductor = result["step_us"].get("Inductor max-autotune (the same work)")
+        lines += [f"Step of {result['weight_gb']:.2f} GB of weights; roofline at the copy rate "
+                  f"{result['roofline_us_at_copy_rate']:.0f} us; Inductor's compile {result['inductor_compile_s']} s.",
+                  "", "| plan | us per step | vs Inductor | roofline / time |", "|---|---|---|---|"]
+        for label, us in result["step_us"].items():
+            ratio = f"{us / inductor:.2f}" if inductor else "-"
+            lines.append(f"| {label} | {us:.1f} | {ratio} | {result['roofline_us_at_copy_rate'] / us:.2f} |")
+        lines += ["", "Checks: " + json.dumps(result["checks"])]
+        return "\n".join(head + lines) + "\n"
     if part == "m2":
         lines += ["| programs | kernels | PDL off us/kernel | PDL on us/kernel |", "|---|---|---|---|"]
         for r in result["rows"]:
@@ -346,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
             stem.with_suffix(".md").write_text(markdown(part, result, meta))
 
         result = {"m1": lambda: part_m1(args, l2, gbps, save), "m2": lambda: part_m2(args),
-                  "m3": lambda: part_m3(args, save)}[part]()
+                  "m3": lambda: part_m3(args, save), "m4": lambda: part_m4(args, gbps)}[part]()
         result["seconds"] = round(time.perf_counter() - start, 1)
         save(result)
         print(markdown(part, result, meta), flush=True)

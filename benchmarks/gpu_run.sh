@@ -16,9 +16,10 @@
 # 8. int8gemv: a study, our Triton int8 weight-only GEMV against Inductor's reduction at the 1B step's shapes
 #    (benchmarks/studies/cuda_int8_gemv.py; needs no torchao).
 # 9. decodekernels (issue 61): our Triton decode kernel set (runtime/cuda/decode_kernels) measured by
-#    benchmarks/gpu_decode_kernels.py in three calls with their own limits (DK_M1_LIMIT, DK_M2_LIMIT, DK_M3_LIMIT;
-#    330 s together, the whole part under 6 minutes): m1 every kernel against cuBLAS F.linear and Inductor at the
-#    1B shapes, m2 a graph of 230 dependent tiny kernels without and with PDL, m3 attention per layer.
+#    benchmarks/gpu_decode_kernels.py in four calls with their own limits (DK_M1_LIMIT ... DK_M4_LIMIT; 340 s
+#    together, the whole part under 6 minutes): m1 every kernel against cuBLAS F.linear and Inductor at the 1B
+#    shapes, m2 a graph of 230 dependent tiny kernels without and with PDL, m3 attention per layer, m4 a 1B-shaped
+#    step of the kernel set against the same work compiled by Inductor.
 # PARTS picks parts (default pytest,big,tiny,generate,product); a lease's second run repeats only what
 # the first one showed wrong.
 # Everything lands in $OUT: gpu_run.log (all output), gpu_decode_*.{json,md}, gpu_generate_*.{json,md}.
@@ -100,9 +101,10 @@ TINY_PLANS=${TINY_PLANS:-eager,cudagraphs,cudagraphs-static-params,sk-ro-decoder
     timeout ${GEMV_LIMIT:-150} $PY benchmarks/studies/cuda_int8_gemv.py --out "$OUT"
     fi
     if part decodekernels; then
-    for p in m1 m2 m3; do
+    for p in m1 m2 m3 m4; do
         echo "== decode kernel set, part $p"
-        case $p in m1) limit=${DK_M1_LIMIT:-180} ;; m2) limit=${DK_M2_LIMIT:-60} ;; m3) limit=${DK_M3_LIMIT:-90} ;; esac
+        case $p in m1) limit=${DK_M1_LIMIT:-150} ;; m2) limit=${DK_M2_LIMIT:-40} ;; m3) limit=${DK_M3_LIMIT:-50} ;;
+            m4) limit=${DK_M4_LIMIT:-100} ;; esac
         timeout $limit $PY benchmarks/gpu_decode_kernels.py --parts $p --out "$OUT"
     done
     fi

@@ -48,6 +48,33 @@ def test_the_tables_of_each_part():
     assert "| o_proj | ours block_n=4 | - | - | AssertionError: beyond |" in text
     m2 = {"rows": [{"programs": 1, "kernels": 230, "us_per_kernel": {"PDL off": 2.0, "PDL on": 1.2}}]}
     assert "| 1 | 230 | 2.000 | 1.200 |" in bench.markdown("m2", m2, meta)
+    m4 = {"weight_gb": 2.47, "roofline_us_at_copy_rate": 600.0, "inductor_compile_s": 40.0, "checks": {},
+          "step_us": {"ours (kernel set)": 800.0, "Inductor max-autotune (the same work)": 1000.0}}
+    assert "| ours (kernel set) | 800.0 | 0.80 | 0.75 |" in bench.markdown("m4", m4, meta)
+
+
+@needs_triton
+def test_the_m4_step_of_the_kernel_set_matches_the_eager_step_under_the_interpreter():
+    """m4's two steps (2 layers at odd widths here) on the same weights and caches give the same greedy token and
+    logits within bfloat16 of each other; it is the same code the GPU runs at the 1B shapes."""
+    code = f"""
+import sys, torch
+sys.path.insert(0, {str(ROOT / "benchmarks")!r})
+from superkernel.runtime.cuda.decode_kernels.interpret import fix_bf16
+fix_bf16()
+from superkernel.runtime.cuda.decode_kernels.configs import DecodeShape
+import gpu_decode_kernels_step as m4
+odd = DecodeShape(hidden=300, n_q_heads=6, n_kv_heads=2, head_dim=40, intermediate=333, vocab=1001, kv_len=77)
+step = m4.Step(odd, 2, "cpu")
+token, pos = torch.tensor([7]), torch.tensor([50])
+c = m4.compare(step.ours(token, pos), step.eager(token, pos))
+print(c["top1_agrees"], c["max_diff_over_max"] < 2e-2, step.weight_bytes())
+"""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    per_layer = 2 * (2 * 300 + (6 + 2 * 2) * 40 * 300 + 300 * 6 * 40 + 3 * 300 * 333)  # bf16: norms, qkv, o, mlp
+    assert proc.stdout.split() == ["True", "True", str(2 * per_layer + 1001 * 300 * 2 + 600)], proc.stdout
 
 
 @needs_triton
@@ -86,11 +113,30 @@ for pdl in (False, True):
     assert proc.stdout.split("\n")[:2] == ["False False False 0", "True True True 0"], proc.stdout
 
 
-def test_gpu_run_sh_runs_the_three_parts_within_six_minutes():
+def test_gpu_run_sh_runs_the_four_parts_within_six_minutes():
     import re
 
     text = (ROOT / "benchmarks" / "gpu_run.sh").read_text()
     block = text[text.index("if part decodekernels"):]
     limits = {m.group(1): int(m.group(2)) for m in re.finditer(r"(m\d)\) limit=\$\{DK_M\d_LIMIT:-(\d+)\}", block)}
-    assert set(limits) == {"m1", "m2", "m3"} and sum(limits.values()) <= 360 - 20, limits  # 20 s for the starts
-    assert "for p in m1 m2 m3" in block and "benchmarks/gpu_decode_kernels.py --parts $p" in block
+    assert set(limits) == {"m1", "m2", "m3", "m4"} and sum(limits.values()) <= 360 - 20, limits  # 20 s: starts
+    assert "for p in m1 m2 m3 m4" in block and "benchmarks/gpu_decode_kernels.py --parts $p" in block
+
+
+def test_the_m4_eager_step_compiles_as_one_graph():
+    """m4 compiles Step.eager with Inductor on the GPU; here (Inductor's CPU backend, 2 layers at odd widths) Dynamo
+    traces it whole, cache writes included, and the compiled step computes the eager one's logits."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_decode_kernels_step as m4
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from superkernel.runtime.cuda.decode_kernels.configs import DecodeShape
+
+    odd = DecodeShape(hidden=300, n_q_heads=6, n_kv_heads=2, head_dim=40, intermediate=333, vocab=1001, kv_len=77)
+    step = m4.Step(odd, 2, "cpu")
+    token, pos = torch.tensor([7]), torch.tensor([50])
+    want = step.eager(token, pos)
+    got = torch.compile(step.eager, dynamic=False, fullgraph=True)(token, pos)
+    c = m4.compare(got, want)
+    assert c["top1_agrees"] and c["max_diff_over_max"] < 2e-2, c
