@@ -31,6 +31,8 @@ def test_the_group_choice_takes_the_largest_size_dividing_every_width():
     assert choose(row, {"a": HIDDEN, "b": INTERMEDIATE}, None) == (
         32, "chosen: the largest of 128, 64, 32 dividing every input width (96, 160)")
     assert choose(row, {"a": 576}, 32) == (32, "given")
+    assert choose(SCHEMES["w4a8"], {"a": 576}, None) == (32, "chosen: the scheme's block of 32 divides every input "
+                                                            "width (576)")
     with pytest.raises(GroupSizeError, match=r"no group size of 32, 64, 128, 256 divides every layer's input width "
                                              r"\(not even 32: 100 \(a\)\)"):
         choose(row, {"a": 100, "b": 128}, None)

@@ -46,12 +46,15 @@ def choose(row: Scheme, widths: dict[str, int], asked: int | None) -> tuple[int,
                              f"layer: {sizes}")
     group = next((g for g in row.auto_groups if g in fits), None)
     if group is None:
+        least = min(row.group_sizes)
         raise GroupSizeError(f"{row.name}: no group size of {', '.join(map(str, row.group_sizes))} divides every "
-                             f"layer's input width (not even {min(row.group_sizes)}: {_listing(widths, min(row.group_sizes))}); "
-                             "those layers would stay float")
+                             f"layer's input width (not even {least}: {_listing(widths, least)}); those layers "
+                             "would stay float")
     widest = ", ".join(map(str, sorted(set(widths.values()))))
-    how = f"the largest of {', '.join(map(str, row.auto_groups))}" if len(row.auto_groups) > 1 else "the scheme's"
-    return group, f"chosen: {how} dividing every input width ({widest})"
+    if len(row.auto_groups) > 1:
+        sizes = ", ".join(map(str, row.auto_groups))
+        return group, f"chosen: the largest of {sizes} dividing every input width ({widest})"
+    return group, f"chosen: the scheme's block of {group} divides every input width ({widest})"
 
 
 __all__ = ["GroupSizeError", "choose", "fitting"]

@@ -10,7 +10,7 @@ int16's bound, so the byte dot is exact), ``vpmaddwd`` by ones to int32 lanes, c
 """
 
 SOURCE = r"""
-// ---- W4A8: int4 weights (one per int8, groups of G, scale and zero each) x int8 activations (scale, zero per token) ----
+// ---- W4A8: int4 weights (one per int8, groups of G, a scale and zero each) x int8 activations (the same per token)
 void w4a8_plain(const int8_t* x, const int8_t* w, int64_t G, const float* xs, const int32_t* xz, const float* ws,
                 const int8_t* wz, float* y, int64_t M, int64_t N, int64_t K, int64_t n0, int64_t n1) {
   const int64_t groups = K / G;
