@@ -130,8 +130,27 @@ def _wrapping(original: Callable[..., Any]) -> Callable[..., Any]:
 
 _lock = threading.Lock()
 _depth = 0
-_swapped: list[Any] = []  # [ConvertFrame, its own __call__, our wrapper] while entered
-_made: list[Any] = []     # [ConvertFrame, its own __call__, our wrapper] made once (a call enters per step)
+_made: tuple[Any, Any, Any] | None = None     # (ConvertFrame, torch's __call__, our wrapper), made once
+_installed: tuple[Any, Any, Any] | None = None  # the same while our wrapper is in place
+
+
+def _install() -> tuple[Any, Any, Any] | None:
+    """Put our wrapper in place of torch's ``ConvertFrame.__call__`` (made once, per torch function wrapped)."""
+    global _made
+    if _made is not None:
+        cls = _made[0]
+    else:
+        try:
+            from torch._dynamo.convert_frame import ConvertFrame as cls
+        except ImportError:  # pragma: no cover - other torch versions (tests/backend/test_tweaks.py)
+            return None
+    current = cls.__dict__.get("__call__")
+    if current is None or getattr(current, "_superkernel_fallback", False):
+        return None  # no converter, or wrapped already (not by this entry: left as it is)
+    if _made is None or _made[1] is not current:
+        _made = (cls, current, _wrapping(current))
+    cls.__call__ = _made[2]
+    return _made
 
 
 def enter() -> None:
@@ -139,37 +158,26 @@ def enter() -> None:
     concurrent entries share one wrapping. Entered around every call of a superkernel-compiled object:
     Dynamo converts a frame lazily, while the compiled object runs (its first call, a recompile, the
     frame after a graph break), not in ``torch.compile``. A no-op when this torch has no ``ConvertFrame``."""
-    global _depth
+    global _depth, _installed
     with _lock:
         _depth += 1
-        if _depth > 1:
-            return
-        if not _made or _made[0].__dict__.get("__call__") not in (_made[1], _made[2]):
-            try:
-                from torch._dynamo.convert_frame import ConvertFrame
-
-                original = ConvertFrame.__dict__["__call__"]
-            except (ImportError, KeyError):  # pragma: no cover - other torch versions (tests/backend/test_tweaks.py)
-                return
-            _made[:] = [ConvertFrame, original, _wrapping(original)]
-        cls, original, wrapper = _made
-        if cls.__dict__.get("__call__") is original:
-            cls.__call__ = wrapper
-            _swapped[:] = _made
+        if _depth == 1:
+            _installed = _install()
 
 
 def leave() -> None:
     """Undo :func:`enter`: the last leave puts torch's own ``ConvertFrame.__call__`` back (unless someone
     replaced ours meanwhile: theirs stays)."""
-    global _depth
+    global _depth, _installed
     with _lock:
-        _depth = max(0, _depth - 1)
-        if _depth or not _swapped:
+        if _depth == 0:
             return
-        cls, original, wrapper = _swapped
-        _swapped.clear()
-        if cls.__dict__.get("__call__") is wrapper:
-            cls.__call__ = original
+        _depth -= 1
+        if _depth == 0 and _installed is not None:
+            cls, original, wrapper = _installed
+            _installed = None
+            if cls.__dict__.get("__call__") is wrapper:
+                cls.__call__ = original
 
 
 @contextlib.contextmanager
