@@ -22,7 +22,7 @@ def _model(scheme: str = "w8a8") -> torch.nn.Module:
     return model
 
 
-@pytest.mark.parametrize("scheme", ["w8a8", "int4-weight"])
+@pytest.mark.parametrize("scheme", ["w8a8", "int4-weight", "w4a8"])
 def test_a_quantized_step_is_one_precompiled_frame_and_leaves_it_when_a_weight_is_swapped(scheme):
     """int4-weight too: torchao binds its linears' ``extra_repr`` under another function's name, which Dynamo's
     guard serializer could not look up (a 24-layer int4 benchmark died on it in precompile_step)."""
