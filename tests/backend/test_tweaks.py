@@ -235,3 +235,42 @@ def test_the_compile_frame_still_names_its_backend_compiler_fn():
     from torch._dynamo.convert_frame import _compile
 
     assert "compiler_fn" in inspect.signature(_compile).parameters
+
+
+def test_another_backends_compile_inside_a_superkernel_call_traces_with_torchs_settings():
+    """A function compiled with another backend (vLLM's own helpers) and first called from an eager part of a
+    superkernel-compiled step compiles while our call runs: superkernel's capture settings stay out of it."""
+    import sys
+
+    import torch
+
+    import superkernel as sk
+
+    inner = torch.compile(lambda y: y.cos() + 1, backend="eager")
+
+    @torch._dynamo.disable
+    def eager_part(y):
+        return inner(y)
+
+    def f(x):
+        with sk.super_kernel("s"):
+            y = x.sin() * 2
+        return eager_part(y)
+
+    backend = sk.get_backend(sk.CompilerConfig.from_dict({"mode": "reduce-overhead", "cpu": {"native": False}}))
+    seen = []
+
+    def record(_args=None):
+        frame = sys._getframe(1)
+        while frame is not None and frame.f_code.co_name != "_compile":
+            frame = frame.f_back
+        code = frame.f_locals.get("code") if frame is not None else None
+        seen.append((getattr(code, "co_name", "?"), torch._dynamo.config.capture_scalar_outputs))
+    torch._dynamo.callback_handler.register_start_callback(record)  # after superkernel's (get_backend above)
+    try:
+        fn = torch.compile(f, backend=backend, dynamic=False)
+        x = torch.randn(4)
+        assert torch.equal(fn(x), f(x))
+    finally:
+        torch._dynamo.callback_handler.remove_start_callback(record)
+    assert ("f", True) in seen and ("<lambda>", False) in seen, seen

@@ -15,7 +15,8 @@ same process must see torch unchanged, so instead (both rows of ``runtime.induct
   (``pipeline.tracing``) asks :func:`context_of_this_compile`: the backend Dynamo's ``_compile`` frame
   compiles for (its ``compiler_fn`` argument), when it is superkernel's.
 
-Nothing here runs for, or changes, a compile of another backend.
+The same answer keeps superkernel out of another backend's compile that starts inside a superkernel call (a
+function vLLM compiled itself, called from an eager part of our step): it traces with torch's settings.
 """
 
 from __future__ import annotations
@@ -66,30 +67,35 @@ def hand_context_to_wrapper(wrapper: Any, backend: Any) -> None:
         wrapper.backend_ctx_ctor = make
 
 
-def context_of_this_compile(depth: int = 24) -> Callable[[], Any] | None:
-    """The context of the superkernel backend the compile Dynamo is starting is for, else None: found from
-    Dynamo's ``_compile`` frame on the stack (its ``compiler_fn``, then the wrappers around the backend:
-    ``_torchdynamo_orig_backend``, ``compiler_fn``). Never raises: a compile-start callback must not."""
+def superkernel_context_of(fn: Any, steps: int = 8) -> Callable[[], Any] | None:
+    """The context of the superkernel backend behind ``fn`` (a backend, Dynamo's wrappers of one, a frame
+    converter: followed through ``_torchdynamo_orig_backend`` and ``compiler_fn``), else None."""
+    for _ in range(steps):
+        if fn is None:
+            return None
+        make = getattr(fn, "backend_ctx_ctor", None)
+        if is_superkernel_context(make):
+            return make
+        fn = getattr(fn, "_torchdynamo_orig_backend", None) or getattr(fn, "compiler_fn", None)
+    return None
+
+
+def context_of_this_compile(depth: int = 24) -> tuple[bool, Callable[[], Any] | None]:
+    """(whether Dynamo's ``_compile`` frame is on the stack, the context of the superkernel backend it compiles
+    for or None): the compile starting now, read from that frame's ``compiler_fn``. Never raises (a
+    compile-start callback must not); (False, None) where the frame is not found."""
     try:
         frame = sys._getframe(1)
         for _ in range(depth):
             if frame is None:
-                return None
+                break
             if frame.f_code.co_name == "_compile" and frame.f_code.co_filename.endswith("convert_frame.py"):
-                fn = frame.f_locals.get("compiler_fn")
-                for _ in range(8):
-                    make = getattr(fn, "backend_ctx_ctor", None)
-                    if is_superkernel_context(make):
-                        return make
-                    fn = getattr(fn, "_torchdynamo_orig_backend", None) or getattr(fn, "compiler_fn", None)
-                    if fn is None:
-                        return None
-                return None
+                return True, superkernel_context_of(frame.f_locals.get("compiler_fn"))
             frame = frame.f_back
-    except Exception:  # pragma: no cover - a torch whose frames differ: the compile runs without our settings
-        return None
-    return None
+    except Exception:  # pragma: no cover - a torch whose frames differ: treated as not found
+        pass
+    return False, None
 
 
 __all__ = ["BackendName", "COMPILE_FRAME", "WRAPPER_INIT", "context_of_this_compile", "hand_context_to_wrapper",
-           "is_superkernel_context", "mark"]
+           "is_superkernel_context", "mark", "superkernel_context_of"]

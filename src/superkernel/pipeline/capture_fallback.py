@@ -33,6 +33,8 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from superkernel.pipeline.backend_context import superkernel_context_of
+
 #: Names of the errors a captured data-dependent value causes (anywhere in the exception chain,
 #: or as the prefix Dynamo gives an internal error it re-wraps).
 DATA_DEPENDENT_ERRORS = ("GuardOnDataDependentSymNode", "PendingUnbackedSymbolNotFound",
@@ -114,6 +116,8 @@ def _wrapping(original: Callable[..., Any]) -> Callable[..., Any]:
         except Exception as exc:
             active_backend, scope_of_break = _hooks or (lambda: None, lambda text: None)
             backend = active_backend()
+            if backend is not None and superkernel_context_of(self) is None:
+                backend = None  # another backend's converter, running inside a superkernel call: not ours
             if (backend is None and not state.harness) or state.disabled or not is_data_dependent_error(exc):
                 raise
             _fall_back(backend, exc, scope_of_break(str(exc)))

@@ -263,14 +263,16 @@ def _on_compile_start(_args: Any = None) -> None:
     """Apply the settings of the innermost superkernel call, or of the superkernel backend this compile is for;
     nothing for any other compile (another backend's, vLLM's)."""
     global _applied, _adopted
+    found, make = backend_context.context_of_this_compile()
+    if found and make is None:
+        return  # another backend's compile, even one inside a superkernel call: torch's settings
     if _active.stack:
         _applied = _active.stack[-1]
-    else:
-        make = backend_context.context_of_this_compile()
-        if make is None:
-            return
+    elif make is not None:
         _adopted = _applied = make()
         _adopted.__enter__()
+    else:
+        return
     _applied.apply()
 
 
