@@ -29,13 +29,13 @@ def pytest_configure(config):
 #: by their number of tests, and this order had no effect until 2026-12-06 (a cold run on EPYC-Z4 with it in
 #: effect: 674 s of pytest against 716 s without, the same day, the workers ending 1.5 s apart).
 SLOW_FIRST = (
-    "workflow/test_wf_optimize.py", "workflow/test_wf_registry.py", "static_kernel/test_frames.py",
+    "workflow/test_wf_quality.py", "workflow/test_wf_optimize.py", "workflow/test_wf_registry.py", "static_kernel/test_frames.py",
     "workflow/test_wf_docs.py", "distributed/test_dist_optimize.py", "workflow/test_wf_analyze.py",
     "static_kernel/test_build_and_load.py", "static_kernel/test_compiler.py", "quant/test_quant_workflow.py",
     "backend/test_realize_cpu.py", "quant/test_quantize.py", "workflow/test_wf_generate.py",
     "distributed/test_dist_static.py", "static_kernel/test_quantized_package.py", "backend/test_native_cpu.py",
     "backend/test_frozen_code.py", "static_kernel/test_docs_example.py", "static_kernel/test_precompiled_step.py",
-    "backend/test_hf_llama.py", "backend/test_autotune_builds.py",
+    "backend/test_hf_llama.py", "backend/test_autotune_builds.py", "workflow/test_wf_gguf.py",
 )
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
