@@ -108,8 +108,9 @@ TWEAKS: tuple[Tweak, ...] = (
           "__init__ makes of the backend gives that one wrapper the backend's backend_ctx_ctor, which Dynamo "
           "enters around every call", f"{_PIPE}.backend_context:hand_context_to_wrapper"),
     Tweak("backend by name found in Dynamo's frame", ("torch._dynamo.convert_frame:_compile",),
-          "torch.compile(model, backend=\"superkernel\"); read, not replaced: the compile-start callback finds "
-          "the backend in _compile's compiler_fn argument and traces that compile in its context",
+          "every compile start; read, not replaced: the backend in _compile's compiler_fn argument. "
+          "torch.compile(model, backend=\"superkernel\") traces in that backend's context; another backend's "
+          "compile (vLLM's), even inside a superkernel call, gets nothing of ours",
           f"{_PIPE}.backend_context:context_of_this_compile"),
 )
 BY_NAME = {t.name: t for t in TWEAKS}
