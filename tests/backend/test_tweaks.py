@@ -1,4 +1,5 @@
-"""The list of Inductor internals superkernel patches (runtime/inductor/tweaks.py) against the installed torch."""
+"""The list of torch internals superkernel patches or reads (runtime/inductor/tweaks.py) against the installed torch,
+and that nothing of torch stays changed after a superkernel compile (a process shared with vLLM)."""
 
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ def test_after_a_superkernel_compile_and_call_torch_has_its_own_functions_back()
 
     import superkernel as sk
 
-    before = _torch_functions()  # importing superkernel replaced nothing either (identity with what is there now)
+    before = _torch_functions()  # torch's own, superkernel imported (checked below: _defined_by_torch)
     backend = sk.get_backend(sk.CompilerConfig.from_dict({"mode": "reduce-overhead", "cpu": {"native": False}}))
     seen = []
     record = _seen_at_compile_start(seen)  # after superkernel's callback: sees what it applied
