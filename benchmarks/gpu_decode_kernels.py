@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_decode_kernels.py --parts m1,m2,m3,m4 [--out DIR]  # on a CUDA machine (gpu_run.sh part)
     python benchmarks/gpu_decode_kernels.py --check                          # CPU: Triton's interpreter, no timing
+    python benchmarks/gpu_decode_kernels.py --dry-run [--skip-inductor]     # CPU: every part at small odd shapes
 
 Prepared on the CPU and not yet run on a GPU. Parts (each writes ``gpu_decode_kernels_<part>_<card>.{json,md}``, so
 a part that times out leaves the others' files):
@@ -41,12 +42,41 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))  # gpu_decode_kernels_step (m4)
 
-from superkernel.runtime.cuda.decode_kernels import eager, problems  # noqa: E402
+from superkernel.runtime.cuda.decode_kernels import eager, problems, reference  # noqa: E402
 from superkernel.runtime.cuda.decode_kernels.configs import CANDIDATES, LLAMA_1B, DecodeShape, describe  # noqa: E402
 
 PARTS = ("m1", "m2", "m3", "m4")
 CHAIN_KERNELS = 230  # kernels per step of the compiled Llama-3.2-1B step (docs/gpu.md)
 ATTENTION_CASES = ((162, 161), (4096, 1024), (4096, 4096))  # (cache length, KV length)
+#: ``--dry-run``: every part on the CPU under Triton's interpreter at odd small shapes, the "times" wall-clock of one
+#: pass of the calls (meaningless as figures: the run checks the script, not the kernels' speed).
+DRY_SHAPE = DecodeShape(hidden=96, n_q_heads=6, n_kv_heads=2, head_dim=24, intermediate=80, vocab=300, kv_len=37)
+
+
+class Setup:
+    """Where the parts run: the GPU at the 1B shapes, or ``--dry-run``'s CPU."""
+    dry = False
+    device = "cuda"
+    shape = LLAMA_1B
+    layers = 16
+    attention_cases = ATTENTION_CASES
+    chain_programs = (1, 132)
+    pdl = (False, True)
+
+    @classmethod
+    def dry_run(cls) -> None:
+        cls.dry, cls.device, cls.shape, cls.layers = True, "cpu", DRY_SHAPE, 2
+        cls.attention_cases, cls.chain_programs, cls.pdl = ((37, 30),), (1, 3), (False,)  # (no PDL in the interpreter)
+
+
+def MODE() -> str | None:  # noqa: N802
+    """Inductor's mode: superkernel's CUDA max-autotune; the default in a dry run (no GEMM autotuning on the CPU)."""
+    return None if Setup.dry else "max-autotune-no-cudagraphs"
+
+
+def synchronize() -> None:
+    if not Setup.dry:
+        torch.cuda.synchronize()
 WEIGHTS = ("w", "w_qkv", "w_gate", "w_up")
 #: Large blocks for the interpreter (few programs); rows of the two largest weights checked on the CPU.
 INTERPRET_LAUNCH = {"qkv_rope": dict(block_p=32, block_k=2048), "attention": dict(splits=4, block_s=64),
@@ -88,6 +118,13 @@ def run_chain(kernel: Any, a: torch.Tensor, b: torch.Tensor, launches: int, prog
 def graph_us(calls: list[Callable[[], Any]], replays: int) -> Callable[[], float]:
     """A measure: microseconds per call of ``calls`` captured in one CUDA graph, replayed ``replays`` times between
     two CUDA events. The calls run three times first on a side stream (Triton compiles, Inductor autotunes)."""
+    if Setup.dry:
+        def wall() -> float:
+            start = time.perf_counter()
+            for c in calls:
+                c()
+            return (time.perf_counter() - start) * 1e6 / len(calls)
+        return wall
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -118,6 +155,8 @@ def graph_us(calls: list[Callable[[], Any]], replays: int) -> Callable[[], float
 def copy_gbps() -> float:
     """The card's copy rate (read + write of 1 GiB, in a graph), GB/s counted once: what a GEMV's bytes are read at,
     at best."""
+    if Setup.dry:
+        return 1.0
     src = torch.empty(1 << 29, dtype=torch.bfloat16, device="cuda")
     dst = torch.empty_like(src)
     us = statistics.median(graph_us([lambda: dst.copy_(src)], 5)() for _ in range(3))
@@ -142,7 +181,7 @@ def inductor_fn(name: str, shape: DecodeShape) -> Callable[..., Any]:
     """The eager form compiled as superkernel's CUDA max-autotune compiles (GEMVs become Triton reductions)."""
     from torch._inductor import config as inductor_config
 
-    fn = torch.compile(eager.function(name, shape), mode="max-autotune-no-cudagraphs", dynamic=False)
+    fn = torch.compile(eager.function(name, shape), mode=MODE(), dynamic=False)
 
     def call(**inputs: Any) -> Any:
         with inductor_config.patch(coordinate_descent_tuning=True):
@@ -158,10 +197,13 @@ def copies_for(inputs: dict[str, Any], l2_bytes: int) -> list[dict[str, Any]]:
     return [inputs] + [{k: (v.clone() if k in WEIGHTS else v) for k, v in inputs.items()} for _ in range(n - 1)]
 
 
-def check_plan(label: str, name: str, inputs: dict[str, Any], shape: DecodeShape, run: Callable[[], Any],
+def check_plan(label: str, name: str, inputs: dict[str, Any], want: dict[str, torch.Tensor], run: Callable[[], Any],
                floor: float) -> tuple[bool, dict[str, float] | str]:
+    """``run()``'s outputs against ``want`` (``problems.expected``, computed once per problem: lm_head's float64
+    reference alone reads a 2 GB copy of the weight)."""
     try:
-        return True, problems.check(name, inputs, shape, run(), floor)
+        got = problems.produced(name, inputs, run())
+        return True, {out: reference.check(f"{name}.{out}", got[out], want[out], floor) for out in want}
     except Exception as exc:
         print(f"  {label}: FAILED its check: {type(exc).__name__}: {exc}"[:600], flush=True)
         return False, f"{type(exc).__name__}: {exc}"[:300]
@@ -171,26 +213,27 @@ def part_m1(args: argparse.Namespace, l2: int, gbps: float, save: Callable[[dict
     rows: list[dict[str, Any]] = []
     for name in [n for n in problems.NAMES if n != "attention"]:
         start = time.perf_counter()
-        inputs = problems.make_inputs(name, LLAMA_1B, "cuda")
+        inputs = problems.make_inputs(name, Setup.shape, Setup.device)
         sets = copies_for(inputs, l2)
+        want = problems.expected(name, inputs, Setup.shape)
         weight_bytes = sum(inputs[k].numel() * 2 for k in WEIGHTS if k in inputs)
         plans: dict[str, list[Callable[[], Any]]] = {}
         errors: dict[str, Any] = {}
         errors["cuBLAS F.linear (the GEMV alone)"] = None  # (not the fused work: nothing to check it against)
         plans["cuBLAS F.linear (the GEMV alone)"] = [eager.gemv_only(name, s) for s in sets]
         if not args.skip_inductor:
-            compiled = inductor_fn(name, LLAMA_1B)
+            compiled = inductor_fn(name, Setup.shape)
             label = "Inductor max-autotune (the same fused work)"
-            ok, errors[label] = check_plan(label, name, inputs, LLAMA_1B, lambda: compiled(**inputs),
+            ok, errors[label] = check_plan(label, name, inputs, want, lambda: compiled(**inputs),
                                            problems.EAGER_FLOOR)
             if ok:
                 plans[label] = [lambda s=s: compiled(**s) for s in sets]
         for launch in CANDIDATES[name]:
             label = f"ours {describe(launch)}"
-            ok, errors[label] = check_plan(label, name, inputs, LLAMA_1B,
-                                           lambda: problems.call(name, inputs, LLAMA_1B, launch), 2e-3)
+            ok, errors[label] = check_plan(label, name, inputs, want,
+                                           lambda: problems.call(name, inputs, Setup.shape, launch), 2e-3)
             if ok:
-                plans[label] = [lambda s=s, launch=launch: problems.call(name, s, LLAMA_1B, launch) for s in sets]
+                plans[label] = [lambda s=s, launch=launch: problems.call(name, s, Setup.shape, launch) for s in sets]
         times = timed_rows(plans, args.rounds, args.replays)
         rows.append({"problem": name, "weight_mb": weight_bytes / 1e6, "copies": len(sets),
                      "plans": {label: {"us": times.get(label), "check": errors.get(label),
@@ -200,22 +243,23 @@ def part_m1(args: argparse.Namespace, l2: int, gbps: float, save: Callable[[dict
         print(name, {k: round(v, 2) for k, v in times.items()}, flush=True)
         save({"rows": rows, "partial": True})  # a timeout later in the part keeps the rows done
         del inputs, sets, plans
-        torch.cuda.empty_cache()
+        if not Setup.dry:
+            torch.cuda.empty_cache()
     return {"rows": rows}
 
 
 def part_m2(args: argparse.Namespace) -> dict[str, Any]:
     kernel = chain_kernel()
     rows = []
-    for programs in (1, 132):
-        a = torch.zeros(programs * 256, device="cuda")
+    for programs in Setup.chain_programs:
+        a = torch.zeros(programs * 256, device=Setup.device)
         b = torch.zeros_like(a)
         plans = {}
-        for pdl in (False, True):
+        for pdl in Setup.pdl:
             a.zero_()
             b.zero_()
             run_chain(kernel, a, b, CHAIN_KERNELS, programs, pdl)
-            torch.cuda.synchronize()
+            synchronize()
             right = bool((a == CHAIN_KERNELS).all())  # 230 adds of 1, ending in a (an even count)
             print(f"chain of {CHAIN_KERNELS}, {programs} programs, PDL {pdl}: values {'right' if right else 'WRONG'}")
             if right:
@@ -231,20 +275,21 @@ def part_m2(args: argparse.Namespace) -> dict[str, Any]:
 
 def part_m3(args: argparse.Namespace, save: Callable[[dict], None]) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
-    for cache, length in ATTENTION_CASES:
-        shape = DecodeShape(**{**LLAMA_1B.__dict__, "kv_len": cache})
-        inputs = problems.make_inputs("attention", shape, "cuda", length=length)
+    for cache, length in Setup.attention_cases:
+        shape = DecodeShape(**{**Setup.shape.__dict__, "kv_len": cache})
+        inputs = problems.make_inputs("attention", shape, Setup.device, length=length)
         plans: dict[str, list[Callable[[], Any]]] = {}
         errors: dict[str, Any] = {}
         sdpa = eager.function("attention", shape)
+        want = problems.expected("attention", inputs, shape)
         label = "SDPA over the static cache, masked (the step's)"
-        ok, errors[label] = check_plan(label, "attention", inputs, shape, lambda: sdpa(**inputs),
+        ok, errors[label] = check_plan(label, "attention", inputs, want, lambda: sdpa(**inputs),
                                        problems.EAGER_FLOOR)
         if ok:
             plans[label] = [lambda: sdpa(**inputs)] * 20
         for launch in CANDIDATES["attention"]:
             label = f"ours {describe(launch)}"
-            ok, errors[label] = check_plan(label, "attention", inputs, shape,
+            ok, errors[label] = check_plan(label, "attention", inputs, want,
                                            lambda: problems.call("attention", inputs, shape, launch), 2e-3)
             if ok:
                 plans[label] = [lambda launch=launch: problems.call("attention", inputs, shape, launch)] * 20
@@ -262,44 +307,45 @@ def part_m4(args: argparse.Namespace, gbps: float) -> dict[str, Any]:
 
     from gpu_decode_kernels_step import Step, compare
     from superkernel.runtime.cuda.decode_kernels import layer, reference
-    from superkernel.runtime.cuda.decode_kernels.configs import LLAMA_1B_LAYERS
 
-    step = Step(LLAMA_1B, LLAMA_1B_LAYERS, "cuda")
-    token = torch.tensor([1234], device="cuda")
-    pos = torch.tensor([LLAMA_1B.kv_len - 2], device="cuda")  # the last step of the benchmark's cache
+    step = Step(Setup.shape, Setup.layers, Setup.device)
+    token = torch.tensor([min(1234, Setup.shape.vocab - 1)], device=Setup.device)
+    pos = torch.tensor([Setup.shape.kv_len - 2], device=Setup.device)  # the last step of the benchmark's cache
     x, cos, sin = step._inputs(token, pos)
     kc, vc = step.k_caches[0].clone(), step.v_caches[0].clone()
-    want = layer.reference_layer(x, step.layers[0], cos, sin, int(pos), kc, vc, LLAMA_1B)
-    got = layer.decode_layer(x, step.layers[0], cos, sin, pos, pos + 1, kc, vc, LLAMA_1B, step.launches)
+    want = layer.reference_layer(x, step.layers[0], cos, sin, int(pos), kc, vc, Setup.shape)
+    got = layer.decode_layer(x, step.layers[0], cos, sin, pos, pos + 1, kc, vc, Setup.shape, step.launches)
     checks: dict[str, Any] = {}
     try:
         checks["layer 0 of ours vs float64"] = reference.check("layer 0", got, want, floor=problems.EAGER_FLOOR)
     except AssertionError as exc:
         checks["layer 0 of ours vs float64"] = f"FAILED {exc}"[:300]
-    start = time.perf_counter()
-    compiled = torch.compile(step.eager, mode="max-autotune-no-cudagraphs", dynamic=False)
-    with inductor_config.patch(coordinate_descent_tuning=True):
-        compiled_logits = compiled(token, pos)
-    compile_s = time.perf_counter() - start
     eager_logits = step.eager(token, pos)
     ours_logits = step.ours(token, pos)
     checks["ours vs eager PyTorch"] = compare(ours_logits, eager_logits)
-    checks["Inductor vs eager PyTorch"] = compare(compiled_logits, eager_logits)
-    print(checks, f"Inductor compile {compile_s:.1f} s", flush=True)
-
-    def inductor_step() -> Any:
+    plans = {"ours (kernel set)": [lambda: step.ours(token, pos)]}
+    compile_s = None
+    if not args.skip_inductor:
+        start = time.perf_counter()
+        compiled = torch.compile(step.eager, mode=MODE(), dynamic=False)
         with inductor_config.patch(coordinate_descent_tuning=True):
-            return compiled(token, pos)
+            compiled_logits = compiled(token, pos)
+        compile_s = round(time.perf_counter() - start, 1)
+        checks["Inductor vs eager PyTorch"] = compare(compiled_logits, eager_logits)
 
-    plans = {"ours (kernel set)": [lambda: step.ours(token, pos)],
-             "Inductor max-autotune (the same work)": [inductor_step],
-             "eager PyTorch in a CUDA graph": [lambda: step.eager(token, pos)]}
+        def inductor_step() -> Any:
+            with inductor_config.patch(coordinate_descent_tuning=True):
+                return compiled(token, pos)
+
+        plans["Inductor max-autotune (the same work)"] = [inductor_step]
+    plans["eager PyTorch in a CUDA graph"] = [lambda: step.eager(token, pos)]
+    print(checks, f"Inductor compile {compile_s} s", flush=True)
     times = timed_rows(plans, args.rounds, max(5, args.replays // 2))
     roofline_us = step.weight_bytes() / (gbps * 1e9) * 1e6
     return {"weight_gb": step.weight_bytes() / 1e9, "roofline_us_at_copy_rate": roofline_us,
-            "step_us": times, "checks": checks, "inductor_compile_s": round(compile_s, 1),
+            "step_us": times, "checks": checks, "inductor_compile_s": compile_s,
             "ours_vs_inductor": times["ours (kernel set)"] / times["Inductor max-autotune (the same work)"]
-            if len(times) == 3 else None}
+            if {"ours (kernel set)", "Inductor max-autotune (the same work)"} <= set(times) else None}
 
 
 # ---------------------------------------------------------------------------------------------- output
@@ -372,6 +418,8 @@ def check() -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="values only (Triton's interpreter on the CPU)")
+    parser.add_argument("--dry-run", action="store_true", help="every part on the CPU at small odd shapes under "
+                        "Triton's interpreter: the script's own check, no figures")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {PARTS}")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--rounds", type=int, default=5)
@@ -383,18 +431,22 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown parts {sorted(set(parts) - set(PARTS))}; allowed: {', '.join(PARTS)}")
     if args.check:
         return check()
-    if not torch.cuda.is_available():
-        raise SystemExit("no CUDA device: run with --check (Triton's interpreter) on the CPU")
+    if args.dry_run:
+        from superkernel.runtime.cuda.decode_kernels.interpret import fix_bf16
+        fix_bf16()
+        Setup.dry_run()
+    elif not torch.cuda.is_available():
+        raise SystemExit("no CUDA device: run with --check or --dry-run (Triton's interpreter) on the CPU")
     import triton
 
-    props = torch.cuda.get_device_properties(0)
-    card = props.name.replace("NVIDIA ", "").replace(" ", "-")
+    props = torch.cuda.get_device_properties(0) if not args.dry_run else None
+    card = props.name.replace("NVIDIA ", "").replace(" ", "-") if props else "dry-run-cpu"
     gbps = copy_gbps()
-    meta = {"device": props.name, "torch": torch.__version__, "triton": triton.__version__,
+    meta = {"device": props.name if props else "CPU, Triton's interpreter (dry run: no figures)", "torch": torch.__version__, "triton": triton.__version__,
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "copy_gbps": gbps, "rounds": args.rounds,
             "replays": args.replays}
     print(meta, flush=True)
-    l2 = getattr(props, "L2_cache_size", 50 << 20)
+    l2 = getattr(props, "L2_cache_size", 50 << 20) if props else 0  # (dry run: one copy of each weight)
     args.out.mkdir(parents=True, exist_ok=True)
     for part in parts:
         start = time.perf_counter()
@@ -413,6 +465,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if "--check" in sys.argv and not torch.cuda.is_available():
+    if ("--check" in sys.argv and not torch.cuda.is_available()) or "--dry-run" in sys.argv:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before any kernel module imports Triton
     raise SystemExit(main())

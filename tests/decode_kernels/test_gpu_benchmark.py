@@ -1,10 +1,11 @@
 """benchmarks/gpu_decode_kernels.py, prepared for the next lent GPU: what of it can run on the CPU does (its
-``--check`` under Triton's interpreter, the m2 chain kernel with PDL compiled for sm_90a, its tables), and it refuses
-to time anything without CUDA."""
+``--check`` and ``--dry-run`` under Triton's interpreter, the m2 chain kernel with PDL compiled for sm_90a, its
+tables), and it refuses to time anything without CUDA."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -140,3 +141,30 @@ def test_the_m4_eager_step_compiles_as_one_graph():
     got = torch.compile(step.eager, dynamic=False, fullgraph=True)(token, pos)
     c = m4.compare(got, want)
     assert c["top1_agrees"] and c["max_diff_over_max"] < 2e-2, c
+
+
+@needs_triton
+def test_the_dry_run_goes_through_every_part_on_the_cpu(tmp_path):
+    """--dry-run: the four parts' code (checks, Inductor compiles, graphs replaced by a wall clock, tables) at small
+    odd shapes under the interpreter, as the GPU will run them at the 1B shapes (about 2 minutes on 2 cores)."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--rounds", "1", "--replays", "1", "--out",
+                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    tables = {p: (tmp_path / f"gpu_decode_kernels_{p}_dry-run-cpu.md").read_text() for p in ("m1", "m2", "m3", "m4")}
+    m1 = tables["m1"].splitlines()
+    assert sum("| ours " in line for line in m1) == sum(len(v) for k, v in bench_candidates().items()
+                                                        if k != "attention")
+    assert not any("FAILED" in line or "Error" in line for t in tables.values() for line in t.splitlines())
+    assert sum("Inductor max-autotune" in line for line in m1) == 5
+    assert "| 1 | 230 |" in tables["m2"] and "| 3 | 230 |" in tables["m2"]
+    assert sum("| attention L=30 of 37 | ours" in line for line in tables["m3"].splitlines()) == 4
+    m4 = json.loads((tmp_path / "gpu_decode_kernels_m4_dry-run-cpu.json").read_text())
+    assert m4["checks"]["ours vs eager PyTorch"]["top1_agrees"] and m4["checks"]["Inductor vs eager PyTorch"][
+        "top1_agrees"] and isinstance(m4["checks"]["layer 0 of ours vs float64"], float)
+
+
+def bench_candidates():
+    from superkernel.runtime.cuda.decode_kernels.configs import CANDIDATES
+
+    return CANDIDATES
