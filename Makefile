@@ -39,7 +39,7 @@ test-gpu-versions:
 
 # The decode kernel set (src/superkernel/runtime/cuda/decode_kernels) under Triton's CPU interpreter, and its
 # compile for sm_90a (ptxas ships with Triton), in a venv of its own: torch's CPU build has no Triton, and Triton's
-# 3.6 interpreter needs numpy < 2.4 (triton-lang/triton#9171). 3.6.0 is what the GPU machines run. About 2 minutes
+# 3.6 interpreter needs numpy < 2.4 (triton-lang/triton#9171). 3.6.0 is what the GPU machines run. About 4 minutes
 # on 2 cores once installed. Not part of `make test` (there these tests skip: Triton is not importable).
 TRITON_VENV := .venv-triton
 test-triton:
