@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--eval-text", type=Path, default=None)
     p.add_argument("--window", type=int, default=512)
+    p.add_argument("--tokens", type=int, default=None, help="score the text's first N tokens only (default: all)")
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--no-llamacpp", action="store_true")
     p.add_argument("--out", type=Path, default=ROOT / "results")
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if reference_model.gguf is None or reference_model.tokenizer_dir is None:
         p.error(f"{args.model} is not a GGUF model with a tokenizer")
     text_name, text = read_text(args.eval_text)
-    ids = token_ids(reference_model.tokenizer(), text)
+    ids = token_ids(reference_model.tokenizer(), text, args.tokens)
     targets = ids[1:]
     reference = model_logits(reference_model.model, ids, args.window)
     rows: list[dict[str, Any]] = []
@@ -130,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                         llamacpp_logits(dst, ids, args.window, args.threads))
     report = {"model": args.model, "gguf": reference_model.gguf, "text": text_name, "text_tokens": int(ids.shape[0]),
               "window": args.window, "reference": "eager float32 of the dequantized GGUF file", "rows": rows,
-              "llamacpp": llamacpp, "torch": torch.__version__, "seconds": time.perf_counter() - started}
+              "llamacpp": llamacpp, "torch": torch.__version__, "cpu": cpu_name(), "threads": torch.get_num_threads(),
+              "seconds": time.perf_counter() - started}
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"quality_{args.model}"
     stem.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
@@ -139,10 +141,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def cpu_name() -> str:
+    """The CPU's model name and its widest vector ISA (quality does not depend on it; kernels chosen by it do)."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return "unknown"
+    name = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    isa = "AVX-512" if " avx512f" in info else ("AVX2" if " avx2" in info else "no AVX2")
+    return f"{name} ({isa})"
+
+
 def markdown(r: dict[str, Any]) -> str:
     lines = [f"# Quality on real text: {r['model']}", "",
              f"Text: *{r['text']}*, {r['text_tokens']} tokens in windows of {r['window']} (each without context). "
-             f"Reference: {r['reference']}. KL in nats per position. Same token ids for every runner.", "",
+             f"Reference: {r['reference']}. KL in nats per position. Same token ids for every runner. "
+             f"CPU: {r['cpu']}, torch {r['torch']}, {r['threads']} thread(s); {r['seconds']:.0f} s in all.", "",
              "| runner | weights | perplexity | KL mean | KL p99 | top-1 vs float32 |", "|---|---|---:|---:|---:|---:|"]
     for row in r["rows"]:
         lines.append(f"| {row['runner']} | {row['weights']} | {row['perplexity']:.3f} | {row['kl_mean']:.2e} | "

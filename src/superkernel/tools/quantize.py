@@ -238,19 +238,27 @@ def quantize_model(model: torch.nn.Module, scheme: str, *, group_size: int | Non
     return info
 
 
-def quantization_cost(session: Any, float_model: torch.nn.Module) -> dict[str, float]:
-    """What quantization itself costs on this decode: the float model fed the session's tokens (the quantized
-    model's greedy sequence), step by step against the quantized model. Greedy-token agreement (argmax equal),
-    max |logit difference|, mean KL(float || quantized) and mean cosine similarity of the logits."""
+def float_decode_logits(session: Any, float_model: torch.nn.Module) -> torch.Tensor:
+    """The unquantized model's decode logits over the session's tokens (step by step, as the quantized model runs)."""
+    from superkernel.tools.decode import run_decode
+
+    model, session.model = session.model, float_model
+    try:
+        with torch.no_grad():
+            return run_decode(session, session.step_fn()).logits
+    finally:
+        session.model = model
+
+
+def quantization_cost(session: Any, float_logits: torch.Tensor) -> dict[str, float]:
+    """What quantization itself costs on this decode: the float model fed the session's tokens
+    (``float_logits``, :func:`float_decode_logits`) against the quantized model step by step. Greedy-token
+    agreement (argmax equal), max |logit difference|, mean KL(float || quantized) and mean cosine similarity."""
     from superkernel.tools.decode import run_decode
 
     with torch.no_grad():
         quantized = run_decode(session, session.step_fn()).logits.double()
-        model, session.model = session.model, float_model
-        try:
-            reference = run_decode(session, session.step_fn()).logits.double()
-        finally:
-            session.model = model
+    reference = float_logits.double()
     kl = torch.nn.functional.kl_div(quantized.log_softmax(-1), reference.log_softmax(-1), log_target=True,
                                     reduction="none").sum(-1)
     return {"top1_agreement": float((reference.argmax(-1) == quantized.argmax(-1)).double().mean()),
@@ -276,4 +284,5 @@ def describe_cost(info: dict[str, Any]) -> str:
 
 
 __all__ = ["Quantization", "QuantizationError", "SCHEMES", "check_scheme",
-           "describe_cost", "import_torchao_quietly", "is_quantized", "quantization_cost", "quantize_model"]
+           "describe_cost", "float_decode_logits", "import_torchao_quietly", "is_quantized", "quantization_cost",
+           "quantize_model"]

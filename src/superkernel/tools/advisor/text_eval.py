@@ -51,18 +51,6 @@ def score_whole_text(text: TextEval, model: torch.nn.Module, float_model: torch.
     text.whole["eager"] = text_quality(logits, targets, reference)
 
 
-def float_decode_logits(session: Any, float_model: torch.nn.Module) -> torch.Tensor:
-    """The unquantized model's decode logits over the session's (text) tokens: the quantized runs' reference."""
-    from superkernel.tools.decode import run_decode
-
-    model, session.model = session.model, float_model
-    try:
-        with torch.no_grad():
-            return run_decode(session, session.step_fn()).logits
-    finally:
-        session.model = model
-
-
 def _first_sequence(logits: torch.Tensor, session: Any) -> torch.Tensor:
     """Rows of sequence 0 from step-major ``[(steps) * batch, vocab]`` logits (every sequence reads the same text)."""
     return logits.reshape(session.total_steps, session.batch, -1)[:, 0]
@@ -103,4 +91,4 @@ def report_lines(quality: dict[str, Any] | None) -> list[str]:
             *markdown_rows(rows + whole), ""]
 
 
-__all__ = ["TextEval", "float_decode_logits", "report_lines", "score_runs", "score_whole_text", "text_for"]
+__all__ = ["TextEval", "report_lines", "score_runs", "score_whole_text", "text_for"]

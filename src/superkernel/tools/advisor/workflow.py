@@ -105,7 +105,7 @@ def load_and_prepare(opts: OptimizeOptions, reporter: Reporter,
                      score_text: bool = False) -> tuple[LoadedModel, DecodeSession]:
     """Load, quantize, prefill. A model with a tokenizer decodes a real text teacher-forced (text_eval.py);
     ``score_text``: also its eager perplexity over the whole text (the optimize report's quality section)."""
-    from superkernel.tools.advisor.text_eval import float_decode_logits, score_whole_text, text_for
+    from superkernel.tools.advisor.text_eval import score_whole_text, text_for
 
     device = pick_device(opts.device)
     with reporter.task(f"loading {opts.model}"):
@@ -130,12 +130,13 @@ def load_and_prepare(opts: OptimizeOptions, reporter: Reporter,
                                         f"transformers StaticCache: "
                                         f"{exception_summary(exc, 340, first_line=False)}") from exc
     if float_model is not None:
-        from superkernel.tools.quantize import quantization_cost
+        from superkernel.tools.quantize import float_decode_logits, quantization_cost
 
         with reporter.task("quantization's own error (the float model fed the same tokens)"):
-            loaded.quantization["cost"] = quantization_cost(session, float_model)
+            float_logits = float_decode_logits(session, float_model)  # once: the cost's and the quality's reference
+            loaded.quantization["cost"] = quantization_cost(session, float_logits)
             if text is not None:
-                text.float_decode = float_decode_logits(session, float_model)
+                text.float_decode = float_logits
     if text is not None and score_text:
         with reporter.task(f"eager over the whole evaluation text ({text.ids.shape[0]} tokens)"):
             score_whole_text(text, loaded.model, float_model)

@@ -135,10 +135,10 @@ def load_model(spec: str, *, seed: int = 0, device: str | torch.device = "cpu",
 
 def is_gguf(path: Path) -> bool:
     """A file named ``*.gguf`` or starting with GGUF's magic bytes (directories are checkpoints)."""
-    if not path.is_file():
-        return path.suffix.lower() == ".gguf"
     if path.suffix.lower() == ".gguf":
         return True
+    if not path.is_file():
+        return False
     try:
         with open(path, "rb") as f:
             return f.read(4) == b"GGUF"
