@@ -1,8 +1,8 @@
 """RMSNorm + gate/up GEMV + SiLU(gate) * up, one kernel: ``h = silu(Wg @ n) * (Wu @ n)``, ``n = rmsnorm(x) * g``.
 
-Each program reads the same ``BLOCK_N`` rows of ``Wg`` and ``Wu`` over all of K (the norm folded in as in
-``gemv``: ``rstd`` scales the finished dot products), so the gate and up values of one output meet in registers and
-leave as one bfloat16 ``h``; Inductor's step writes gate and up and reads them back.
+Each program reads the same ``BLOCK_N`` rows of ``Wg`` and ``Wu`` over all of K (the loop shared with ``qkv_rope``:
+``norm_prologue.rmsnorm_dot_pair``; ``rstd`` scales the finished dot products), so the gate and up values of one
+output meet in registers and leave as one bfloat16 ``h``; Inductor's step writes gate and up and reads them back.
 """
 
 from __future__ import annotations
@@ -11,31 +11,16 @@ import torch
 import triton
 import triton.language as tl
 
+from superkernel.runtime.cuda.decode_kernels.norm_prologue import rmsnorm_dot_pair
+
 
 @triton.jit
 def gate_up_kernel(x_ptr, g_ptr, wg_ptr, wu_ptr, h_ptr, N, K, stride_wg, stride_wu, eps,
                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rn < N
-    acc_g = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        k_mask = rk < K
-        x = tl.load(x_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)
-        sq += x * x
-        x = x * tl.load(g_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)
-        mask = n_mask[:, None] & k_mask[None, :]
-        wg = tl.load(wg_ptr + rn[:, None] * stride_wg + rk[None, :], mask=mask, other=0.0,
-                     eviction_policy="evict_first")
-        wu = tl.load(wu_ptr + rn[:, None] * stride_wu + rk[None, :], mask=mask, other=0.0,
-                     eviction_policy="evict_first")
-        acc_g += wg.to(tl.float32) * x[None, :]
-        acc_u += wu.to(tl.float32) * x[None, :]
-    rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
-    gate = tl.sum(acc_g, axis=1) * rstd
-    up = tl.sum(acc_u, axis=1) * rstd
+    gate, up = rmsnorm_dot_pair(x_ptr, g_ptr, wg_ptr + rn[:, None] * stride_wg, wu_ptr + rn[:, None] * stride_wu,
+                                n_mask, K, eps, BLOCK_ROWS=BLOCK_N, BLOCK_K=BLOCK_K)
     h = gate * tl.sigmoid(gate) * up
     tl.store(h_ptr + rn, h.to(h_ptr.dtype.element_ty), mask=n_mask)
 

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from superkernel.runtime.cuda.decode_kernels.norm_prologue import rmsnorm_dot_pair
+
 
 @triton.jit
 def qkv_rope_kernel(x_ptr, g_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_ptr, vc_ptr, K, stride_wn,
@@ -32,25 +34,9 @@ def qkv_rope_kernel(x_ptr, g_ptr, w_ptr, cos_ptr, sin_ptr, pos_ptr, q_ptr, kc_pt
     rp = (pid % PER_HEAD) * BLOCK_P + tl.arange(0, BLOCK_P)
     p_mask = rp < HALF
     row_lo = head * HEAD_DIM + rp
-    acc_lo = tl.zeros((BLOCK_P, BLOCK_K), dtype=tl.float32)
-    acc_hi = tl.zeros((BLOCK_P, BLOCK_K), dtype=tl.float32)
-    sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        k_mask = rk < K
-        x = tl.load(x_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)
-        sq += x * x
-        x = x * tl.load(g_ptr + rk, mask=k_mask, other=0.0).to(tl.float32)
-        mask = p_mask[:, None] & k_mask[None, :]
-        w_lo = tl.load(w_ptr + row_lo[:, None] * stride_wn + rk[None, :], mask=mask, other=0.0,
-                       eviction_policy="evict_first")
-        w_hi = tl.load(w_ptr + (row_lo + HALF)[:, None] * stride_wn + rk[None, :], mask=mask, other=0.0,
-                       eviction_policy="evict_first")
-        acc_lo += w_lo.to(tl.float32) * x[None, :]
-        acc_hi += w_hi.to(tl.float32) * x[None, :]
-    rstd = tl.rsqrt(tl.sum(sq, axis=0) / K + eps)
-    lo = tl.sum(acc_lo, axis=1) * rstd
-    hi = tl.sum(acc_hi, axis=1) * rstd
+    lo, hi = rmsnorm_dot_pair(x_ptr, g_ptr, w_ptr + row_lo[:, None] * stride_wn,
+                              w_ptr + (row_lo + HALF)[:, None] * stride_wn, p_mask, K, eps,
+                              BLOCK_ROWS=BLOCK_P, BLOCK_K=BLOCK_K)
     if head < N_Q_HEADS + N_KV_HEADS:  # q and k heads are rotated, v heads are not
         c_lo = tl.load(cos_ptr + rp, mask=p_mask, other=0.0).to(tl.float32)
         c_hi = tl.load(cos_ptr + HALF + rp, mask=p_mask, other=0.0).to(tl.float32)
