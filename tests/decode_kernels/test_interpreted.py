@@ -167,3 +167,56 @@ def test_a_whole_layer_of_six_launches_against_float64(shape):
     with pytest.raises(AssertionError, match="beyond the bfloat16 tolerance"):
         reference.check("layer", got, layer.reference_layer(x, weights, cos, sin, pos - 1, *before, shape),
                         floor=problems.EAGER_FLOOR)
+
+
+# -- int8 weight-only: int8 rows widened to float32 in the loop, a float32 scale per output channel --------------
+
+@pytest.mark.parametrize("name", problems.WEIGHTED)
+@pytest.mark.parametrize("variant", ["default", "split-k"])
+def test_int8_weight_only_at_odd_shapes(name, variant):
+    """Every weight-reading kernel with int8 weights against float64 of (int8 * scale) at the odd shape; the GEMVs
+    also split along K (partials carry the scale)."""
+    launch = dict(CANDIDATES[name][0])
+    if variant == "split-k":
+        if name in ("qkv_rope", "gate_up"):
+            pytest.skip("no split-K form: each program reads all of K")
+        launch.update(block_n=8, block_k=128, split_k=3)
+    run(name, ODD, launch, int8=True)
+
+
+@pytest.mark.parametrize("name,split_k", [("o_proj", 4), ("down", 4), ("lm_head", 2)])
+def test_int8_split_k_gemv_at_llama_1b_k(name, split_k):
+    """The int8 split-K GEMV at the 1B step's real K (lm_head: its first rows), large blocks for the interpreter."""
+    launch = dict(FULL_LAUNCH[name], split_k=split_k)
+    run(name, LLAMA_1B, launch, int8=True, rows=LM_HEAD_ROWS if name == "lm_head" else None)
+
+
+def test_int8_needs_its_scale_and_a_wrong_scale_fails_the_check():
+    from superkernel.runtime.cuda.decode_kernels.gemv import gemv
+
+    inputs = problems.make_inputs("o_proj", ODD, DEVICE, int8=True)
+    with pytest.raises(ValueError, match="int8 weight needs its per-channel scale"):
+        gemv(inputs["x"], inputs["w"], residual=inputs["residual"])
+    want = problems.expected("o_proj", inputs, ODD)["out"]
+    got = gemv(inputs["x"], inputs["w"], residual=inputs["residual"], scale=inputs["scale"].flip(0))
+    with pytest.raises(AssertionError, match="beyond the bfloat16 tolerance"):
+        reference.check("o_proj", got, want)
+
+
+def test_a_whole_int8_layer_against_float64():
+    from superkernel.runtime.cuda.decode_kernels import layer
+
+    weights = layer.LayerWeights.random(ODD, DEVICE).quantized_int8()
+    assert weights.int8 and weights.w_qkv.dtype == torch.int8
+    gen = torch.Generator().manual_seed(2)
+    pos = 30
+    kc = torch.randn(1, ODD.n_kv_heads, ODD.kv_len, ODD.head_dim, generator=gen).to(DEVICE, torch.bfloat16)
+    vc = torch.randn(1, ODD.n_kv_heads, ODD.kv_len, ODD.head_dim, generator=gen).to(DEVICE, torch.bfloat16)
+    x = torch.randn(ODD.hidden, generator=gen).to(DEVICE, torch.bfloat16)
+    angles = torch.rand(ODD.head_dim // 2, generator=gen) * 6
+    cos = torch.cat([angles.cos()] * 2).to(DEVICE, torch.bfloat16)
+    sin = torch.cat([angles.sin()] * 2).to(DEVICE, torch.bfloat16)
+    want = layer.reference_layer(x, weights, cos, sin, pos, kc.clone(), vc.clone(), ODD)
+    got = layer.decode_layer(x, weights, cos, sin, torch.tensor([pos], device=DEVICE),
+                             torch.tensor([pos + 1], device=DEVICE), kc, vc, ODD)
+    reference.check("int8 layer", got, want, floor=problems.EAGER_FLOOR)

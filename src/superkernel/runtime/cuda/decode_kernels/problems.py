@@ -17,13 +17,47 @@ from superkernel.runtime.cuda.decode_kernels import reference
 from superkernel.runtime.cuda.decode_kernels.configs import DecodeShape
 
 NAMES = ("qkv_rope", "attention", "o_proj", "gate_up", "down", "lm_head")
+#: The problems that read weights: each also runs int8 weight-only (``make_inputs(..., int8=True)``).
+WEIGHTED = ("qkv_rope", "o_proj", "gate_up", "down", "lm_head")
+#: The weight keys of a problem's inputs and the keyword of each one's per-channel scale.
+_SCALE_OF = {"w_qkv": "scale", "w": "scale", "w_gate": "scale_gate", "w_up": "scale_up"}
+
+
+def quantize_int8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel int8 of ``w`` ``[N, K]``, as torchao's int8 weight-only makes it: (int8 ``[N,
+    K]``, float32 scale ``[N]``), ``w ~ q * scale[:, None]``."""
+    wf = w.float()
+    scale = (wf.abs().amax(dim=1) / 127).clamp_min(1e-12)
+    q = torch.round(wf / scale[:, None]).clamp(-128, 127).to(torch.int8)
+    return q, scale
+
+
+def weight64(inputs: dict[str, Any], key: str) -> torch.Tensor:
+    """The float64 weight a kernel computes with: the bfloat16 weight, or an int8 one times its scale."""
+    w = inputs[key].detach().to("cpu", torch.float64)
+    scale = inputs.get(_SCALE_OF[key])
+    return w * scale.detach().to("cpu", torch.float64).reshape(-1, 1) if scale is not None else w
 
 
 def make_inputs(name: str, shape: DecodeShape, device: str | torch.device = "cpu", *, seed: int = 0,
-                rows: int | None = None, length: int | None = None) -> dict[str, Any]:
+                rows: int | None = None, length: int | None = None, int8: bool = False) -> dict[str, Any]:
     """Inputs of ``name`` at ``shape`` in bfloat16; ``rows``: only the first output rows of a GEMV (its real K:
     how the interpreter checks the biggest weights in reasonable time); ``length``: attention's KV length
-    (default: the cache full but one slot)."""
+    (default: the cache full but one slot); ``int8``: the weights int8 weight-only (:func:`quantize_int8` of the
+    bfloat16 ones), each with its float32 per-channel scale under :data:`_SCALE_OF`'s keyword."""
+    if int8:
+        if name not in WEIGHTED:
+            raise ValueError(f"{name} reads no weight: no int8 form")
+        inputs = make_inputs(name, shape, device, seed=seed, rows=rows, length=length)
+        for key, scale_key in _SCALE_OF.items():
+            if key in inputs:
+                if inputs[key].device.type == "meta":
+                    n = inputs[key].shape[0]
+                    inputs[key] = torch.empty(inputs[key].shape, dtype=torch.int8, device=inputs[key].device)
+                    inputs[scale_key] = torch.empty(n, dtype=torch.float32, device=inputs[key].device)
+                else:
+                    inputs[key], inputs[scale_key] = quantize_int8(inputs[key])
+        return inputs
     device = torch.device(device)
     gen = torch.Generator().manual_seed(seed)
     meta = device.type == "meta"
@@ -69,6 +103,7 @@ def make_inputs(name: str, shape: DecodeShape, device: str | torch.device = "cpu
 def call(name: str, inputs: dict[str, Any], shape: DecodeShape, launch: dict[str, Any] | None = None) -> Any:
     """Run ``name``'s launcher on ``inputs`` with ``launch`` (its keyword arguments: blocks, warps, splits)."""
     launch = dict(launch or {})
+    launch.update({k: inputs[k] for k in set(_SCALE_OF.values()) if k in inputs})  # int8 weights' scales
     if name == "qkv_rope":
         from superkernel.runtime.cuda.decode_kernels.qkv_rope import qkv_rope
         return qkv_rope(inputs["x"], inputs["norm"], inputs["w_qkv"], inputs["cos"], inputs["sin"], inputs["pos"],
@@ -89,17 +124,18 @@ def call(name: str, inputs: dict[str, Any], shape: DecodeShape, launch: dict[str
 def expected(name: str, inputs: dict[str, Any], shape: DecodeShape) -> dict[str, torch.Tensor]:
     """Float64 references of what ``call`` returns or writes, by output name."""
     if name == "qkv_rope":
-        q, k, v = reference.qkv_rope(inputs["x"], inputs["norm"], inputs["w_qkv"], inputs["cos"], inputs["sin"],
-                                     shape.n_q_heads, shape.n_kv_heads, shape.head_dim, shape.eps)
+        q, k, v = reference.qkv_rope(inputs["x"], inputs["norm"], weight64(inputs, "w_qkv"), inputs["cos"],
+                                     inputs["sin"], shape.n_q_heads, shape.n_kv_heads, shape.head_dim, shape.eps)
         return {"q": q, "k": k, "v": v}
     if name == "attention":
         return {"out": reference.decode_attention(inputs["q"], inputs["k_cache"][0], inputs["v_cache"][0],
                                                   int(inputs["length"].item()))}
     if name == "gate_up":
-        return {"out": reference.gate_up(inputs["x"], inputs["norm"], inputs["w_gate"], inputs["w_up"], shape.eps)}
+        return {"out": reference.gate_up(inputs["x"], inputs["norm"], weight64(inputs, "w_gate"),
+                                         weight64(inputs, "w_up"), shape.eps)}
     if name == "lm_head":
-        return {"out": reference.gemv(inputs["x"], inputs["w"], norm=inputs["norm"], eps=shape.eps)}
-    return {"out": reference.gemv(inputs["x"], inputs["w"], residual=inputs["residual"])}
+        return {"out": reference.gemv(inputs["x"], weight64(inputs, "w"), norm=inputs["norm"], eps=shape.eps)}
+    return {"out": reference.gemv(inputs["x"], weight64(inputs, "w"), residual=inputs["residual"])}
 
 
 def produced(name: str, inputs: dict[str, Any], result: Any) -> dict[str, torch.Tensor]:
