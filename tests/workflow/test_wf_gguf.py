@@ -128,3 +128,15 @@ def test_smollm2_answers_with_its_tokenizer_in_both_dtypes(smollm2_file):
     # the same file by path is the same model (the converted folder is reused)
     by_path = load_model(str(smollm2_file))
     assert by_path.name == str(smollm2_file) and by_path.gguf["architecture"] == "llama"
+
+
+@pytest.mark.slow
+def test_converted_folder_names_its_causal_lm_class(smollm2_file):
+    """A serving engine (vLLM) picks the model class from config.json's ``architectures``: without it the folder
+    reads as a bare ``LlamaModel`` (no head), which generated empty text in vLLM."""
+    import json
+
+    from superkernel.tools.models.gguf_load import converted_folder
+
+    folder, _ = converted_folder(smollm2_file, quiet=True)
+    assert json.loads((folder / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]

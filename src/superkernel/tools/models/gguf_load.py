@@ -27,7 +27,9 @@ CACHE_SUBDIR = "gguf"
 #: what a converted folder records about its source (its presence marks the folder complete)
 SOURCE_NAME = "superkernel-gguf.json"
 #: bump when the converted folder's layout changes: older folders are then converted again
-FORMAT = 1
+#: (2: config.json names the causal-LM class in ``architectures``, as ``save_pretrained`` writes it; without it
+#: vLLM reads the folder as a bare ``LlamaModel`` with no head and generates empty text)
+FORMAT = 2
 #: tensor types that are plain floats (transformers converts them without the gguf package's dequantizers)
 _FLOAT_TYPES = {"F32", "F16", "BF16", "F64"}
 
@@ -155,6 +157,7 @@ def _save_plain(model: Any, out: Path) -> None:
     config = model.config.to_dict()
     config.pop("quantization_config", None)
     config["dtype"] = "float32"
+    config["architectures"] = [type(model).__name__]
     (out / "config.json").write_text(json.dumps(config, indent=1, default=str))
     save_model(model, str(out / "model.safetensors"), metadata={"format": "pt"})
 
