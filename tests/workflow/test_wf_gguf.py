@@ -133,10 +133,17 @@ def test_smollm2_answers_with_its_tokenizer_in_both_dtypes(smollm2_file):
 @pytest.mark.slow
 def test_converted_folder_names_its_causal_lm_class(smollm2_file):
     """A serving engine (vLLM) picks the model class from config.json's ``architectures``: without it the folder
-    reads as a bare ``LlamaModel`` (no head), which generated empty text in vLLM."""
+    reads as a bare ``LlamaModel`` (no head), which generated empty text in vLLM; and a tied head stored as
+    ``lm_head.weight`` left vLLM's embedding at zero."""
     import json
 
     from superkernel.tools.models.gguf_load import converted_folder
 
+    from safetensors import safe_open
+
     folder, _ = converted_folder(smollm2_file, quiet=True)
     assert json.loads((folder / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    # the tied head once, under the embedding's name (vLLM skips lm_head.weight for a tied head)
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names

@@ -28,7 +28,8 @@ CACHE_SUBDIR = "gguf"
 SOURCE_NAME = "superkernel-gguf.json"
 #: bump when the converted folder's layout changes: older folders are then converted again
 #: (2: config.json names the causal-LM class in ``architectures``, as ``save_pretrained`` writes it; without it
-#: vLLM reads the folder as a bare ``LlamaModel`` with no head and generates empty text)
+#: vLLM reads the folder as a bare ``LlamaModel`` with no head and generates empty text; a tied head is stored
+#: under the input embedding's name)
 FORMAT = 2
 #: tensor types that are plain floats (transformers converts them without the gguf package's dequantizers)
 _FLOAT_TYPES = {"F32", "F16", "BF16", "F64"}
@@ -152,14 +153,30 @@ def _save_plain(model: Any, out: Path) -> None:
     """The dequantized model as a plain checkpoint: transformers refuses ``save_pretrained`` on a model it loaded
     from GGUF, so the config (without its GGUF quantization record) and the weights (safetensors; tied weights
     once) are written here."""
-    from safetensors.torch import save_model
+    from safetensors.torch import save_file
 
     config = model.config.to_dict()
     config.pop("quantization_config", None)
     config["dtype"] = "float32"
     config["architectures"] = [type(model).__name__]
     (out / "config.json").write_text(json.dumps(config, indent=1, default=str))
-    save_model(model, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file(_tied_once(model), str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _tied_once(model: Any) -> dict[str, Any]:
+    """The state dict with each tied tensor once, under the name a loader looks for: the input embedding's (as
+    ``save_pretrained`` keeps it). safetensors' ``save_model`` kept ``lm_head.weight``, which transformers reads
+    back but vLLM skips for a tied head, leaving a zero embedding (every token id 0)."""
+    state = model.state_dict()
+    embedding = model.get_input_embeddings()
+    preferred = next((f"{n}.weight" for n, m in model.named_modules() if embedding is not None and m is embedding),
+                     None)
+    kept: dict[Any, str] = {}
+    for name, tensor in state.items():
+        key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape))
+        if key not in kept or name == preferred:
+            kept[key] = name
+    return {name: state[name].contiguous() for name in kept.values()}
 
 
 def source_of(folder: Path) -> dict[str, Any]:
