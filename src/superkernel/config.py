@@ -145,9 +145,10 @@ class StaticKernelConfig(Section):
 class ExperimentalConfig(Section):
     _fields = {
         "cuda_decode_kernels": Field(False, "CUDA max-autotune: superkernel's own Triton decode kernels for Llama-style "
-                                            "layers at batch 1 (runtime/cuda/decode_kernels: about five kernels a "
-                                            "layer). Not yet measured on hardware and not yet called by the backend "
-                                            "(docs/gpu.md, 'Decode kernel set'): on, it warns and changes nothing",
+                                            "layers at batch 1 (runtime/cuda/decode_kernels: six launches a layer), "
+                                            "for models prepared with this config (apply_for_generate, or "
+                                            "decode_kernels.hookup.install). Not yet measured on hardware "
+                                            "(docs/gpu.md, 'Decode kernel set'): on, it warns so",
                                      kind=bool),
     }
     _sections = {"static_kernel": StaticKernelConfig}

@@ -105,7 +105,7 @@ def test_the_eager_qkv_rope_compiles_with_inductor_and_writes_the_caches():
     problems.check("qkv_rope", inputs, odd, compiled(**inputs), floor=problems.EAGER_FLOOR)
 
 
-def test_the_opt_in_flag_is_off_by_default_validated_and_warns_that_it_is_not_hooked_up_yet():
+def test_the_opt_in_flag_is_off_by_default_validated_and_warns_that_it_is_not_measured_yet():
     import superkernel as sk
 
     cfg = sk.CompilerConfig()
@@ -115,7 +115,7 @@ def test_the_opt_in_flag_is_off_by_default_validated_and_warns_that_it_is_not_ho
     plain = cfg.fingerprint()
     cfg.experimental_config.cuda_decode_kernels = True
     assert cfg.fingerprint() != plain  # (a build with the kernels will differ: packages must not be shared)
-    with pytest.warns(UserWarning, match="not yet called by the backend"):
+    with pytest.warns(UserWarning, match="not yet measured on a GPU"):
         sk.get_backend(compiler_config=cfg)
 
 

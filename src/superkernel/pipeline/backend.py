@@ -79,9 +79,11 @@ class SuperKernelBackend:
 
             self.static_kernels = open_compiler(self.config)
         if self.config.experimental_config.cuda_decode_kernels:
-            warnings.warn("experimental_config.cuda_decode_kernels: superkernel's decode kernel set is not yet called "
-                          "by the backend (prepared on the CPU, not yet measured on a GPU; docs/gpu.md, 'Decode kernel "
-                          "set'): the step compiles as without it", stacklevel=2)
+            warnings.warn("experimental_config.cuda_decode_kernels: superkernel's decode kernel set is not yet "
+                          "measured on a GPU (checked on the CPU only; docs/gpu.md, 'Decode kernel set'); it runs the "
+                          "decoder layers of a model prepared with this config (apply_for_generate(..., "
+                          "compiler_config=...) or decode_kernels.hookup.install), the rest compiles as without it",
+                          stacklevel=2)
 
     # -- torch.compile entry -------------------------------------------------------
     def __call__(self, gm: fx.GraphModule, example_inputs: list[Any]) -> Callable[..., Any]:

@@ -15,9 +15,11 @@ prompt never triggers a compile and scopes act on the decode steps only (docs/wo
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Mapping
 
+from superkernel.runtime.cuda.decode_kernels import hookup as decode_kernels
 from superkernel.tools.advisor.plan_file import TORCH_COMPILE, PlanFile, read_plan
 
 def _strategies() -> tuple[str, ...]:
@@ -72,7 +74,8 @@ def compile_config(backend: Any, mode: str | None = None) -> Any:
 _USE_CACHE_BEFORE = "_superkernel_use_cache_before"
 
 
-def apply_for_generate(model: Any, plan: str | Path | Mapping[str, Any], *, mode: str | None = None) -> Any:
+def apply_for_generate(model: Any, plan: str | Path | Mapping[str, Any], *, mode: str | None = None,
+                       compiler_config: Any = None) -> Any:
     """Make ``model.generate()`` decode with a superkernel plan; returns ``model`` (changed in place).
 
     ``plan``: a ``superkernel.yaml`` path, a plan dict, or a strategy name (``attention``,
@@ -81,7 +84,11 @@ def apply_for_generate(model: Any, plan: str | Path | Mapping[str, Any], *, mode
     with plain ``torch.compile`` (default Inductor). ``generate()`` then uses a static
     cache (``cache_implementation="static"``) unless a call passes another, with ``use_cache``
     turned on where the model's generation config turns it off (:func:`remove_for_generate`
-    puts it back).
+    puts it back). ``compiler_config``: the ``CompilerConfig`` the plan's mode and Inductor
+    settings are applied to (a copy; default a fresh one). With its
+    ``experimental_config.cuda_decode_kernels`` on, a covered Llama model's decode steps run
+    superkernel's own Triton kernels in max-autotune on CUDA (``decode_kernels.hookup``; an
+    uncovered model warns once with the reason and keeps Inductor's kernels; docs/gpu.md).
     """
     import superkernel
 
@@ -90,14 +97,16 @@ def apply_for_generate(model: Any, plan: str | Path | Mapping[str, Any], *, mode
 
     quantize_for_plan(model, spec)  # a plan measured on a quantized model quantizes a float one the same way
     superkernel.remove_scopes(model)
+    decode_kernels.remove(model)
     compile_mode = None
     if spec.backend == TORCH_COMPILE:
         backend: Any = "inductor"
         compile_mode = spec.mode  # None, or reduce-overhead (a CUDA plan)
     else:
-        cfg = superkernel.CompilerConfig()
+        cfg = copy.deepcopy(compiler_config) if compiler_config is not None else superkernel.CompilerConfig()
         cfg.mode = mode or spec.mode
         cfg.inductor.update(spec.inductor)
+        decode_kernels.install(model, cfg)  # before the scopes: they wrap the forward it gives the layers
         superkernel.apply_scopes(model, spec.scopes, options=spec.options)
         backend = superkernel.get_backend(cfg)
     model.generation_config.compile_config = compile_config(backend, compile_mode)
@@ -117,6 +126,7 @@ def remove_for_generate(model: Any) -> Any:
     import superkernel
 
     superkernel.remove_scopes(model)
+    decode_kernels.remove(model)
     model.generation_config.compile_config = None
     model.generation_config.cache_implementation = None
     if hasattr(model, _USE_CACHE_BEFORE):
