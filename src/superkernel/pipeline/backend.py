@@ -27,6 +27,7 @@ import torch
 import torch.fx as fx
 
 from superkernel.config import CompilerConfig
+from superkernel.pipeline.aot_compile import plain_autograd_cache, serializable, under_aot_compile
 from superkernel.pipeline.capture import break_text, capture, dynamo_graph_breaks
 from superkernel.pipeline.backend_context import BackendName, mark
 from superkernel.pipeline.graph_dump import dump_graph
@@ -91,11 +92,15 @@ class SuperKernelBackend:
         reason = getattr(gm, "compile_subgraph_reason", None)  # why Dynamo ended this graph
         self._pending_break = break_text(reason) if getattr(reason, "graph_break", False) else None
         row = realization_for(self.config, device_kind(example_inputs))
+        # under Dynamo's AOT compile (vLLM's default): AOTAutograd without its forced, bundled cache, and the
+        # step handed back as the serializable callable Dynamo requires (pipeline.aot_compile)
+        aot = under_aot_compile()
         # the real inputs travel with the graph (CPU freezing matches them to the ATen graph's inputs)
-        with row.tracing(self.config):
-            return capture(gm, example_inputs,
+        with row.tracing(self.config), plain_autograd_cache(aot):
+            step = capture(gm, example_inputs,
                            functools.partial(self.compile_aten, name=name, real_inputs=example_inputs, row=row),
                            decompositions=row.decompositions(self.config))
+        return serializable(step) if aot else step
 
     # -- ATen graph -> one step ----------------------------------------------------
     def compile_aten(self, gm: fx.GraphModule, example_inputs: list[Any], *, name: str,
