@@ -29,7 +29,7 @@ LAYERS: dict[str, int] = {
     "superkernel.runtime": 1,
     "superkernel.static_kernel": 2,
     "superkernel.pipeline": 3,
-    "superkernel.tools": 4, "superkernel.onnx": 4, "superkernel": 4,
+    "superkernel.tools": 4, "superkernel.onnx": 4, "superkernel.integrations": 4, "superkernel": 4,
 }
 NAMES = ["shared records", "runtime", "static_kernel", "pipeline", "products"]
 
