@@ -1,7 +1,8 @@
 """Part m4 of benchmarks/gpu_decode_kernels.py: a Llama-shaped decode step (random weights) run two ways on the same
 weights and caches: by the kernel set (``decode_kernels/layer.py``: six launches a layer, two for the head) and by
 the same work in PyTorch (``decode_kernels/eager.py``, as a Llama layer writes it) for Inductor to compile as
-superkernel's CUDA max-autotune does. Embedding and the rotary table lookup are plain PyTorch in both.
+superkernel's CUDA max-autotune does. Embedding and the rotary table lookup are plain PyTorch in both. With
+``int8=True`` the kernel set's int8 weight-only form of the same step (``eager`` is then not defined: bfloat16 only).
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ class Step:
     random K/V (what a prefill would have left); the rotary tables of every position."""
 
     def __init__(self, shape: DecodeShape, layers: int, device: str | torch.device, seed: int = 0,
-                 launches: dict[str, dict[str, Any]] | None = None) -> None:
+                 launches: dict[str, dict[str, Any]] | None = None, int8: bool = False) -> None:
+        """``int8``: every layer's projections and lm_head int8 weight-only (per channel, as torchao's), quantized
+        from the same bfloat16 weights the same seed gives; embedding and norms stay bfloat16."""
         device = torch.device(device)
         gen = torch.Generator(device).manual_seed(seed)
         h, i, d = shape.hidden, shape.intermediate, shape.head_dim
@@ -45,10 +48,18 @@ class Step:
         angles = torch.outer(torch.arange(shape.kv_len, device=device, dtype=torch.float32), inv_freq)
         self.cos = torch.cat([angles.cos()] * 2, dim=-1).to(torch.bfloat16)  # [S, D]
         self.sin = torch.cat([angles.sin()] * 2, dim=-1).to(torch.bfloat16)
+        self.s_lm = None
+        if int8:
+            from superkernel.runtime.cuda.decode_kernels.problems import quantize_int8
+
+            self.layers = [weights.quantized_int8() for weights in self.layers]
+            q, scale = quantize_int8(self.w_lm)
+            self.w_lm, self.s_lm = q.to(device), scale.to(device)
 
     def weight_bytes(self) -> int:
-        per_layer = sum(t.numel() * t.element_size() for t in vars(self.layers[0]).values())
-        return per_layer * len(self.layers) + self.w_lm.numel() * 2 + self.shape.hidden * 2
+        per_layer = sum(t.numel() * t.element_size() for t in vars(self.layers[0]).values() if t is not None)
+        head = sum(t.numel() * t.element_size() for t in (self.w_lm, self.s_lm, self.final_norm) if t is not None)
+        return per_layer * len(self.layers) + head
 
     def _inputs(self, token: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, ...]:
         x = self.embed.index_select(0, token.view(1)).view(-1)
@@ -60,7 +71,7 @@ class Step:
         length = pos + 1
         for weights, kc, vc in zip(self.layers, self.k_caches, self.v_caches):
             x = decode_layer(x, weights, cos, sin, pos, length, kc, vc, self.shape, self.launches)
-        return head(x, self.final_norm, self.w_lm, self.shape, self.launches["lm_head"])
+        return head(x, self.final_norm, self.w_lm, self.shape, self.launches["lm_head"], scale=self.s_lm)
 
     def eager(self, token: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """The same step in PyTorch, as a Llama model computes it (what Inductor compiles)."""

@@ -16,10 +16,15 @@
 # 8. int8gemv: a study, our Triton int8 weight-only GEMV against Inductor's reduction at the 1B step's shapes
 #    (benchmarks/studies/cuda_int8_gemv.py; needs no torchao).
 # 9. decodekernels (issue 61): our Triton decode kernel set (runtime/cuda/decode_kernels) measured by
-#    benchmarks/gpu_decode_kernels.py in four calls with their own limits (DK_M1_LIMIT ... DK_M4_LIMIT; 340 s
-#    together, the whole part under 6 minutes): m1 every kernel against cuBLAS F.linear and Inductor at the 1B
-#    shapes, m2 a graph of 230 dependent tiny kernels without and with PDL, m3 attention per layer, m4 a 1B-shaped
-#    step of the kernel set against the same work compiled by Inductor.
+#    benchmarks/gpu_decode_kernels.py in four calls with their own limits (DK_M1_LIMIT ... DK_M4_LIMIT; 300 s
+#    together): m1 every kernel against cuBLAS F.linear and Inductor at the 1B shapes, m2 a graph of 230 dependent
+#    tiny kernels without and with PDL, m3 attention per layer, m4 a 1B-shaped step of the kernel set (bfloat16 and
+#    int8 weight-only) against the same work compiled by Inductor.
+# 10. dkgenerate (issue 61): generate() on the Llama-3.2-1B shape with all_layers max-autotune and the kernel set
+#    hooked up (experimental_config.cuda_decode_kernels) against HF's static-cache recipe in reduce-overhead, then
+#    the plan without the set, then the recipe in max-autotune (last: its autotuning compile is the slowest);
+#    tokens/s and token equality (benchmarks/gpu_generate.py --tag dk; DK_GEN_LIMIT 180 s). 9 and 10 together:
+#    480 s of limits, two calls of the device tool (PARTS=decodekernels, then PARTS=dkgenerate).
 # PARTS picks parts (default pytest,big,tiny,generate,product); a lease's second run repeats only what
 # the first one showed wrong.
 # Everything lands in $OUT: gpu_run.log (all output), gpu_decode_*.{json,md}, gpu_generate_*.{json,md}.
@@ -103,10 +108,15 @@ TINY_PLANS=${TINY_PLANS:-eager,cudagraphs,cudagraphs-static-params,sk-ro-decoder
     if part decodekernels; then
     for p in m1 m2 m3 m4; do
         echo "== decode kernel set, part $p"
-        case $p in m1) limit=${DK_M1_LIMIT:-150} ;; m2) limit=${DK_M2_LIMIT:-40} ;; m3) limit=${DK_M3_LIMIT:-50} ;;
-            m4) limit=${DK_M4_LIMIT:-100} ;; esac
+        case $p in m1) limit=${DK_M1_LIMIT:-120} ;; m2) limit=${DK_M2_LIMIT:-30} ;; m3) limit=${DK_M3_LIMIT:-30} ;;
+            m4) limit=${DK_M4_LIMIT:-120} ;; esac
         timeout $limit $PY benchmarks/gpu_decode_kernels.py --parts $p --out "$OUT"
     done
+    fi
+    if part dkgenerate; then
+    echo "== generate() llama-1b: all_layers max-autotune with the decode kernel set against HF's recipe"
+    timeout ${DK_GEN_LIMIT:-180} $PY benchmarks/gpu_generate.py --model llama-1b --repeats 2 --tag dk --out "$OUT" \
+        --plans ${DK_GEN_PLANS:-all_layers:max-autotune:decode-kernels,hf:reduce-overhead,all_layers:max-autotune,hf:max-autotune}
     fi
     date -u
 } 2>&1 | tee "$OUT/gpu_run.log"

@@ -114,14 +114,24 @@ for pdl in (False, True):
     assert proc.stdout.split("\n")[:2] == ["False False False 0", "True True True 0"], proc.stdout
 
 
-def test_gpu_run_sh_runs_the_four_parts_within_six_minutes():
+def test_gpu_run_sh_runs_the_four_parts_and_generate_within_one_lease():
+    """decodekernels (m1-m4) and dkgenerate: 480 s of limits, two device calls of under 10 minutes each, leaving
+    ~5 of a 15-minute lease for the machine's start and one part rerun (docs/gpu.md)."""
     import re
 
     text = (ROOT / "benchmarks" / "gpu_run.sh").read_text()
-    block = text[text.index("if part decodekernels"):]
+    block = text[text.index("if part decodekernels"):text.index("if part dkgenerate")]
     limits = {m.group(1): int(m.group(2)) for m in re.finditer(r"(m\d)\) limit=\$\{DK_M\d_LIMIT:-(\d+)\}", block)}
-    assert set(limits) == {"m1", "m2", "m3", "m4"} and sum(limits.values()) <= 360 - 20, limits  # 20 s: starts
+    assert set(limits) == {"m1", "m2", "m3", "m4"} and sum(limits.values()) <= 300, limits
     assert "for p in m1 m2 m3 m4" in block and "benchmarks/gpu_decode_kernels.py --parts $p" in block
+    generate = text[text.index("if part dkgenerate"):]
+    generate = generate[:generate.index("\n    fi")]
+    (limit,) = [int(x) for x in re.findall(r"DK_GEN_LIMIT:-(\d+)", generate)]
+    assert limit <= 180 and sum(limits.values()) + limit <= 480
+    assert "benchmarks/gpu_generate.py --model llama-1b" in generate and "--tag dk" in generate
+    plans = re.search(r"DK_GEN_PLANS:-([^}]+)\}", generate).group(1).split(",")
+    assert plans[0] == "all_layers:max-autotune:decode-kernels" and plans[1] == "hf:reduce-overhead"
+    assert plans[-1] == "hf:max-autotune"  # the slowest compile last: it cannot starve the rows before it
 
 
 def test_the_m4_eager_step_compiles_as_one_graph():
@@ -162,6 +172,38 @@ def test_the_dry_run_goes_through_every_part_on_the_cpu(tmp_path):
     m4 = json.loads((tmp_path / "gpu_decode_kernels_m4_dry-run-cpu.json").read_text())
     assert m4["checks"]["ours vs eager PyTorch"]["top1_agrees"] and m4["checks"]["Inductor vs eager PyTorch"][
         "top1_agrees"] and isinstance(m4["checks"]["layer 0 of ours vs float64"], float)
+    # the int8 weight-only step of the set: layer 0 within the gate of float64 (int8 * scale), half the bytes
+    assert isinstance(m4["checks"]["layer 0 of ours int8 vs float64 of int8 * scale"], float)
+    assert m4["int8_weight_gb"] < 0.6 * m4["weight_gb"] and m4["int8_vs_ours"] > 0
+    assert "ours int8 weight-only (kernel set)" in tables["m4"]
+
+
+@needs_triton
+def test_the_generate_dry_run_hooks_the_kernel_set_up_and_writes_every_row(tmp_path):
+    """benchmarks/gpu_generate.py --dry-run (dkgenerate's code on the CPU under the interpreter): the plan with the
+    kernel set installs the hookup on both layers with nothing declined, its tokens are compared with eager's, the
+    HF recipes are skipped by name, and the tables are written."""
+    pytest.importorskip("transformers")
+    script = ROOT / "benchmarks" / "gpu_generate.py"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT / "src")}
+    plans = "all_layers:max-autotune:decode-kernels,hf:reduce-overhead,all_layers:max-autotune,hf:max-autotune"
+    proc = subprocess.run([sys.executable, str(script), "--dry-run", "--tag", "dk", "--plans", plans, "--out",
+                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads((tmp_path / "gpu_generate_dry-run-llama_dk_dry-run.json").read_text())
+    rows = {r["plan"]: r for r in result["rows"]}
+    assert list(rows) == ["eager", "superkernel all_layers:max-autotune:decode-kernels", "hf-static-compile",
+                          "superkernel all_layers:max-autotune", "hf-static-compile-max-autotune"]
+    dk = rows["superkernel all_layers:max-autotune:decode-kernels"]
+    assert "error" not in dk, dk
+    assert dk["decode_kernels"].startswith("decode kernel set: 2 decoder layers hooked (bfloat16)")
+    assert "left to Inductor" not in dk["decode_kernels"]
+    assert isinstance(dk["tokens_equal_eager"], bool) and 0 <= dk["agreement"] <= 1
+    assert "decode_kernels" not in rows["superkernel all_layers:max-autotune"]
+    assert rows["hf-static-compile"]["skipped"].endswith("on GPUs only")
+    assert result["dry_run"] is True
+    table = (tmp_path / "gpu_generate_dry-run-llama_dk_dry-run.md").read_text()
+    assert "dry run" in table.lower() and "| superkernel all_layers:max-autotune:decode-kernels |" in table
 
 
 def bench_candidates():

@@ -204,6 +204,29 @@ def test_the_superkernel_backend_captures_the_operator_in_place_of_the_layer():
     assert int(cache.layers[0].cumulative_length) == PROMPT + 1
 
 
+def test_max_autotune_compiles_the_glue_around_the_operator_and_explain_names_the_hooked_layers():
+    """The real max-autotune compile (Inductor's CPU backend here: the glue; the operator stays a call, its kernels
+    interpreted): the same logits as the hooked eager step within bfloat16, and explain() names the two layers."""
+    import superkernel as sk
+
+    model = tiny_llama()
+    prompt, token = inputs()
+    hookup.install(model, config())
+    want = decode(model, prefilled(model, prompt), token)
+    sk.apply_scopes(model, {"all_layers": "model.layers.*"})
+    backend = sk.get_backend(config())
+    step = torch.compile(lambda t, c: model(t, cache=c, use_cache=True).logits, backend=backend, dynamic=False)
+    cache = prefilled(model, prompt)
+    with torch.no_grad():
+        got = step(token, cache)[0, -1]
+    sk.remove_scopes(model)
+    torch.testing.assert_close(got.float(), want.float(), rtol=0.02, atol=0.02)
+    assert int(got.argmax()) == int(want.argmax())
+    text = str(sk.explain(backend))
+    assert "decode kernel set: 2 layer(s) as superkernel::llama_decode_layer" in text, text
+    assert backend.counters["decode_kernel_layers"] == 2
+
+
 def test_an_uncovered_step_warns_once_and_runs_the_layers_own_forward():
     model = tiny_llama()
     hookup.install(model, config())

@@ -47,6 +47,13 @@ class Inductor(Realization):
             self.counters["quantized_gemv_rewrites"] += len(rewrites)
             if job.info is not None:
                 job.info.rewrites = rewrites
+        if self.context.config.experimental_config.cuda_decode_kernels:  # (the hookup's operator: explain says so)
+            from superkernel.runtime.cuda.decode_kernels.op import describe, layers_in
+
+            layers = layers_in(job.module.gm)
+            self.counters["decode_kernel_layers"] += layers
+            if layers and job.info is not None:
+                job.info.rewrites = [*job.info.rewrites, describe(layers)]
         self.counters["partitions_compiled"] += 1
         if job.module.partition.kind == "segment":
             self.counters["segments_compiled"] += 1

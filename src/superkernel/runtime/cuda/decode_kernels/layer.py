@@ -136,11 +136,12 @@ def decode_layer(x: torch.Tensor, weights: LayerWeights, cos: torch.Tensor, sin:
 
 
 def head(x: torch.Tensor, final_norm: torch.Tensor, w_lm: torch.Tensor, shape: DecodeShape,
-         launch: dict[str, Any] | None = None) -> torch.Tensor:
-    """Final RMSNorm + lm_head: logits ``[vocab]`` in x's dtype."""
+         launch: dict[str, Any] | None = None, scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Final RMSNorm + lm_head: logits ``[vocab]`` in x's dtype (``scale``: an int8 ``w_lm``'s per-row scales)."""
     from superkernel.runtime.cuda.decode_kernels.gemv import gemv
 
-    return gemv(x.reshape(-1), w_lm, norm=final_norm, eps=shape.eps, **(launch or dict(CANDIDATES["lm_head"][0])))
+    return gemv(x.reshape(-1), w_lm, norm=final_norm, eps=shape.eps, scale=scale,
+                **(launch or dict(CANDIDATES["lm_head"][0])))
 
 
 def reference_layer(x: torch.Tensor, weights: LayerWeights, cos: torch.Tensor, sin: torch.Tensor, pos: int,

@@ -13,7 +13,7 @@ measurement shows the boundary costs.) ``import`` registers the operator; the ke
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -47,3 +47,23 @@ def llama_decode_layer(x: torch.Tensor, input_norm: torch.Tensor, w_qkv: torch.T
 def _(x, input_norm, w_qkv, w_o, post_norm, w_gate, w_up, w_down, s_qkv, s_o, s_gate, s_up, s_down, cos, sin, pos,
       k_cache, v_cache, n_q_heads, n_kv_heads, head_dim, eps, sm_scale):  # noqa: ARG001 (the signature is the op's)
     return torch.empty_like(x)
+
+
+def layers_in(gm: Any) -> int:
+    """How many ``llama_decode_layer`` calls an ATen graph holds (functionalized: inside ``auto_functionalized``)."""
+    count = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        target = node.target
+        if getattr(target, "__name__", "").startswith("auto_functionalized") and node.args:
+            target = node.args[0]
+        if getattr(target, "name", lambda: "")() in (OP_NAME, OP_NAME + ".default") or str(target) in (
+                OP_NAME.replace("::", "."), OP_NAME.replace("::", ".") + ".default"):
+            count += 1
+    return count
+
+
+def describe(layers: int) -> str:
+    """The explain line of a partition whose decode layers run through the set."""
+    return f"decode kernel set: {layers} layer(s) as {OP_NAME} (six Triton launches each)"
