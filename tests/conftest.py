@@ -29,7 +29,7 @@ def pytest_configure(config):
 #: by their number of tests, and this order had no effect until 2026-12-06 (a cold run on EPYC-Z4 with it in
 #: effect: 674 s of pytest against 716 s without, the same day, the workers ending 1.5 s apart).
 SLOW_FIRST = (
-    "workflow/test_wf_quality.py", "workflow/test_wf_optimize.py", "workflow/test_wf_registry.py", "static_kernel/test_frames.py",
+    "workflow/test_wf_quality.py", "workflow/test_wf_quantize_auto.py", "workflow/test_wf_optimize.py", "workflow/test_wf_registry.py", "static_kernel/test_frames.py",
     "workflow/test_wf_docs.py", "distributed/test_dist_optimize.py", "workflow/test_wf_analyze.py",
     "static_kernel/test_build_and_load.py", "static_kernel/test_compiler.py", "quant/test_quant_workflow.py",
     "backend/test_realize_cpu.py", "quant/test_quantize.py", "workflow/test_wf_generate.py",

@@ -78,11 +78,19 @@ def _add_precision_args(p: argparse.ArgumentParser) -> None:
 
 def _add_quantize_args(p: argparse.ArgumentParser) -> None:
     from superkernel.runtime.quant_schemes import SCHEMES, group_sizes, grouped_names
+    from superkernel.tools.advisor.auto_quant import DEFAULT_MAX_KL
 
-    p.add_argument("--quantize", default=None, choices=tuple(SCHEMES), metavar="SCHEME",
+    p.add_argument("--quantize", default=None, choices=(*SCHEMES, "auto"), metavar="SCHEME",
                    help="quantize the loaded model with torchao first (superkernel[quant]); every plan and baseline runs "
                         "the quantized model, and the report adds quantization's own error against the float model: "
-                        + "; ".join(f"{k}: {row.summary}" for k, row in SCHEMES.items()))
+                        + "; ".join(f"{k}: {row.summary}" for k, row in SCHEMES.items())
+                        + "; auto: screen every scheme this device runs by its KL divergence from the float model, "
+                          "optimize the float model and each scheme within --max-kl, each in its own folder, and "
+                          "recommend the fastest (docs/real_models.md)")
+    p.add_argument("--max-kl", type=float, default=None, metavar="NATS",
+                   help=f"--quantize auto: the quality budget, mean KL divergence from the float model in nats per "
+                        f"position over the evaluation text (default {DEFAULT_MAX_KL:g}: keeps the int8 schemes, "
+                        f"refuses int4 on SmolLM2-135M; docs/real_models.md)")
     grouped = [SCHEMES[name] for name in grouped_names()]
     p.add_argument("--group-size", type=int, default=None, choices=group_sizes(), metavar="N",
                    help=f"--quantize {' / '.join(row.name for row in grouped)}: weights per scale "
@@ -282,6 +290,10 @@ def _cmd_optimize(args) -> int:
     if distributed.wanted(args) and args.quantize:
         raise ValueError("--quantize measures one process; drop --nproc (tensor-parallel quantized models are not "
                          "supported)")
+    if args.max_kl is not None and args.quantize != "auto":
+        raise ValueError("--max-kl is the budget of --quantize auto; add --quantize auto or drop it")
+    if args.quantize == "auto":
+        return _optimize_auto(args, opts)
     if distributed.wanted(args):
         return distributed.optimize(args, opts)
     outcome = optimize(opts, Reporter(quiet=args.quiet))
@@ -297,6 +309,27 @@ def _cmd_optimize(args) -> int:
         sys.stderr.write(f"{PROG}: error: {safe_text(outcome.message, 1000)}\n")
         return EXIT_NO_RESULT
     console.print(outcome.message, highlight=False)
+    return 0
+
+
+def _optimize_auto(args, opts) -> int:
+    """``optimize --quantize auto``: the table of speed against quality, the files, the recommendation."""
+    from superkernel.tools.advisor.auto_quant import DEFAULT_MAX_KL, optimize_auto, table_lines
+    from superkernel.tools.advisor.progress import Reporter
+
+    outcome = optimize_auto(opts, Reporter(quiet=args.quiet),
+                            max_kl=DEFAULT_MAX_KL if args.max_kl is None else args.max_kl)
+    console = _console()
+    console.print(f"superkernel optimize --quantize auto: {args.model}", highlight=False)
+    for line in table_lines(outcome.candidates, outcome.chosen):
+        console.print(line, highlight=False, markup=False, soft_wrap=True)
+    for key in ("report", "plan", "results"):
+        if key in outcome.files:
+            console.print(f"  {key}: {outcome.files[key]}")
+    if not outcome.has_recommendation:
+        sys.stderr.write(f"{PROG}: error: {safe_text(outcome.message, 1000)}\n")
+        return EXIT_NO_RESULT
+    console.print(outcome.message, highlight=False, markup=False)
     return 0
 
 

@@ -111,7 +111,11 @@ def load_model(spec: str, *, seed: int = 0, device: str | torch.device = "cpu",
     if not isinstance(spec, str) or not spec:
         raise ModelLoadError(f"--model must be a zoo name or a checkpoint directory, got {spec!r}")
     if spec in ZOO:
-        loaded = _build_zoo(spec, seed)
+        from superkernel.tools.quantize import import_torchao_quietly, torchao_notes_dropped
+
+        import_torchao_quietly()  # transformers imports it while it builds a model; its import logs nothing of use
+        with torchao_notes_dropped():
+            loaded = _build_zoo(spec, seed)
         if wanted is not None and wanted != torch.float32:
             loaded.model.to(wanted)
         loaded.dtype_source = "--dtype" if wanted is not None else "default (zoo models run in float32)"
