@@ -39,13 +39,16 @@ test-gpu-versions:
 
 # The decode kernel set (src/superkernel/runtime/cuda/decode_kernels) under Triton's CPU interpreter, and its
 # compile for sm_90a (ptxas ships with Triton), in a venv of its own: torch's CPU build has no Triton, and Triton's
-# 3.6 interpreter needs numpy < 2.4 (triton-lang/triton#9171). 3.6.0 is what the GPU machines run. About 4 minutes
-# on 2 cores once installed. Not part of `make test` (there these tests skip: Triton is not importable).
+# 3.6 interpreter needs numpy < 2.4 (triton-lang/triton#9171; so not constraints.txt, which pins numpy 2.4).
+# 3.6.0 is what the GPU machines run. transformers and torchao for the hookup's checks on a Hugging Face Llama
+# (bfloat16 and int8 weight-only). About 7 minutes of CPU once installed (11 wall-clock minutes on 2 shared cores).
+# Not part of `make test` (there the Triton tests skip: Triton is not importable; the coverage decisions run there).
 TRITON_VENV := .venv-triton
 test-triton:
 	test -x $(TRITON_VENV)/bin/python || $(PYTHON) -m venv $(TRITON_VENV)
 	$(TRITON_VENV)/bin/python -m pip install --quiet "torch==2.13.0"
-	$(TRITON_VENV)/bin/python -m pip install --quiet "triton==3.6.0" "numpy<2.4" "pytest>=8"
+	$(TRITON_VENV)/bin/python -m pip install --quiet "triton==3.6.0" "numpy<2.4" "pytest>=8" "transformers==5.24.0" \
+		"torchao==0.18.0"
 	TRITON_INTERPRET=1 PYTHONPATH=$(CURDIR)/src $(TRITON_VENV)/bin/python -m pytest -q -p no:cacheprovider -rs \
 		tests/decode_kernels
 

@@ -7,7 +7,9 @@ Needs Triton (``make test-triton`` builds ``.venv-triton``; Triton ships ptxas).
 ``configs.CANDIDATES`` is launched at Llama-3.2-1B's shapes with its tensors on the ``meta`` device while Triton's
 launch is recorded instead of run; each recorded launch is compiled by ``triton.compile`` for
 ``GPUTarget("cuda", 90, 32)`` (Hopper, sm_90a), and ``ptxas -v`` reads registers, spill stores/loads and stack of the
-PTX Triton produced. Zero spills is the target. Writes ``triton_decode_kernels_sm90a.{json,md}`` to ``--out``.
+PTX Triton produced, and again with int8 weights (``<problem> int8``: int8 weight-only, a float32 scale per output
+row) for every kernel that reads weights. Zero spills is the target. Writes ``triton_decode_kernels_sm90a.{json,md}``
+to ``--out``.
 Nothing here is timed: registers say how many programs fit on an SM, not how fast they run.
 """
 
@@ -31,19 +33,21 @@ def compile_all(names: list[str], capability: int = 90) -> list[dict]:
     from superkernel.runtime.cuda.decode_kernels.configs import CANDIDATES, LLAMA_1B, describe
 
     rows = []
-    for name in names:
+    for name, int8 in [(n, False) for n in names] + [(n, True) for n in names if n in problems.WEIGHTED]:
         for launch in CANDIDATES[name]:
-            inputs = problems.make_inputs(name, LLAMA_1B, "meta")
+            inputs = problems.make_inputs(name, LLAMA_1B, "meta", int8=int8)
             for recorded in aot.record(problems.call, name, inputs, LLAMA_1B, launch):
                 start = time.perf_counter()
                 c = aot.compile_launch(recorded, capability)
-                rows.append({"problem": name, "launch": describe(launch), "kernel": c.kernel,
+                rows.append({"problem": f"{name} int8" if int8 else name, "launch": describe(launch),
+                             "kernel": c.kernel,
                              "constexprs": c.constexprs,
                              "num_warps": c.options["num_warps"], "num_stages": c.options["num_stages"],
                              "registers": c.registers, "spill_stores": c.spill_stores, "spill_loads": c.spill_loads,
                              "stack_bytes": c.stack_bytes, "shared_bytes": c.shared_bytes,
                              "compile_s": round(time.perf_counter() - start, 2)})
-                print(f"{name:9s} {describe(launch):45s} {c.kernel:22s} regs {c.registers:3d} "
+                label = name + (" int8" if int8 else "")
+                print(f"{label:14s} {describe(launch):45s} {c.kernel:22s} regs {c.registers:3d} "
                       f"spills {c.spill_stores}/{c.spill_loads} stack {c.stack_bytes} smem {c.shared_bytes}",
                       flush=True)
     return rows
@@ -54,7 +58,8 @@ def markdown(rows: list[dict], meta: dict) -> str:
     lines = ["# The decode kernel set compiled for sm_90a on the CPU (registers and spills)", "",
              f"Triton {meta['triton']}, ptxas {meta['ptxas']}, target `GPUTarget(\"cuda\", 90, 32)`, compiled on "
              f"{meta['host']} without a GPU ({meta['date']}); Llama-3.2-1B shapes (hidden 2048, 32/8 heads of 64, "
-             "intermediate 8192, vocab 128256, KV cache 162). Written by "
+             "intermediate 8192, vocab 128256, KV cache 162); `<problem> int8`: int8 weight-only weights with a "
+             "float32 scale per output row. Written by "
              "`benchmarks/triton_decode_kernels_sm90a.py`. Not timed: nothing here has run on a GPU.", "",
              f"**{len(rows)} kernels compiled, {len(spilling)} with spills.** Registers are per thread (Hopper: 64K "
              "per SM, at most 255 per thread); shared memory is Triton's allocation per program.", "",

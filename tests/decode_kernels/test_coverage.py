@@ -187,3 +187,21 @@ def test_apply_for_generate_passes_its_compiler_config_to_the_hookup(monkeypatch
     assert model.generation_config.cache_implementation == "static"
     assert hookup.hookup_of(model) is None
     remove_for_generate(model)
+
+
+def test_remove_refuses_to_drop_a_scope_wrapped_around_the_hooked_forward():
+    """(Runs where Triton is importable, in make test-triton: a covered model's install imports the operator. The
+    model stays on the CPU; device="cuda" only passes the coverage check, nothing is launched.)"""
+    import superkernel as sk
+
+    model = tiny()
+    forward = type(model.model.layers[0]).forward
+    if not TRITON:
+        pytest.skip("install needs the kernels' module importable (Triton) once the model is covered")
+    hookup.install(model, config(), device="cuda")
+    sk.apply_scopes(model, {"layers": "model.layers.*"})
+    with pytest.raises(RuntimeError, match="remove_scopes"):
+        hookup.remove(model)
+    sk.remove_scopes(model)
+    hookup.remove(model)
+    assert model.model.layers[0].forward.__func__ is forward

@@ -27,6 +27,10 @@ def test_attention_and_a_split_k_gemv_compile_for_sm90a_without_spills(tmp_path)
     kernels = {(r["problem"], r["launch"], r["kernel"]): r for r in data["kernels"]}
     names = {k[2] for k in kernels}
     assert names == {"attn_split_kernel", "attn_reduce_kernel", "gemv_kernel", "splitk_reduce_kernel"}
+    # the int8 weight-only GEMV (split-K candidates included) compiles too, every candidate of o_proj
+    int8 = {(k[1], k[2]) for k in kernels if k[0] == "o_proj int8"}
+    assert {launch for launch, _ in int8} == {launch for p, launch, _ in kernels if p == "o_proj"}
+    assert ("block_n=4,block_k=512,num_warps=4,split_k=2", "splitk_reduce_kernel") in int8
     for key, row in kernels.items():
         assert 0 < row["registers"] <= 255, key
         assert row["spill_stores"] == 0 and row["spill_loads"] == 0, (key, row)

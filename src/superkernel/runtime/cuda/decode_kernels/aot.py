@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 _TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int64: "i64",
-          torch.int32: "i32", torch.float64: "fp64"}
+          torch.int32: "i32", torch.float64: "fp64", torch.int8: "i8"}
 _OPTIONS = ("num_warps", "num_stages", "num_ctas", "launch_pdl")
 
 

@@ -17,7 +17,9 @@ Scopes wrap whatever ``forward`` a layer has, so ``apply_scopes`` after :func:`i
 layer's scope, and the step compiles to one CUDA graph with the set's six launches a layer where Inductor's kernels
 were. The q, k and v weights are concatenated once here (a non-persistent buffer per layer: the prefill still reads
 the separate projections, so the layer's q/k/v bytes are held twice); int8 weight-only layers (torchao) keep their
-int8 rows and scales as plain tensors (``layer.int8_parts``), which the set's kernels read directly.
+int8 rows and scales as plain tensors (``layer.int8_parts``), which the set's kernels read directly. Those are
+taken at install: install after the weights are final (a later ``load_state_dict`` would not reach the concatenated
+q/k/v copy; install again).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from superkernel.runtime.cuda.decode_kernels import coverage
 
 _HOOK_ATTR = "_superkernel_decode_kernels"
 _ORIGINAL_ATTR = "_superkernel_decode_kernels_forward"
+_HOOK_FN_ATTR = "_superkernel_decode_kernels_hook"
 #: per-layer buffers the operator reads (non-persistent: not in the state dict)
 _BUFFERS = ("w_qkv", "w_o", "w_gate", "w_up", "w_down", "s_qkv", "s_o", "s_gate", "s_up", "s_down")
 _PREFIX = "_sk_dk_"
@@ -90,15 +93,25 @@ def install(model: Any, config: Any, device: torch.device | str | None = None) -
             layer.register_buffer(_PREFIX + name, value.detach() if value is not None else None, persistent=False)
         setattr(layer, _ORIGINAL_ATTR, layer.forward)
         layer.forward = _hooked_forward(layer, index, model.config, hookup)
+        setattr(layer, _HOOK_FN_ATTR, layer.forward)
     setattr(model, _HOOK_ATTR, hookup)
     return hookup
 
 
 def remove(model: Any) -> None:
-    """Undo :func:`install` (nothing to do where it is not installed)."""
+    """Undo :func:`install` (nothing to do where it is not installed). Scopes applied after :func:`install` wrap the
+    hooked forward: remove them first (``remove_scopes``), or this raises rather than drop them."""
     if hookup_of(model) is None:
         return
-    for layer in coverage.decoder_layers(model):
+    layers = coverage.decoder_layers(model)
+    wrapped = [i for i, layer in enumerate(layers)
+               if hasattr(layer, _HOOK_FN_ATTR) and vars(layer).get("forward") is not getattr(layer, _HOOK_FN_ATTR)]
+    if wrapped:
+        raise RuntimeError(f"decode kernel hookup: layer(s) {wrapped} have another forward around the hooked one (a "
+                           "scope?): remove_scopes(model) first, then remove the hookup")
+    for layer in layers:
+        if hasattr(layer, _HOOK_FN_ATTR):
+            delattr(layer, _HOOK_FN_ATTR)
         if hasattr(layer, _ORIGINAL_ATTR):
             original = getattr(layer, _ORIGINAL_ATTR)
             delattr(layer, _ORIGINAL_ATTR)
