@@ -11,9 +11,9 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed here")
 
-from superkernel.runtime.cuda.decode_kernels import coverage, hookup  # noqa: E402
+from superkernel.runtime.cuda.decode_kernels import coverage, hookup, triton_available  # noqa: E402
 
-TRITON = coverage.triton_importable()
+TRITON = triton_available()
 
 
 def tiny(model_cls="LlamaForCausalLM", config_cls="LlamaConfig", dtype=torch.bfloat16, **overrides):

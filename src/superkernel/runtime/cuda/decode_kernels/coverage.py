@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from superkernel.runtime.cuda.decode_kernels import triton_available
+
 #: ``config.model_type`` values whose decoder layers have the structure above
 MODEL_TYPES = ("llama",)
 #: a decode step of one token: anything else (the prefill) is not the kernel set's job, and no warning is given
@@ -28,12 +30,6 @@ NOT_A_DECODE_STEP = "not a decode step (more than one token: the prefill)"
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-def triton_importable() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("triton") is not None
 
 
 def _weight_kind(weight: Any) -> str:
@@ -109,7 +105,7 @@ def model_reason(model: Any, *, mode: str, device: torch.device | str) -> str | 
         why = layer_reason(layer)
         if why is not None:
             return f"layer {i}: {why}"
-    if not triton_importable():  # (last: the decisions above are checked where Triton is not installed)
+    if not triton_available():  # (last: the decisions above are checked where Triton is not installed)
         return "Triton is not importable in this process"
     return None
 
