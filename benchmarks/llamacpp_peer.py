@@ -330,7 +330,12 @@ def others_cores(wall0: float, busy0: int, self0: float) -> float:
     return max(0.0, other / wall)
 
 
-def decode_round(llm, prompt: list[int], warmup: int, steps: int) -> dict[str, Any]:
+def decode_round(llm, prompt: list[int], warmup: int, steps: int, forced: list[int] | None = None,
+                 logits: list[np.ndarray] | None = None) -> dict[str, Any]:
+    """One round: the prompt, then ``warmup`` + ``steps`` decode steps of one token each, the timed ones after the
+    warm-up. Greedy by default (each step fed the previous step's argmax); ``forced``: step i is fed ``forced[i]``
+    instead (teacher-forced, the ids the torch runners are fed). ``picks``: each step's argmax, read outside the
+    timed region; ``logits`` (a list): each step's logits row is appended to it (copied, also untimed)."""
     import llama_cpp
 
     llm.reset()
@@ -339,20 +344,25 @@ def decode_round(llm, prompt: list[int], warmup: int, steps: int) -> dict[str, A
     prefill = time.perf_counter() - start
     ctx = llm.ctx
     token = int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(llm.n_vocab(),))))
-    tokens, times = [], []
+    tokens, picks, times = [], [], []
     for i in range(warmup + steps):
         if i == warmup:
             llama_cpp.llama_perf_context_reset(ctx)
+        if forced is not None:
+            token = int(forced[i])
         tokens.append(token)
         start = time.perf_counter()
         llm.eval([token])
         elapsed = time.perf_counter() - start
         if i >= warmup:
             times.append(elapsed)
-        token = int(np.argmax(np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1),
-                                                    shape=(llm.n_vocab(),))))
+        row = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, -1), shape=(llm.n_vocab(),))
+        token = int(np.argmax(row))
+        picks.append(token)
+        if logits is not None:
+            logits.append(np.array(row, dtype=np.float32))
     perf = llama_cpp.llama_perf_context(ctx)
-    return {"prefill_s": prefill, "step_s": times, "tokens": tokens,
+    return {"prefill_s": prefill, "step_s": times, "tokens": tokens, "picks": picks,
             "llama_perf": {"t_eval_ms": perf.t_eval_ms, "n_eval": perf.n_eval}}
 
 

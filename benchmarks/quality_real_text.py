@@ -65,7 +65,7 @@ def requantize(src: Path, dst: Path, kind: str, threads: int) -> None:
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, {"Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0", "Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0",
-                                       "F16": "LLAMA_FTYPE_MOSTLY_F16"}[kind])
+                                       "F16": "LLAMA_FTYPE_MOSTLY_F16", "F32": "LLAMA_FTYPE_ALL_F32"}[kind])
     params.nthread = threads
     params.allow_requantize = True
     if llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params) != 0:
