@@ -38,10 +38,11 @@ def model_folder():
     return str(converted_folder(locate("smollm2-135m"), quiet=True)[0])
 
 
-def run_engine(tmp: Path, model: str, backend: str | None, env: dict | None = None) -> dict:
+def run_engine(tmp: Path, model: str, backend: str | None, env: dict | None = None, dtype: str = "float32") -> dict:
+    tmp.mkdir(parents=True, exist_ok=True)
     spec, out = tmp / "spec.json", tmp / "out.json"
     spec.write_text(json.dumps({"model": model, "backend": backend, "batches": BATCHES, "max_tokens": MAX_TOKENS,
-                                "env": env or {}}))
+                                "env": env or {}, "dtype": dtype}))
     proc = subprocess.run([sys.executable, str(RUNNER), str(spec), str(out)], capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -72,6 +73,14 @@ def test_reduce_overhead_plan_gives_vllm_eager_tokens(strategy, scopes, eager, m
     (backend,) = got["backends"]
     assert backend["fallbacks"] == 0 and len(backend["annotated"][0]) == scopes
     assert f"{scopes} scope(s)" in backend["explain"], backend["explain"][:400]
+
+
+def test_reduce_overhead_plan_in_bfloat16_gives_vllm_eager_tokens(model_folder, tmp_path):
+    eager16 = run_engine(tmp_path / "eager", model_folder, None, dtype="bfloat16")
+    got = run_engine(tmp_path / "plan", model_folder, PREFIX + "decoder_layer", dtype="bfloat16")
+    assert "Paris" in eager16["texts"][0][0], eager16["texts"]
+    assert got["token_ids"] == eager16["token_ids"], (got["texts"], eager16["texts"])
+    assert ours(got, "VllmPlanFallbackWarning") == [] and got["backends"][0]["fallbacks"] == 0
 
 
 def test_an_unfusable_scope_leaves_the_engine_serving(eager, model_folder, tmp_path):
