@@ -12,25 +12,17 @@ form of these checks (one CUDA graph per step, Inductor compiling the glue) is `
 from __future__ import annotations
 
 import copy
-import os
 import warnings
 
 import pytest
 import torch
 
-pytest.importorskip("triton", reason="Triton is not installed here (torch's CPU build has none): make test-triton")
+from .interpreter_setup import kernel_device
+
+DEVICE = kernel_device()
 transformers = pytest.importorskip("transformers", reason="transformers is not installed here")
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from superkernel.runtime.cuda.decode_kernels import coverage, hookup  # noqa: E402
-from superkernel.runtime.cuda.decode_kernels.interpret import fix_bf16, interpreting  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu" and not interpreting():
-    pytest.skip("no GPU and TRITON_INTERPRET is not set: the kernels cannot run", allow_module_level=True)
-if interpreting():
-    fix_bf16()
 
 PROMPT, CACHE = 7, 16
 

@@ -10,24 +10,17 @@ the interpreter is patched to round bfloat16 as the GPU does (``interpret.fix_bf
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-pytest.importorskip("triton", reason="Triton is not installed here (torch's CPU build has none): make test-triton")
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from .interpreter_setup import kernel_device
+
+DEVICE = kernel_device()
 
 from superkernel.runtime.cuda.decode_kernels import problems, reference  # noqa: E402
 from superkernel.runtime.cuda.decode_kernels.configs import CANDIDATES, LLAMA_1B, DecodeShape  # noqa: E402
-from superkernel.runtime.cuda.decode_kernels.interpret import fix_bf16, interpreting  # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu" and not interpreting():
-    pytest.skip("no GPU and TRITON_INTERPRET is not set: the kernels cannot run", allow_module_level=True)
-if interpreting():
-    fix_bf16()
+from superkernel.runtime.cuda.decode_kernels.interpret import interpreting  # noqa: E402
 
 #: Every dimension odd or off the blocks: hidden 300 (K tails of 128/256/512 blocks), head_dim 40 (pairs 20: BLOCK_P
 #: tails; attention's D padded to 64), GQA group 3 (padded to 16 rows), intermediate 333, vocab 1001, cache 77.
@@ -142,6 +135,18 @@ def test_the_interpreters_bf16_dot_and_rounding_are_fixed():
     torch.testing.assert_close(y, x.to(torch.bfloat16), rtol=0, atol=0, equal_nan=True)  # torch rounds to nearest
 
 
+def _layer_inputs(shape: DecodeShape, seed: int) -> tuple[torch.Tensor, ...]:
+    """A decode layer's inputs in bfloat16, seeded: hidden state, RoPE cos / sin, K and V caches."""
+    gen = torch.Generator().manual_seed(seed)
+    kc = torch.randn(1, shape.n_kv_heads, shape.kv_len, shape.head_dim, generator=gen).to(DEVICE, torch.bfloat16)
+    vc = torch.randn(1, shape.n_kv_heads, shape.kv_len, shape.head_dim, generator=gen).to(DEVICE, torch.bfloat16)
+    x = torch.randn(shape.hidden, generator=gen).to(DEVICE, torch.bfloat16)
+    angles = torch.rand(shape.head_dim // 2, generator=gen) * 6
+    cos = torch.cat([angles.cos()] * 2).to(DEVICE, torch.bfloat16)
+    sin = torch.cat([angles.sin()] * 2).to(DEVICE, torch.bfloat16)
+    return x, cos, sin, kc, vc
+
+
 @pytest.mark.parametrize("shape", [ODD, LLAMA_1B_FEW_HEADS], ids=["odd", "llama-1b-dims-4-heads"])
 def test_a_whole_layer_of_six_launches_against_float64(shape):
     """The layer's intermediates (q, K/V rows, attention output, h, the MLP's input) are rounded to bfloat16
@@ -149,14 +154,8 @@ def test_a_whole_layer_of_six_launches_against_float64(shape):
     from superkernel.runtime.cuda.decode_kernels import layer
 
     weights = layer.LayerWeights.random(shape, DEVICE)
-    gen = torch.Generator().manual_seed(1)
     pos = 40
-    kc = torch.randn(1, shape.n_kv_heads, shape.kv_len, shape.head_dim, generator=gen).to(DEVICE, torch.bfloat16)
-    vc = torch.randn(1, shape.n_kv_heads, shape.kv_len, shape.head_dim, generator=gen).to(DEVICE, torch.bfloat16)
-    x = torch.randn(shape.hidden, generator=gen).to(DEVICE, torch.bfloat16)
-    angles = torch.rand(shape.head_dim // 2, generator=gen) * 6
-    cos = torch.cat([angles.cos()] * 2).to(DEVICE, torch.bfloat16)
-    sin = torch.cat([angles.sin()] * 2).to(DEVICE, torch.bfloat16)
+    x, cos, sin, kc, vc = _layer_inputs(shape, seed=1)
     before = kc.clone(), vc.clone()
     want = layer.reference_layer(x, weights, cos, sin, pos, *before, shape)
     launches = None if shape is ODD else FULL_LAUNCH  # (the 1B widths: few programs, for the interpreter)
@@ -206,14 +205,8 @@ def test_a_whole_int8_layer_against_float64():
 
     weights = layer.LayerWeights.random(ODD, DEVICE).quantized_int8()
     assert weights.int8 and weights.w_qkv.dtype == torch.int8
-    gen = torch.Generator().manual_seed(2)
     pos = 30
-    kc = torch.randn(1, ODD.n_kv_heads, ODD.kv_len, ODD.head_dim, generator=gen).to(DEVICE, torch.bfloat16)
-    vc = torch.randn(1, ODD.n_kv_heads, ODD.kv_len, ODD.head_dim, generator=gen).to(DEVICE, torch.bfloat16)
-    x = torch.randn(ODD.hidden, generator=gen).to(DEVICE, torch.bfloat16)
-    angles = torch.rand(ODD.head_dim // 2, generator=gen) * 6
-    cos = torch.cat([angles.cos()] * 2).to(DEVICE, torch.bfloat16)
-    sin = torch.cat([angles.sin()] * 2).to(DEVICE, torch.bfloat16)
+    x, cos, sin, kc, vc = _layer_inputs(ODD, seed=2)
     want = layer.reference_layer(x, weights, cos, sin, pos, kc.clone(), vc.clone(), ODD)
     got = layer.decode_layer(x, weights, cos, sin, torch.tensor([pos], device=DEVICE),
                              torch.tensor([pos + 1], device=DEVICE), kc, vc, ODD)
