@@ -104,3 +104,21 @@ def test_a_graph_that_fails_to_compile_runs_as_traced_with_one_warning():
     ours = [str(w.message) for w in caught if issubclass(w.category, VllmPlanFallbackWarning)]
     assert len(ours) == 1 and "decoder_layer_0" in ours[0] and "aten::relu" in ours[0], ours
     assert backend.fallbacks == 1 and torch.equal(got, model(x))
+
+
+def test_max_autotune_on_a_dynamic_size_falls_back_instead_of_killing_the_engine():
+    """In vLLM (mode 2) the token count is a dynamic size; Inductor's segments specialized it and Dynamo then
+    failed building guards after the backend returned (a dead engine). The plan now refuses such a graph inside
+    the guarded compile: one warning, the graph runs as traced."""
+    torch.manual_seed(0)
+    model, x = Model().eval(), torch.randn(5, 8)
+    backend = VllmBackend("decoder_layer", mode="max-autotune")
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    torch._dynamo.mark_dynamic(x, 0)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        got = compiled(x)
+    ours = [str(w.message) for w in caught if issubclass(w.category, VllmPlanFallbackWarning)]
+    assert len(ours) == 1 and "needs static shapes" in ours[0], ours
+    assert backend.fallbacks == 1 and torch.equal(got, model(x))

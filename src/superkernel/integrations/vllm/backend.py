@@ -40,7 +40,15 @@ class VllmBackend(SuperKernelBackend):
             self.fallbacks += 1
             return serializable(graph) if aot else graph
 
-        return guarded(lambda: SuperKernelBackend.__call__(self, gm, example_inputs), gm, self.plan, fallback)
+        def compile_step() -> Callable[..., Any]:
+            if self.config.mode == "max-autotune" and _symbolic(example_inputs):
+                # Inductor's segments specialize vLLM's dynamic token count, and Dynamo then fails building the
+                # guards after the backend returned: the engine died (ConstraintViolationError, 4096 tokens)
+                raise NotImplementedError("max-autotune inside vLLM needs static shapes; vLLM traces the token count "
+                                          "as a dynamic size, which Inductor's segments would specialize")
+            return SuperKernelBackend.__call__(self, gm, example_inputs)
+
+        return guarded(compile_step, gm, self.plan, fallback)
 
     def compile_aten(self, gm: fx.GraphModule, example_inputs: list[Any], **kwargs: Any) -> Callable[..., Any]:
         ops: dict[str, int] = {}
@@ -50,6 +58,17 @@ class VllmBackend(SuperKernelBackend):
                 ops[name] = ops.get(name, 0) + 1
         self.aten_ops.append(ops)
         return super().compile_aten(gm, example_inputs, **kwargs)
+
+
+def _symbolic(example_inputs: list[Any]) -> bool:
+    import torch
+
+    for x in example_inputs:
+        if isinstance(x, torch.SymInt):
+            return True
+        if isinstance(x, torch.Tensor) and any(isinstance(d, torch.SymInt) for d in x.shape):
+            return True
+    return False
 
 
 __all__ = ["VllmBackend"]
