@@ -53,7 +53,7 @@ test-triton:
 		tests/decode_kernels
 
 # The CPU peers of the benchmarks (not part of make demo / make test): llama.cpp, compiled from PyPI's source package
-# for this CPU (GGML_NATIVE: its AVX2 / AVX-512 / VNNI kernels; about 20 minutes on 2 cores). zentorch is not installed
+# for this CPU (GGML_NATIVE: its AVX2 / AVX-512 / VNNI kernels; 20-45 minutes on 2 cores, pip keeps the wheel after). zentorch is not installed
 # here yet; vLLM's CPU build has its own venv (make peers-vllm, below).
 peers: $(STAMP)
 	CMAKE_ARGS="-DGGML_NATIVE=ON" $(PY) -m pip install --quiet -c constraints.txt -e ".[tools,peers]"
