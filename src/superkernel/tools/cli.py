@@ -467,7 +467,8 @@ def _cmd_bench(args) -> int:
                                  dtype=args.dtype, batch_size=args.batch_size, eval_text=args.eval_text),
                     Reporter(quiet=args.quiet))
     console = _console()
-    print_results(outcome.results, None, f"superkernel bench: {outcome.model} with {args.config}", console)
+    quantized = f" quantized {outcome.quantization} as the plan records" if outcome.quantization else ""
+    print_results(outcome.results, None, f"superkernel bench: {outcome.model}{quantized} with {args.config}", console)
     plan = outcome.plan
     if plan.error:
         sys.stderr.write(f"{PROG}: error: the plan could not be captured: {plan.error}\n")

@@ -36,6 +36,7 @@ class BenchOutcome:
     model: str
     results: list[RunResult] = field(default_factory=list)
     torch_compile_mode: str | None = None  # a ``backend: torch.compile`` plan's mode
+    quantization: str | None = None        # the scheme the plan records and the model was quantized with
 
     @property
     def plan(self) -> RunResult:
@@ -65,7 +66,8 @@ def bench(opts: BenchOptions, reporter: Reporter | None = None) -> BenchOutcome:
     eager = results[0]
     if spec.backend != SUPERKERNEL:  # "use torch.compile": the baselines are the whole measurement
         fill_speedups(results, eager, next((r for r in results if r.name == "torch.compile" and not r.error), None))
-        return BenchOutcome(model=loaded.name, results=results, torch_compile_mode=spec.mode)
+        return BenchOutcome(model=loaded.name, results=results, torch_compile_mode=spec.mode,
+                            quantization=quant.get("scheme"))
     plan = ScopePlan(spec.strategy or "custom", spec.scopes)
     validate_scopes(loaded.model, [plan], spec.options)
     from superkernel.tools.advisor.precision import default_tolerance
@@ -74,4 +76,4 @@ def bench(opts: BenchOptions, reporter: Reporter | None = None) -> BenchOutcome:
     results += run_plan(session, plan, (opts.mode or spec.mode,), eager.logits, options=spec.options,
                         tolerance=tolerance, reporter=reporter)
     fill_speedups(results, eager, next((r for r in results if r.name == "torch.compile" and not r.error), None))
-    return BenchOutcome(model=loaded.name, results=results)
+    return BenchOutcome(model=loaded.name, results=results, quantization=quant.get("scheme"))
