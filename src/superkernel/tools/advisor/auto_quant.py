@@ -118,11 +118,10 @@ def check_auto_options(opts: Any, device: str) -> None:
 
 
 def _quality(logits: Any, reference: Any, session: Any) -> dict[str, float | None]:
+    from superkernel.tools.advisor.text_eval import first_sequence
     from superkernel.tools.quality import text_quality
 
-    steps, batch = session.total_steps, session.batch
-    first = logits.reshape(steps, batch, -1)[:, 0]
-    ref = reference.reshape(steps, batch, -1)[:, 0]
+    first, ref = first_sequence(logits, session), first_sequence(reference, session)
     text = session.text_targets
     q = text_quality(first, text if text is not None else ref.argmax(-1), ref)
     return {"kl_mean": q.kl_mean, "kl_p99": q.kl_p99, "top1": q.top1,
@@ -142,9 +141,7 @@ def screen(opts: Any, reporter: Any, max_kl: float) -> tuple[list[Screened], Any
     with reporter.task("float eager over the run's tokens (the reference of every scheme)"):
         with torch.no_grad():
             reference = run_decode(session, session.step_fn())
-    out = [Screened(FLOAT, kl_mean=0.0, kl_p99=0.0, top1=1.0,
-                    **{k: v for k, v in _quality(reference.logits, reference.logits, session).items()
-                       if k == "perplexity"})]
+    out = [Screened(FLOAT, **_quality(reference.logits, reference.logits, session))]  # KL 0, top-1 1 exactly
     float_model = session.model
     for name in schemes_for(session.device.type):
         row = Screened(name)

@@ -51,7 +51,7 @@ def score_whole_text(text: TextEval, model: torch.nn.Module, float_model: torch.
     text.whole["eager"] = text_quality(logits, targets, reference)
 
 
-def _first_sequence(logits: torch.Tensor, session: Any) -> torch.Tensor:
+def first_sequence(logits: torch.Tensor, session: Any) -> torch.Tensor:
     """Rows of sequence 0 from step-major ``[(steps) * batch, vocab]`` logits (every sequence reads the same text)."""
     return logits.reshape(session.total_steps, session.batch, -1)[:, 0]
 
@@ -63,13 +63,13 @@ def score_runs(text: TextEval, session: Any, results: list[Any]) -> dict[str, An
     reference = text.float_decode if text.float_decode is not None else (eager.logits if eager is not None else None)
     if reference is None or targets is None:
         return {}
-    reference = _first_sequence(reference, session)
+    reference = first_sequence(reference, session)
     decode: dict[str, TextQuality] = {}
     if text.float_decode is not None:
         decode["float eager"] = text_quality(reference, targets, reference)
     for r in results:
         if r.logits is not None and not r.error:
-            decode[r.name] = text_quality(_first_sequence(r.logits, session), targets, reference)
+            decode[r.name] = text_quality(first_sequence(r.logits, session), targets, reference)
     return {"text": text.name, "text_tokens": int(text.ids.shape[0]),
             "reference": "the float model before quantization" if text.float_decode is not None else "eager",
             "decode": {k: v.to_dict() for k, v in decode.items()},
@@ -91,4 +91,4 @@ def report_lines(quality: dict[str, Any] | None) -> list[str]:
             *markdown_rows(rows + whole), ""]
 
 
-__all__ = ["TextEval", "report_lines", "score_runs", "score_whole_text", "text_for"]
+__all__ = ["TextEval", "first_sequence", "report_lines", "score_runs", "score_whole_text", "text_for"]
