@@ -70,6 +70,9 @@ class SuperKernelBackend:
         self._graph_breaks_at_start = dynamo_graph_breaks()
         #: graph breaks Dynamo took inside a scope (their operators run uncompiled), as cuts
         self.scope_breaks: list[Cut] = []
+        #: the exactness reference's captured ATen graphs and their realization rows (``debug.run_eagerly``), which
+        #: ``optimize``'s analysis labels for other scope plans (:mod:`superkernel.pipeline.relabel`)
+        self.reference_graphs: list[tuple[fx.GraphModule, Any]] = []
         install_break_log()
         register_compile_callbacks()
         self.backend_ctx_ctor = mark(functools.partial(CaptureContext, self))  # read by Dynamo (see CAPTURE_SETTINGS)
@@ -138,6 +141,7 @@ class SuperKernelBackend:
         if cfg.debug.run_eagerly:  # the exactness reference: the captured graph as it is
             for p in segmentation.segments:
                 info.segments.append(SegmentInfo.of(p, "reference"))
+            self.reference_graphs.append((gm, row))
             info.compile_seconds = time.perf_counter() - start
             return gm
 
@@ -208,6 +212,7 @@ class SuperKernelBackend:
     def reset(self) -> None:
         """Forget what was compiled (use together with ``torch._dynamo.reset()``)."""
         self._graphs.clear()
+        self.reference_graphs.clear()
         self.counters.clear()
         self._previous, self._pending_break = ("", None), None
         self._graph_breaks_at_start = dynamo_graph_breaks()

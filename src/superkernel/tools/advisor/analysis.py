@@ -40,6 +40,10 @@ class TrialCapture:
     #: the whole decode through the captured step (``trial_capture(..., reference=True)``): the strategy's
     #: exactness reference, so ``optimize`` does not capture the same scopes a second time for it
     reference_logits: torch.Tensor | None = None
+    #: the strategy whose captured graph this trial was read from (:func:`labelled_trial`); None: captured itself
+    labelled_from: str | None = None
+    #: (captured ATen graph, its realization row) while the analysis runs; dropped after it
+    captured: Any = field(default=None, repr=False, compare=False)
 
     @property
     def uncaptured(self) -> list[str]:
@@ -118,7 +122,7 @@ class Analysis:
                         "graphs": t.graphs, "graph_breaks": t.graph_breaks,
                         "segments": [asdict(s) for s in t.segments], "cuts": [asdict(c) for c in t.cuts],
                         "unscoped_ops": t.unscoped_ops, "ops": t.total_ops, "seconds": t.seconds,
-                        "uncaptured_scopes": t.uncaptured, "error": t.error}
+                        "uncaptured_scopes": t.uncaptured, "error": t.error, "labelled_from": t.labelled_from}
                        for t in self.trials],
         }
 
@@ -269,7 +273,8 @@ def _recompile_guards(session: DecodeSession, steps: int
     return guards, len(fixed), fixed, first_step[0]
 
 
-def trial_capture(session: DecodeSession, plan: ScopePlan, *, reference: bool = False) -> TrialCapture:
+def trial_capture(session: DecodeSession, plan: ScopePlan, *, reference: bool = False,
+                  keep_graph: bool = False) -> TrialCapture:
     """Apply the plan's scopes, capture one decode step with run_eagerly, read the explanation.
 
     ``reference``: also run the session's whole decode through that step and keep its logits
@@ -296,6 +301,8 @@ def trial_capture(session: DecodeSession, plan: ScopePlan, *, reference: bool = 
         trial.total_ops = sum(g.num_ops for g in ex.graphs)
         if reference:
             trial.reference_logits = run_decode(session, step, label=f"{plan.strategy} / exactness reference").logits
+        if keep_graph and len(backend.reference_graphs) == 1 and not ex.graph_breaks and not backend.scope_breaks:
+            trial.captured = backend.reference_graphs[0]
     except Exception as exc:  # a plan that cannot be captured is reported, not fatal for analysis
         trial.error = f"{exception_summary(exc, 340, first_line=False)}"
     finally:
@@ -311,7 +318,9 @@ def analyze(model_name: str, session: DecodeSession, plans: list[ScopePlan] | No
     """Structure, prefill/decode and KV-cache facts, graph breaks, and one trial capture per plan.
 
     ``plans`` defaults to every strategy that applies (bottom-up). ``references``: each trial also
-    decodes the whole session and keeps its logits (see :func:`trial_capture`).
+    decodes the whole session and keeps its logits (see :func:`trial_capture`). The model is traced once: the
+    other plans are read from the first capture's graph (:func:`labelled_trial`) where that gives what their
+    own capture would.
     """
     model = session.model
     structure = analyze_structure(model)
@@ -325,8 +334,44 @@ def analyze(model_name: str, session: DecodeSession, plans: list[ScopePlan] | No
     result.decode_graphs, result.breaks = facts.graphs, facts.breaks
     result.recompile_guards, result.recompiles_with_harness, result.recompile_reasons_with_harness = \
         facts.guards, facts.recompiles_with_harness, facts.reasons_with_harness
+    first: TrialCapture | None = None
     for plan in plans if plans is not None else auto_plans(structure):
         if on_trial is not None:
             on_trial(plan.strategy)
-        result.trials.append(trial_capture(session, plan, reference=references))
+        trial = labelled_trial(first, session, plan) if first is not None else None
+        if trial is None:
+            trial = trial_capture(session, plan, reference=references, keep_graph=first is None)
+            first = first or (trial if trial.captured is not None else None)
+        result.trials.append(trial)
+    for trial in result.trials:
+        trial.captured = None
     return result
+
+
+def labelled_trial(first: TrialCapture, session: DecodeSession, plan: ScopePlan) -> TrialCapture | None:
+    """``plan``'s trial capture read from ``first``'s captured graph with ``plan``'s labels
+    (:mod:`superkernel.pipeline.relabel`): the same graph, breaks and exactness reference, its own segments and
+    cuts. None when the graph cannot say (labels written in the model's code, more than one graph)."""
+    from superkernel.ir.graph import SegmentInfo
+    from superkernel.pipeline.relabel import labelled, labels_for
+    from superkernel.pipeline.segments import build_segments
+    from superkernel.scope_apply import match_modules
+
+    if first.captured is None or first.error:
+        return None
+    start = time.perf_counter()
+    gm, row = first.captured
+    labels = labels_for(gm, session.model, first.plan.scopes, plan.scopes)
+    if labels is None:
+        return None
+    with labelled(gm, labels):
+        segmentation = build_segments(gm, cut_rule=row.cut_reason, split_unscoped=False)
+    globs = [g for v in plan.scopes.values() for g in ([v] if isinstance(v, str) else v)]
+    trial = TrialCapture(plan=plan, wrapped=[name for g in globs for name, _ in match_modules(session.model, g)],
+                         graphs=first.graphs, graph_breaks=first.graph_breaks,
+                         segments=[SegmentInfo.of(p, "reference") for p in segmentation.segments],
+                         cuts=list(segmentation.cuts), total_ops=first.total_ops,
+                         unscoped_ops=sum(p.num_ops for p in segmentation.partitions if p.kind == "unscoped"),
+                         reference_logits=first.reference_logits, labelled_from=first.plan.strategy)
+    trial.seconds = time.perf_counter() - start
+    return trial
