@@ -147,3 +147,20 @@ def test_converted_folder_names_its_causal_lm_class(smollm2_file):
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
         names = set(f.keys())
     assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
+
+
+def test_conversion_parses_the_file_once(smollm2_file):
+    """transformers reads a GGUF file's header for the config, the weights and the tokenizer: inside a conversion
+    the same parse is handed back (43 s -> 24 s for SmolLM2); outside it gguf is as installed."""
+    import gguf
+
+    from superkernel.tools.models.gguf_load import _parse_once
+
+    installed = gguf.GGUFReader, gguf.get_tensor_name_map
+    with _parse_once():
+        first = gguf.GGUFReader(smollm2_file)
+        assert gguf.GGUFReader(str(smollm2_file)) is first
+        arch = next(iter(gguf.MODEL_ARCH_NAMES))
+        assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == installed
+    assert gguf.GGUFReader(smollm2_file) is not first
