@@ -121,6 +121,25 @@ def test_a_tie_is_skipped_when_its_mode_compiles_slowly():
     assert twin.status == "skipped" and "not cheap" in twin.reason and "ties the best" in twin.reason
 
 
+@pytest.mark.parametrize("mode", [MA, RO])
+def test_of_tied_plans_max_autotune_compiles_the_smaller_segments_first(mode):
+    """SmolLM2's 30 identical layers: decoder_layer's segments are one Inductor compile, all_layers' one segment
+    is the whole stack (cold: 167 s vs 381 s). max-autotune measures decoder_layer first and skips the tie;
+    reduce-overhead keeps fewer segments first."""
+    forecasts, plans = _twins(mode)
+    by_strategy = {f.strategy: f for f in forecasts}
+    by_strategy["all_layers"].largest_segment = 2369
+    by_strategy["decoder_layer"].largest_segment = 79
+    scripts = {f"{s} / {mode}": [0.6] for s in ("all_layers", "decoder_layer")}
+    own = {f"{s} / {mode}": 0.6 for s in ("all_layers", "decoder_layer", "attention")}
+    calls, _, by = _search(forecasts, plans, own, FakeTimer(scripts), compile_s={mode: 4.0}, base_compile_s=5.0,
+                           modes=(mode,))
+    first = "decoder_layer" if mode == MA else "all_layers"
+    assert calls == [f"{first} / {mode}"]
+    other = by[f"{'all_layers' if mode == MA else 'decoder_layer'} / {mode}"]
+    assert other.status == "skipped" and "ties the best" in other.reason
+
+
 def test_the_showdown_picks_the_faster_of_two_close_candidates():
     """Two plans within the showdown margin after their own rounds; timed together, the second is faster."""
     forecasts, plans = _twins()
