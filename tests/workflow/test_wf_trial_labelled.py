@@ -66,3 +66,17 @@ def test_labels_for_refuses_a_module_matched_twice(llama_session, wanted):
     model = llama_session.model
     assert module_labels(model, {"a": "model.layers.*.mlp", "b": "model.layers.0.mlp"}) is None
     assert module_labels(model, plan_for(wanted, analyze_structure(model)).scopes)
+
+
+def test_the_logits_file_takes_references_shared_by_labelled_trials():
+    """The shared exactness reference is one tensor under every strategy's name; safetensors refuses shared
+    storage, so each name is written on its own (found by the first optimize run on SmolLM2)."""
+    from types import SimpleNamespace
+
+    from safetensors.torch import load
+
+    from superkernel.tools.advisor.workflow import _logits_bytes
+
+    shared = torch.arange(6.0).reshape(2, 3)
+    out = load(_logits_bytes([], {"attention": shared, "mlp": shared}, SimpleNamespace(tokens=torch.zeros(2, 1))))
+    assert torch.equal(out["attention / reference"], shared) and torch.equal(out["mlp / reference"], shared)

@@ -124,7 +124,7 @@ def render(*, analysis: Analysis, model_name: str, model_source: str, notes: lis
            tolerance: float, plan_yaml: str | None, prefill_ms: float, eager_drift: float | None = None,
            decision: Any = None, profile: Any = None, plan_profiles: list | None = None,
            search: dict | None = None, run_time: dict | None = None, floor: Any = None,
-           quality: dict | None = None) -> str:
+           quality: dict | None = None, answer: Any = None) -> str:
     eager = next((r for r in results if r.name == "eager"), None)
     inductor = next((r for r in results if r.name == "torch.compile"), None)
     plans = [r for r in results if r.kind == "plan"]
@@ -174,6 +174,9 @@ def render(*, analysis: Analysis, model_name: str, model_source: str, notes: lis
             lines.append(f"- `{r.name}`: {tag} — {r.verdict.reason}; vs eager: max abs diff "
                          f"{fmt_diff(r.vs_eager.max_abs)}, top-1 agreement {r.vs_eager.top1_agreement:.0%}")
     lines += ["", *text_eval.report_lines(quality)]
+    from superkernel.tools.advisor.answer import report_lines as answer_lines
+
+    lines += answer_lines(answer)
     lines += ["## Recommendation", ""]
     if decision is not None and decision.kind == "torch.compile":
         base = decision.baseline

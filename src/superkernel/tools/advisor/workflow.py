@@ -10,6 +10,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -300,6 +301,8 @@ def _optimize(opts: OptimizeOptions, choice: StrategyChoice, reporter: Reporter,
     references: dict[str, torch.Tensor] = {t.plan.strategy: t.reference_logits for t in analysis.trials
                                            if t.reference_logits is not None}
 
+    sessions: dict[str, DecodeSession] = {}  # each kept step's session (the report's answer decodes with the best)
+
     def measure(plan: ScopePlan, modes: tuple[str, ...]) -> list[RunResult]:
         """A plan's modes; with the timer (auto, a named strategy), on a session copy whose compiled steps are kept."""
         own = session_copy(session) if timer is not None else session
@@ -313,6 +316,7 @@ def _optimize(opts: OptimizeOptions, choice: StrategyChoice, reporter: Reporter,
         for r in out:
             if timer is not None and r.step is not None and recommendable(r):
                 timer.add(r.name, own, r.step)
+                sessions[r.name] = own
         return out
 
     try:
@@ -320,24 +324,40 @@ def _optimize(opts: OptimizeOptions, choice: StrategyChoice, reporter: Reporter,
                               exhaustive=choice.every_plan, note=reporter.note, timer=timer,
                               base_compile_s=inductor.compile_s if inductor is not None else None,
                               baselines={"eager": eager, "torch.compile": inductor})
+        fill_speedups(results, eager, inductor)
+        drift = eager_drift(session, eager, reporter)
+        # with the showdown the steps compared were timed interleaved in the same rounds; the drift does not enter
+        decision = decide(results, None if inductor is not None and inductor.timing == "interleaved" else drift)
+        best = decision.plan if decision.kind == "plan" else None
+        answer = _answer(loaded, session, best, sessions.get(best.name) if best is not None else None, reporter)
     finally:
         if timer is not None:
             timer.close()
         for r in results:
             r.step = None
-    fill_speedups(results, eager, inductor)
-    drift = eager_drift(session, eager, reporter)
-    # with the showdown the steps compared were timed interleaved in the same rounds; the drift does not enter
-    decision = decide(results, None if inductor is not None and inductor.timing == "interleaved" else drift)
-    best = decision.plan if decision.kind == "plan" else None
 
     search = {"policy": choice.search, "exhaustive": choice.every_plan, "prior_efficiency": prior, "base_ms": base_ms,
               "forecasts": forecasts}
     files = write_outputs(opts, loaded, session, analysis, results, decision, references, drift,
-                          profile=profile, search=search, run_time=time_spent(reporter, started))
+                          profile=profile, search=search, run_time=time_spent(reporter, started), answer=answer)
     return Outcome(results=results, recommended=best, analysis=analysis, files=files,
                    message=outcome_message(results, decision), decision=decision, profile=profile,
                    forecasts=forecasts)
+
+
+def _answer(loaded: LoadedModel, session: DecodeSession, best: RunResult | None, own: DecodeSession | None,
+            reporter: Reporter):
+    """The recommended plan's answer to a chat question beside eager's (:mod:`.answer`), decoded by the step this
+    run measured; None for a model without a chat template or a recommendation without a kept step."""
+    if best is None or best.step is None or own is None:
+        return None
+    tokenizer = loaded.tokenizer()
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        return None
+    from superkernel.tools.advisor.answer import real_answer
+
+    with reporter.task(f"a real answer: eager and {best.name} decode a chat question"):
+        return real_answer(tokenizer, session, own, best.step, best.name)
 
 
 def time_spent(reporter: Reporter, started: float) -> dict:
@@ -415,7 +435,7 @@ def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSes
                   results: list[RunResult], decision: Recommendation,
                   references: dict[str, torch.Tensor], drift: float | None = None, *,
                   profile: StepProfile | None = None, search: dict | None = None,
-                  run_time: dict | None = None) -> dict[str, Path]:
+                  run_time: dict | None = None, answer: Any = None) -> dict[str, Path]:
     from superkernel.tools.advisor.plan_file import TORCH_COMPILE
 
     out = Path(opts.output)
@@ -461,7 +481,7 @@ def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSes
                     versions=versions(), tolerance=opts.tolerance, floor=floor, plan_yaml=plan_yaml,
                     prefill_ms=session.prefill_seconds * 1e3, eager_drift=drift, decision=decision,
                     profile=profile, plan_profiles=[r.profile for r in results if r.profile is not None],
-                    search=search, run_time=run_time, quality=quality)
+                    search=search, run_time=run_time, quality=quality, answer=answer)
     files["report"] = atomic_write(out / REPORT_NAME, report, inputs)
     payload = {"model": loaded.name, "hardware": hardware(session.device), "versions": versions(),
                "settings": settings, "tolerance": opts.tolerance, "prefill_ms": session.prefill_seconds * 1e3,
@@ -470,7 +490,7 @@ def write_outputs(opts: OptimizeOptions, loaded: LoadedModel, session: DecodeSes
                                                                 "noise_threshold": decision.noise},
                "eager_drift": drift, "results": [r.to_dict() for r in results], "quality": quality,
                "model_source": {"kind": loaded.source, "gguf": loaded.gguf},
-               "run_time": run_time,
+               "run_time": run_time, "answer": answer.to_dict() if answer is not None else None,
                "profile": profile.to_dict() if profile is not None else None,
                "search": None if search is None else {
                    "policy": search["policy"], "exhaustive": search["exhaustive"],
@@ -506,6 +526,13 @@ def _logits_bytes(results: list[RunResult], references: dict[str, torch.Tensor],
     tensors = {r.name: r.logits.contiguous() for r in results if r.logits is not None}
     tensors.update({f"{name} / reference": t.contiguous() for name, t in references.items()})
     tensors["__tokens__"] = session.tokens.cpu().contiguous()
+    # one tensor under several names (the strategies whose trials were read from one capture share its
+    # reference) is written once per name: safetensors refuses shared storage
+    seen: set[int] = set()
+    for name, t in tensors.items():
+        if t.data_ptr() in seen:
+            tensors[name] = t.clone()
+        seen.add(tensors[name].data_ptr())
     return save(tensors)
 
 
