@@ -97,14 +97,16 @@ def run_search(plans: list[ScopePlan], modes: tuple[str, ...], forecasts: list[F
                base_ms: float, prior: float, exhaustive: bool, noise: float = NOISE_FLOOR,
                note: Callable[[str], None] = lambda text: None, timer: Timer | None = None,
                base_compile_s: float | None = None,
-               baselines: dict[str, RunResult] | None = None) -> list[RunResult]:
+               baselines: dict[str, RunResult] | None = None,
+               last_use: Callable[[list[RunResult]], None] | None = None) -> list[RunResult]:
     """Measure plans through ``run_plan(plan, modes)``; fills each forecast's status, reason and numbers.
     ``base_ms``: the whole step compiled without scopes (:func:`~superkernel.tools.advisor.predict.base_step_ms`);
     ``base_compile_s``: its compile time (what makes a mode's compile cheap, :func:`cheap_modes`);
     ``baselines``: the eager and plain torch.compile results (:data:`EAGER`, :data:`BASELINE`): with a timer,
     their steps become those of the final showdown, so the recommendation compares numbers of the same rounds.
     ``exhaustive``: every plan measured (``--search all`` or ``exhaustive``); with a timer (``all``), then the
-    showdown among all that passed."""
+    showdown among all that passed. ``last_use(results)``: called once every plan is timed, while the kept
+    steps still run (after it they are dropped and Dynamo is reset, which would make a guarded step compile again)."""
     for f in forecasts:
         f.prior_ms = predict_ms(f, base_ms, prior)
     results: list[RunResult] = []
@@ -121,6 +123,8 @@ def run_search(plans: list[ScopePlan], modes: tuple[str, ...], forecasts: list[F
                 if recommendable(r) and r.step is not None:
                     timing.keep(r)
             timing.final(results, forecasts, baselines or {})
+            if last_use is not None:
+                last_use(results)
             timing.close(results)
         return results
     by_strategy = {p.strategy: p for p in plans}
@@ -146,6 +150,8 @@ def run_search(plans: list[ScopePlan], modes: tuple[str, ...], forecasts: list[F
         timing.refresh(results, forecasts)
         timing.release_slow()
     timing.final(results, forecasts, baselines or {})
+    if last_use is not None:
+        last_use(results)
     timing.close(results)
     torch._dynamo.reset()
     return results

@@ -319,22 +319,34 @@ def _optimize(opts: OptimizeOptions, choice: StrategyChoice, reporter: Reporter,
                 sessions[r.name] = own
         return out
 
+    answers: list[Any] = []
+
+    def answer_with_best(found: list[RunResult]) -> None:
+        """The report's answer, by the plan the showdown makes best, while its step still runs (its decision is
+        taken again below, with the drift; an answer by another plan is then dropped)."""
+        both = results + found
+        fill_speedups(both, eager, inductor)
+        pick = decide(both)
+        best = pick.plan if pick.kind == "plan" else None
+        answers.append(_answer(loaded, session, best, sessions.get(best.name) if best is not None else None,
+                               reporter))
+
     try:
         results += run_search(plans, tuple(opts.modes), forecasts, measure, base_ms=base_ms, prior=prior,
                               exhaustive=choice.every_plan, note=reporter.note, timer=timer,
                               base_compile_s=inductor.compile_s if inductor is not None else None,
-                              baselines={"eager": eager, "torch.compile": inductor})
-        fill_speedups(results, eager, inductor)
-        drift = eager_drift(session, eager, reporter)
-        # with the showdown the steps compared were timed interleaved in the same rounds; the drift does not enter
-        decision = decide(results, None if inductor is not None and inductor.timing == "interleaved" else drift)
-        best = decision.plan if decision.kind == "plan" else None
-        answer = _answer(loaded, session, best, sessions.get(best.name) if best is not None else None, reporter)
+                              baselines={"eager": eager, "torch.compile": inductor}, last_use=answer_with_best)
     finally:
         if timer is not None:
             timer.close()
         for r in results:
             r.step = None
+    fill_speedups(results, eager, inductor)
+    drift = eager_drift(session, eager, reporter)
+    # with the showdown the steps compared were timed interleaved in the same rounds; the drift does not enter
+    decision = decide(results, None if inductor is not None and inductor.timing == "interleaved" else drift)
+    best = decision.plan if decision.kind == "plan" else None
+    answer = next((a for a in answers if a is not None and best is not None and a.plan == best.name), None)
 
     search = {"policy": choice.search, "exhaustive": choice.every_plan, "prior_efficiency": prior, "base_ms": base_ms,
               "forecasts": forecasts}
