@@ -263,3 +263,37 @@ def test_large_partitions_are_emitted_in_parts_and_stay_bit_exact(monkeypatch, d
     assert {s.realization for s in sk.explain(fast).segments} == {"cpu-native"}
     text = "\n".join(sources)
     assert "_part1(sk_in, sk_env.data(), sk_out);" in text and "sk_env[0] = c10::IValue(" in text
+
+
+def test_identical_segments_share_one_function_and_keep_their_own_inputs():
+    """A per-layer plan's segments are the same program on other weights: the module emits it once and every
+    entry point calls it (SmolLM2's 30 decoder layers: one C++ function instead of 30); each call runs on its
+    own arguments, bit-identical to the graph."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    graphs = []
+
+    def backend(gm, example_inputs):
+        return aot_module_simplified(gm, example_inputs, fw_compiler=lambda g, _: graphs.append(g) or g)
+
+    def layer(x, w):
+        return (torch.relu(x @ w) * 1.5 + x).sin()
+
+    def other(x, w):
+        return (torch.relu(x @ w) * 2.5 + x).sin()
+
+    torch.compile(layer, backend=backend)(torch.randn(2, 4), torch.randn(4, 4))
+    torch.compile(layer, backend=backend, dynamic=False)(torch.randn(2, 4), torch.randn(4, 4))
+    torch.compile(other, backend=backend)(torch.randn(2, 4), torch.randn(4, 4))
+    src = native_cpu.native_source([("seg_0", graphs[0]), ("seg_1", graphs[1]), ("seg_2", graphs[2])])
+    assert src.entries == ("seg_0", "seg_1", "seg_2")
+    assert src.source.count("static PyObject* seg_0(") == 1
+    assert "static PyObject* seg_1(" not in src.source          # the same program: seg_0's function
+    assert "static PyObject* seg_2(" in src.source              # another constant: its own
+    assert '{"seg_1", (PyCFunction)(void (*)(void))seg_0,' in src.source
+    module = native_cpu.load(src)
+    g = torch.Generator().manual_seed(1)
+    for entry, gm in (("seg_0", graphs[0]), ("seg_1", graphs[1]), ("seg_2", graphs[2])):
+        x, w = torch.randn(2, 4, generator=g), torch.randn(4, 4, generator=g)
+        (out,) = getattr(module, entry)(x, w)
+        assert torch.equal(out, gm(x, w)[0])

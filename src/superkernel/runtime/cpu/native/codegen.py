@@ -513,15 +513,23 @@ def native_source(programs: Sequence[tuple[Any, ...]], *, typed: bool = True) ->
     module = _Module(typed=typed)
     functions = []
     names = []
+    symbols: dict[str, str] = {}      # entry name -> the C function it calls
+    emitted: dict[str, str] = {}      # a function's text under the placeholder name -> its C function
     for name, gm, *rest in programs:
         if not name.isidentifier():
             raise ValueError(f"entry name {name!r} is not a C identifier")
-        functions.append(_Function(module, name, gm, inference=bool(rest and rest[0])).emit())
+        text = _Function(module, _SHARED_NAME, gm, inference=bool(rest and rest[0])).emit()
+        # identical segments (the decoder layers of a per-layer plan) emit the same text: one C++ function, built
+        # once, every entry point of them calling it (the tables it reads are the module's, shared and deduplicated)
+        if text not in emitted:
+            emitted[text] = name
+            functions.append(text.replace(_SHARED_NAME, name))
+        symbols[name] = emitted[text]
         names.append(name)
     ops = "\n".join(f"  sk_ops.push_back(dispatcher.findSchemaOrThrow({_string_literal(n)}, {_string_literal(o)}));"
                     for n, o in module.op_specs)
     consts = "\n".join(f"  sk_k.push_back({init});" for init in module.const_inits)
-    methods = "\n".join(f"  {{{_string_literal(n)}, (PyCFunction)(void (*)(void)){n}, METH_FASTCALL, nullptr}},"
+    methods = "\n".join(f"  {{{_string_literal(n)}, (PyCFunction)(void (*)(void)){symbols[n]}, METH_FASTCALL, nullptr}},"
                         for n in names)
     headers = "".join(f"#include <{h}>\n" for h in sorted(module.headers))
     arrays = "".join(f"const int64_t {name}[] = {{{', '.join(_int_literal(v) for v in values)}}};\n"
@@ -530,6 +538,10 @@ def native_source(programs: Sequence[tuple[Any, ...]], *, typed: bool = True) ->
         "\nnamespace {\n" + arrays + "}  // namespace\n\n" + "\n".join(functions) + \
         (_INIT % {"ops": ops, "consts": consts, "methods": methods})
     return NativeSource(source=source, key=native_key(source), entries=tuple(names))
+
+
+#: The name every function is emitted under first (a C identifier nothing else in a module uses), then replaced.
+_SHARED_NAME = "sk_function_being_emitted"
 
 
 @functools.lru_cache(maxsize=1)
