@@ -23,32 +23,32 @@ import torch.fx as fx
 from superkernel.ir.graph import ANNOTATION_KEY
 
 
-def module_labels(model: torch.nn.Module, scopes: Mapping[str, str | list[str]]) -> dict[int, str] | None:
-    """``id(module) -> label`` for a plan's module globs (as :func:`~superkernel.apply_scopes` reads them);
-    None when one module instance would get two labels."""
+def scoped_modules(model: torch.nn.Module, scopes: Mapping[str, str | list[str]]
+                   ) -> Iterator[tuple[str, str, torch.nn.Module]]:
+    """``(label, module path, module)`` for each module a plan's globs match, in the order
+    :func:`~superkernel.apply_scopes` wraps them."""
     from superkernel.scope_apply import match_modules
 
-    out: dict[int, str] = {}
     for label, globs in scopes.items():
         for pattern in [globs] if isinstance(globs, str) else list(globs):
-            for _, module in match_modules(model, pattern):
-                if out.setdefault(id(module), label) != label:
-                    return None
+            for name, module in match_modules(model, pattern):
+                yield label, name, module
+
+
+def module_labels(model: torch.nn.Module, scopes: Mapping[str, str | list[str]]) -> dict[int, str] | None:
+    """``id(module) -> label`` for a plan's module globs; None when one module instance would get two labels."""
+    out: dict[int, str] = {}
+    for label, _, module in scoped_modules(model, scopes):
+        if out.setdefault(id(module), label) != label:
+            return None
     return out
 
 
-def _stack_label(node: fx.Node, by_module: dict[int, str]) -> str | None:
-    """The label of the innermost labelled module the node was traced in ("" if none); None if its stack
-    names something that is not a module of this model (a key that is not a module id)."""
+def _stack_label(node: fx.Node, by_module: dict[int, str]) -> str:
+    """The label of the innermost labelled module the node was traced in ("" if none); the stack's keys are
+    module ids (:func:`labels_for` checks that first)."""
     stack = node.meta.get("nn_module_stack") or {}
-    for key in reversed(list(stack)):
-        try:
-            module_id = int(key)
-        except (TypeError, ValueError):
-            return None
-        if module_id in by_module:
-            return by_module[module_id]
-    return ""
+    return next((by_module[int(key)] for key in reversed(list(stack)) if int(key) in by_module), "")
 
 
 def _own_label(node: fx.Node) -> str:
@@ -73,7 +73,7 @@ def labels_for(gm: fx.GraphModule, model: torch.nn.Module, captured_with: Mappin
             return None
         if _stack_label(node, have) != _own_label(node):
             return None  # a scope in the model's code, or one Dynamo's stack does not show
-        out[node] = _stack_label(node, want) or ""
+        out[node] = _stack_label(node, want)
     return out
 
 

@@ -353,9 +353,8 @@ def labelled_trial(first: TrialCapture, session: DecodeSession, plan: ScopePlan)
     (:mod:`superkernel.pipeline.relabel`): the same graph, breaks and exactness reference, its own segments and
     cuts. None when the graph cannot say (labels written in the model's code, more than one graph)."""
     from superkernel.ir.graph import SegmentInfo
-    from superkernel.pipeline.relabel import labelled, labels_for
+    from superkernel.pipeline.relabel import labelled, labels_for, scoped_modules
     from superkernel.pipeline.segments import build_segments
-    from superkernel.scope_apply import match_modules
 
     if first.captured is None or first.error:
         return None
@@ -366,8 +365,7 @@ def labelled_trial(first: TrialCapture, session: DecodeSession, plan: ScopePlan)
         return None
     with labelled(gm, labels):
         segmentation = build_segments(gm, cut_rule=row.cut_reason, split_unscoped=False)
-    globs = [g for v in plan.scopes.values() for g in ([v] if isinstance(v, str) else v)]
-    trial = TrialCapture(plan=plan, wrapped=[name for g in globs for name, _ in match_modules(session.model, g)],
+    trial = TrialCapture(plan=plan, wrapped=[name for _, name, _ in scoped_modules(session.model, plan.scopes)],
                          graphs=first.graphs, graph_breaks=first.graph_breaks,
                          segments=[SegmentInfo.of(p, "reference") for p in segmentation.segments],
                          cuts=list(segmentation.cuts), total_ops=first.total_ops,

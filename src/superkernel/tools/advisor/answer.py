@@ -35,9 +35,13 @@ class Answer:
         return asdict(self)
 
 
+def has_chat_template(tokenizer: Any) -> bool:
+    return tokenizer is not None and bool(getattr(tokenizer, "chat_template", None))
+
+
 def chat_ids(tokenizer: Any, question: str = QUESTION) -> torch.Tensor | None:
     """The chat prompt's token ids ``[1, n]``, or None when the tokenizer has no chat template."""
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+    if not has_chat_template(tokenizer):
         return None
     ids = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
                                         return_tensors="pt", return_dict=False)

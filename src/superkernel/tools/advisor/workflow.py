@@ -363,10 +363,11 @@ def _answer(loaded: LoadedModel, session: DecodeSession, best: RunResult | None,
     run measured; None for a model without a chat template or a recommendation without a kept step."""
     if best is None or best.step is None or own is None:
         return None
+    from superkernel.tools.advisor.answer import has_chat_template, real_answer
+
     tokenizer = loaded.tokenizer()
-    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+    if not has_chat_template(tokenizer):
         return None
-    from superkernel.tools.advisor.answer import real_answer
 
     with reporter.task(f"a real answer: eager and {best.name} decode a chat question"):
         return real_answer(tokenizer, session, own, best.step, best.name)

@@ -1,15 +1,15 @@
 """GGUF files in: a llama.cpp user's model file, read through transformers' GGUF loader and kept converted.
 
-The header is checked first (:mod:`.gguf_header`: truncated, corrupt, an architecture or tensor type
-transformers cannot read: one line, nothing written). transformers then dequantizes every tensor to float32
+The header is checked first (:mod:`.gguf_header`: truncated, corrupt, an architecture or tensor type transformers
+cannot read: one line, nothing written). transformers then dequantizes every tensor to float32
 (``from_pretrained(dir, gguf_file=...)``, which needs the ``gguf`` and ``accelerate`` packages of
 ``superkernel[tools]``). transformers parses the file's header (with the whole vocabulary) once for the config,
 once for the weights and again for the tokenizer, and builds gguf's tensor-name map once per submodule: 43 s for
 SmolLM2-135M on 2 cores, 34 s of it those repeats. :func:`_parse_once` hands transformers one parse and one map
-per conversion (both are read-only: a memory map of the file, a table of names). The result is kept as a plain checkpoint folder (``config.json``, ``model.safetensors``, the
-tokenizer's JSON files) in superkernel's private cache, named by the file's SHA-256: later loads read that
-folder in about a second, and a changed file gets a new folder. Nothing in it is code: weights, config and
-tokenizer are data, loaded with ``trust_remote_code=False``.
+per conversion (both are read-only: a memory map of the file, a table of names). The result is kept as a plain
+checkpoint folder (``config.json``, ``model.safetensors``, the tokenizer's JSON files) in superkernel's private
+cache, named by the file's SHA-256: later loads read that folder in about a second, and a changed file gets a new
+folder. Nothing in it is code: weights, config and tokenizer are data, loaded with ``trust_remote_code=False``.
 """
 
 from __future__ import annotations

@@ -22,13 +22,14 @@ load time and shared by every call (no operator mutates them: they only ever bin
 non-mutable arguments).
 
 All segments of one graph go into one C++ translation unit (one compiler run per graph,
-each segment one entry point); segments whose programs are identical (the decoder layers of a
-per-layer plan: the same operators on other weights, which are arguments) share one C++ function. Built modules are cached by content: the key is a hash of
-the generated source, torch's version and the compiler command (:func:`native_key`), the
-shared library lives in a private per-user cache directory (``$SUPERKERNEL_CACHE_DIR``,
-else ``$XDG_CACHE_HOME/superkernel`` or ``~/.cache/superkernel``; created 0700 and refused
-when another user could write it), so a later process with the same graph loads it
-without compiling. The torch headers are precompiled once per torch version and compiler
+each segment one entry point); segments whose programs are identical (the decoder layers
+of a per-layer plan: the same operators on other weights, which are arguments) share one
+C++ function. Built modules are cached by content: the key is a hash of the generated
+source, torch's version and the compiler command (:func:`native_key`), the shared library
+lives in a private per-user cache directory (``$SUPERKERNEL_CACHE_DIR``, else
+``$XDG_CACHE_HOME/superkernel`` or ``~/.cache/superkernel``; created 0700 and refused when
+another user could write it), so a later process with the same graph loads it without
+compiling. The torch headers are precompiled once per torch version and compiler
 (a GCC precompiled header in the same cache) to keep a graph's build to seconds.
 
 :func:`native_source` (source text + key) and :func:`build_library` / :func:`load_library`
