@@ -107,8 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     for scheme in SCHEMES:
         model = copy.deepcopy(reference_model.model)
         info = quantize_model(model, scheme)
-        group = getattr(info, "group_size", None)
-        label = f"superkernel {scheme}" + (f" (group {group})" if group else "")
+        group, head = info.group_size, info.head.partition(": ")[2]
+        label = f"superkernel {scheme}" + (f" (group {group})" if group else "") + (
+            f", head {head}" if head and head != scheme else "")
         add(label, "float32 model requantized by torchao", model_logits(model, ids, args.window),
             note=f"{getattr(info, 'layers', '?')} linear layers quantized")
         del model

@@ -15,7 +15,7 @@ lm_head 151936x896), batch 1, in float32 and in bfloat16:
   kernel (``torch.ops.superkernel.int8_gemv``);
 * a plain ``sum`` over a float32 view of the same int8 bytes: the rate this core reads memory at here.
 
-``--int4``: instead, torchao's CPU int4 weight-only layout (groups of 128) at the same shapes, float32
+``--int4``: instead, torchao's CPU int4 weight-only layout (groups of ``--group``, default 128) at the same shapes, float32
 activations: ATen's ``_weight_int4pack_mm_for_cpu`` (what the eager model and Inductor run), the same call with
 bfloat16 activations (the only ones Inductor's int4 template and ATen's vector kernel take) and our kernel
 (``torch.ops.superkernel.int4_weight_gemv``); writes ``quant_gemv_int4.{json,md}``.
@@ -156,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--int4", action="store_true", help="time the int4 weight-only GEMV ways instead")
     parser.add_argument("--tag", default="", help="appended to the result files' name (e.g. _avx2)")
+    parser.add_argument("--group", type=int, default=128, help="--int4: weights per scale and zero point")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     from superkernel.runtime.cpu import quant_kernels
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
 
     bandwidth = measure_bandwidth(256, 5)
     if args.int4:
-        return int4_main(args, bandwidth)
+        return int4_main(args, bandwidth, args.group)
     rows = []
     for dtype in (torch.float32, torch.bfloat16):
         for name, (n, k) in SHAPES.items():

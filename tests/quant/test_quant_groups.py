@@ -116,3 +116,68 @@ def test_a_plans_group_size_is_the_one_chosen(tmp_path):
     json.dumps(done)  # a results entry
     with pytest.raises(QuantizationError, match="group sizes that fit every layer: 32"):
         quantize_for_plan(_llama(), read_plan({**base, "quantization": {"scheme": "int4-weight", "group_size": 128}}))
+
+
+def test_a_gguf_file_of_4bit_blocks_of_32_is_requantized_on_its_own_grid():
+    row = SCHEMES["int4-weight"]
+    smollm2 = {"a": 576, "b": 1536}
+    assert choose(row, smollm2, None, "Q4_1") == (32, "chosen: the GGUF file's Q4_1 blocks of 32 (int4 on the "
+                                                      "file's own grid)")
+    assert choose(row, smollm2, None, "Q4_K_M")[0] == 32
+    assert choose(row, smollm2, None, "F16")[0] == 64  # no 4-bit grid: the largest size that fits
+    assert choose(row, smollm2, 64, "Q4_1") == (64, "given")
+    assert choose(row, {"a": 896}, None, "Q8_0")[0] == 128
+    assert choose(SCHEMES["w4a8"], smollm2, None, "Q4_1")[1].startswith("chosen: the scheme's block of 32")
+
+
+def _head_model():
+    pytest.importorskip("torchao")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=HIDDEN, intermediate_size=INTERMEDIATE, num_hidden_layers=1,
+                         num_attention_heads=3, num_key_value_heads=1, head_dim=32, vocab_size=256,
+                         max_position_embeddings=64, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("scheme", ["int4-weight", "w4a8"])
+def test_a_4bit_schemes_output_head_is_int8_and_a_tied_embedding_stays_float(scheme):
+    from superkernel.tools.quantize import describe_cost, quantize_model
+
+    model = _head_model()
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    embedding = model.model.embed_tokens.weight.detach().clone()
+    info = quantize_model(model, scheme)
+    assert type(model.lm_head.weight).__name__ == "Int8Tensor" and info.head == "lm_head: int8-weight"
+    assert type(model.model.layers[0].mlp.down_proj.weight).__name__ != "Int8Tensor"
+    assert type(model.model.embed_tokens.weight) is torch.nn.Parameter
+    assert torch.equal(model.model.embed_tokens.weight, embedding)
+    assert info.layers == 7 + 1 and info.plan_entry == {"scheme": scheme, "group_size": 32}
+    assert "(output head lm_head: int8-weight)" in describe_cost(info.to_dict())
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.tensor([[1, 2, 3]])).logits).all()
+
+
+def test_the_head_can_be_kept_float_or_in_the_schemes_own_4bits_and_a_plan_says_so():
+    from superkernel.tools.advisor.plan_file import PlanFileError, quantize_for_plan, read_plan
+    from superkernel.tools.quantize import QuantizationError, quantize_model
+
+    model = _head_model()
+    info = quantize_model(model, "int4-weight", head="float")
+    assert model.lm_head.weight is model.model.embed_tokens.weight and info.layers == 7
+    assert info.plan_entry == {"scheme": "int4-weight", "group_size": 32, "head": "float"}
+    model = _head_model()
+    info = quantize_model(model, "int4-weight", head="int4-weight")
+    assert type(model.lm_head.weight).__name__ == "Int4OpaqueTensor" and info.plan_entry["head"] == "int4-weight"
+    assert quantize_model(_head_model(), "int8-weight").plan_entry == {"scheme": "int8-weight"}
+    with pytest.raises(QuantizationError, match=r"head quantization 'w4a8' is not allowed with int4-weight; allowed: "
+                                                r"int4-weight, int8-weight, w8a8, float"):
+        quantize_model(_head_model(), "int4-weight", head="w4a8")
+    base = {"mode": "reduce-overhead", "scopes": {"a": "model.layers.*"}}
+    plan = read_plan({**base, "quantization": {"scheme": "w4a8", "head": "float"}})
+    model = _head_model()
+    assert quantize_for_plan(model, plan)["head"] == "lm_head: float"
+    assert type(model.lm_head.weight) is torch.nn.Parameter
+    with pytest.raises(PlanFileError, match="head quantization 'int4-weight' is not allowed with int8-weight"):
+        read_plan({**base, "quantization": {"scheme": "int8-weight", "head": "int4-weight"}})

@@ -164,3 +164,27 @@ def test_conversion_parses_the_file_once(smollm2_file):
         assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)
     assert (gguf.GGUFReader, gguf.get_tensor_name_map) == installed
     assert gguf.GGUFReader(smollm2_file) is not first
+
+
+def test_int4_requantizes_the_q4_1_file_on_its_own_grid_and_keeps_its_head_int8(smollm2_file):
+    """int4 with a float scale and zero point per 32 holds a Q4_1 block exactly: the requantized layers compute
+    what the file's dequantized weights compute (float rounding apart); at the group the widths alone would
+    choose (64) they do not. The tied head is int8, the embedding stays the file's."""
+    import copy
+
+    pytest.importorskip("torchao")
+    from superkernel.tools.quantize import quantize_model
+
+    model = load_model("smollm2-135m", dtype="float32").model
+    float_mlp = copy.deepcopy(model.model.layers[3].mlp)
+    embedding = model.model.embed_tokens.weight.detach().clone()
+    x = torch.randn(2, 1, 576, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        want = float_mlp(x)
+        info = quantize_model(model, "int4-weight")
+        assert info.group_size == 32 and "Q4_1" in info.group_choice and info.head == "lm_head: int8-weight"
+        assert (model.model.layers[3].mlp(x) - want).abs().max() <= 1e-5 * want.abs().max()
+        assert torch.equal(model.model.embed_tokens.weight, embedding)
+        at_64 = copy.deepcopy(float_mlp)
+        quantize_model(at_64, "int4-weight", group_size=64)
+        assert (at_64(x) - want).abs().max() > 1e-2 * want.abs().max()

@@ -5,7 +5,10 @@ A row says what a scheme is called (its CLI name, what reports and ``explain()``
 it, which graph pattern our rewrite turns into which of our native kernels, and its limits (group sizes, weight
 dtypes, devices, output-width multiple, the layers it takes). A new scheme is one row here plus its kernels: the C++
 op in :mod:`superkernel.runtime.cpu.quant_kernels_source` and the function that rewrites torchao's graph pattern
-into a call of it (named by ``rewrite``). Torch-free: the CLI's ``--help`` lists the rows without importing torch.
+into a call of it (named by ``rewrite``). A 4-bit row keeps the model's output head at int8 (``head``): on SmolLM2-135M
+its int4 head alone cost a mean KL of 6e-2 on real text, the int8 head 1e-3 (llama.cpp keeps its 4-bit files' output
+tensor at 6 or 8 bits: SmolLM2's Q4_1 and Q4_0 files hold it as Q8_0). Torch-free: the CLI's ``--help`` lists the
+rows without importing torch.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ class Scheme:
     config_kwargs: tuple[tuple[str, Any], ...] = field(default=(("set_inductor_config", False),))
     group_arg: str = "group_size"                  # the config's keyword for the group size
     group_wrap: str = ""                           # "module:Class" wrapping the size (torchao's PerGroup), if any
+    head: str = ""                                 # the scheme of the output head (lm_head); "": this row's own
 
     @property
     def grouped(self) -> bool:
@@ -94,19 +98,20 @@ _ROWS = (
            (Kernel("int8_gemv", "int32", "_int_mm(uint8(x_int8 + 128), w_int8.T) - 128 * colsum(w_int8.T)"),),
            f"{_GEMV}:rewrite_w8a8", rounds_activations=True),
     Scheme("int4-weight",
-           "int4 weight-only: int4 weights in groups (scale and zero point per group; by default the largest of "
-           "128, 64, 32 dividing every layer's input width), CPU packed layout (torchao's Int4OpaqueTensor, ATen's "
-           "_weight_int4pack_mm_for_cpu)",
+           "int4 weight-only: int4 weights in groups (scale and zero point per group; by default 32 for a GGUF "
+           "file of 4-bit blocks of 32, else the largest of 128, 64, 32 dividing every layer's input width), CPU "
+           "packed layout (torchao's Int4OpaqueTensor, ATen's _weight_int4pack_mm_for_cpu); the output head int8",
            "int4 weight-only",
            "torchao.prototype.quantization.int4.inference_workflow:PrototypeInt4WeightOnlyConfig",
            (Kernel("int4_weight_gemv", "float32", "_weight_int4pack_mm_for_cpu(x, w, group, scales_and_zeros)"),),
            f"{_GEMV}:rewrite_int4", group_sizes=(32, 64, 128, 256), auto_groups=(128, 64, 32),
            out_multiple=16,  # ATen's CPU int4 packing (_convert_weight_to_int4pack_for_cpu)
            devices=("cpu",), device_note="torchao's CUDA int4 needs its mslk kernels, which this install does not "
-                                         "have. Use int8-weight or w8a8"),
+                                         "have. Use int8-weight or w8a8",
+           head="int8-weight"),
     Scheme("w4a8",
            "int4 weights (symmetric, one scale per block of 32 by default, as llama.cpp's Q4_0) x int8 dynamic "
-           "activations (one scale and zero point per token): integer dot products per block",
+           "activations (one scale and zero point per token): integer dot products per block; the output head int8",
            "W4A8", "torchao.quantization:Int8DynamicActivationIntxWeightConfig",
            (Kernel("int4_int8_gemv", "float32",
                    "mm((float(x_int8) - zx) * sx, ((float(w_int4) - zw) * sw).view(N, K).T)"),),
@@ -115,7 +120,8 @@ _ROWS = (
            rounds_activations=True,
            config_kwargs=(("weight_dtype", Ref("torch:int4")),
                           ("weight_mapping_type", Ref("torchao.quantization.quant_primitives:MappingType.SYMMETRIC"))),
-           group_arg="weight_granularity", group_wrap="torchao.quantization.granularity:PerGroup"),
+           group_arg="weight_granularity", group_wrap="torchao.quantization.granularity:PerGroup",
+           head="int8-weight"),
 )
 #: scheme name -> its row (``--quantize`` choices, in this order)
 SCHEMES: dict[str, Scheme] = {row.name: row for row in _ROWS}

@@ -96,7 +96,8 @@ def _add_quantize_args(p: argparse.ArgumentParser) -> None:
                    help=f"--quantize {' / '.join(row.name for row in grouped)}: weights per scale "
                         f"({', '.join(map(str, group_sizes()))}; default: the first of "
                         + ", ".join(f"{row.name} {'/'.join(map(str, row.auto_groups))}" for row in grouped)
-                        + " dividing every quantized layer's input width; a size that does not divide one is refused)")
+                        + " dividing every quantized layer's input width, int4-weight 32 on a GGUF file of 4-bit "
+                          "blocks of 32; a size that does not divide one is refused)")
 
 
 def _add_scope_args(p: argparse.ArgumentParser) -> None:

@@ -3,11 +3,22 @@ layer's input width, or the user's own refused in one line naming the widths and
 
 A size that does not divide a layer's input width would leave that layer float (SmolLM2-135M: 576-wide inputs,
 the default 128 left most of the model float); this never happens silently.
+
+A model read from a GGUF file whose weights are 4-bit in blocks of 32 (Q4_0, Q4_1, IQ4_NL; the K-quants' Q4_K
+sub-blocks) is requantized on that grid when 32 fits: int4 with a float scale and zero point per 32 holds a Q4_1
+block exactly, so the requantized model is the file's own (SmolLM2-135M's Q4_1: mean KL to the dequantized file
+1e-3 at group 32, 0.28 at the 64 the widths would choose, 0.12 at 128). Where the file gives no such grid the
+largest size is chosen (fewer scales to read: our int4 GEMV at 32 takes 1.6x its time at 128 on an AVX2 core).
 """
 
 from __future__ import annotations
 
 from superkernel.runtime.quant_schemes import Scheme
+
+#: the attribute the model loader sets on a model read from a GGUF file: the file's type (``Q4_1``, ``F16``, ...)
+GGUF_TYPE_TAG = "_superkernel_gguf_file_type"
+#: GGUF file types whose weights are 4-bit in blocks (or sub-blocks) of 32: int4 at group 32 is on their grid
+GRID_32_TYPES = ("Q4_0", "Q4_1", "IQ4_NL", "Q4_K_S", "Q4_K_M")
 
 
 class GroupSizeError(ValueError):
@@ -29,13 +40,17 @@ def _listing(widths: dict[str, int], group: int | None = None) -> str:
                      for w, names in sorted(by_width.items()))
 
 
-def choose(row: Scheme, widths: dict[str, int], asked: int | None) -> tuple[int, str]:
+def choose(row: Scheme, widths: dict[str, int], asked: int | None, source: str | None = None) -> tuple[int, str]:
     """``(group size, how it was chosen)`` for the layers ``widths`` (name -> input features) of scheme ``row``.
 
-    ``asked`` None: the first of ``row.auto_groups`` that divides every width. A size that does not divide them
-    all, or none that does: :class:`GroupSizeError`, one line with the widths and the sizes that fit.
+    ``asked`` None: 32 when ``source`` (the GGUF file type the model was read from) is one of
+    :data:`GRID_32_TYPES` and 32 divides every width, else the first of ``row.auto_groups`` that divides every
+    width. A size that does not divide them all, or none that does: :class:`GroupSizeError`, one line with the
+    widths and the sizes that fit.
     """
     fits = fitting(row, widths)
+    if asked is None and source in GRID_32_TYPES and 32 in fits and row.auto_groups != (32,):
+        return 32, f"chosen: the GGUF file's {source} blocks of 32 (int4 on the file's own grid)"
     sizes = ", ".join(map(str, fits)) or "none"
     if asked is not None:
         if asked in fits:
@@ -57,4 +72,4 @@ def choose(row: Scheme, widths: dict[str, int], asked: int | None) -> tuple[int,
     return group, f"chosen: the scheme's block of {group} divides every input width ({widest})"
 
 
-__all__ = ["GroupSizeError", "choose", "fitting"]
+__all__ = ["GGUF_TYPE_TAG", "GRID_32_TYPES", "GroupSizeError", "choose", "fitting"]

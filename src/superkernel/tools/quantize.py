@@ -32,6 +32,7 @@ class Quantization:
     group_choice: str = ""                              # "given", or how it was chosen for the model's widths
     layers: int = 0                                     # linear layers quantized
     skipped: list[str] = field(default_factory=list)    # "name: why" of linear layers left in float
+    head: str = ""                                      # "lm_head: int8-weight": the output head's own scheme
     weight_bytes_before: int = 0                        # parameters in bytes, before and after
     weight_bytes_after: int = 0
     library: str = ""                                   # "torchao 0.18.0"
@@ -45,6 +46,9 @@ class Quantization:
         entry: dict[str, Any] = {"scheme": self.scheme}
         if self.group_size is not None:
             entry["group_size"] = self.group_size
+        head = self.head.rpartition(": ")[2]
+        if head and head != check_head(self.scheme, None):
+            entry["head"] = head
         return entry
 
 
@@ -62,6 +66,31 @@ def check_scheme(scheme: Any, group_size: Any = None) -> tuple[str, int | None]:
         raise QuantizationError(f"{scheme} group_size {group_size!r} is not supported; allowed: "
                                 f"{', '.join(map(str, row.group_sizes))}")
     return scheme, group_size
+
+
+#: ``quantize_model(head=...)``: besides a scheme name, the head may stay float
+HEAD_FLOAT = "float"
+
+
+def check_head(scheme: str, head: Any) -> str:
+    """The output head's scheme for ``scheme`` (``head`` None: the row's choice, or the scheme itself); a
+    :class:`QuantizationError` naming what is allowed otherwise."""
+    if head is None:
+        return SCHEMES[scheme].head or scheme
+    allowed = [scheme, *(name for name, row in SCHEMES.items() if not row.grouped and name != scheme), HEAD_FLOAT]
+    if head not in allowed:
+        raise QuantizationError(f"head quantization {head!r} is not allowed with {scheme}; allowed: "
+                                f"{', '.join(allowed)} (a grouped scheme only as the model's own)")
+    return head
+
+
+def output_head(model: torch.nn.Module) -> str | None:
+    """The name of ``model``'s output head (``get_output_embeddings()``, a linear layer), or None."""
+    get = getattr(model, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    if not isinstance(head, torch.nn.Linear):
+        return None
+    return next((name for name, module in model.named_modules() if module is head), None)
 
 
 class _EnumNote:
@@ -191,17 +220,23 @@ def _linears(model: torch.nn.Module, row: Scheme, skipped: list[str]) -> dict[st
     return out
 
 
-def quantize_model(model: torch.nn.Module, scheme: str, *, group_size: int | None = None) -> Quantization:
+def quantize_model(model: torch.nn.Module, scheme: str, *, group_size: int | None = None,
+                   head: str | None = None) -> Quantization:
     """Quantize ``model``'s linear layers in place with torchao (``scheme``: a key of :data:`SCHEMES`).
 
     Embeddings and norms stay float. A layer whose dtype or output width the scheme cannot take stays float and
     is listed in ``skipped``. A grouped scheme (int4) takes ``group_size`` when it divides every layer's input
     width, chooses one that does when none is given, and is refused otherwise (never a layer silently left
     float); a model with no linear layer it can quantize is an error. Returns what was done.
+
+    The output head (``get_output_embeddings()``) takes ``head``: a scheme name or ``"float"``; by default the
+    row's ``head`` (4-bit schemes: int8-weight), else ``scheme`` itself. A head tied to the input embedding gets
+    its own quantized weight: the embedding stays float.
     """
-    from superkernel.tools.quant_groups import GroupSizeError, choose
+    from superkernel.tools.quant_groups import GGUF_TYPE_TAG, GroupSizeError, choose
 
     scheme, group_size = check_scheme(scheme, group_size)
+    head = check_head(scheme, head)
     row = SCHEMES[scheme]
     torchao = _torchao()
     if is_quantized(model):
@@ -211,24 +246,43 @@ def quantize_model(model: torch.nn.Module, scheme: str, *, group_size: int | Non
     info = Quantization(scheme=scheme, library=f"torchao {torchao.__version__}",
                         weight_bytes_before=_param_bytes(model))
     wanted = _linears(model, row, info.skipped)
+    head_name, head_row = output_head(model), SCHEMES.get(head)
+    if head_name is not None and head != scheme:  # the head apart: float, or its own scheme
+        wanted.pop(head_name, None)
+        info.skipped = [line for line in info.skipped if not line.startswith(f"{head_name}: ")]
+        refused: list[str] = []
+        if head_row is not None and head_name not in _linears(model, head_row, refused):
+            info.skipped += [line for line in refused if line.startswith(f"{head_name}: ")]
+            head_name = None  # (the head's row cannot take it: stays float)
+    elif head_name not in wanted:
+        head_name = None
     if not wanted:
         raise QuantizationError(f"{scheme}: the model has no linear layer it can quantize"
                                 + (f" ({'; '.join(info.skipped[:3])})" if info.skipped else ""))
     if row.grouped:
         try:
-            info.group_size, info.group_choice = choose(row, wanted, group_size)
+            info.group_size, info.group_choice = choose(row, wanted, group_size, getattr(model, GGUF_TYPE_TAG, None))
         except GroupSizeError as exc:
             raise QuantizationError(str(exc)) from None
-    config = _config(row, info.group_size, next(model.parameters()).device)
+    device = next(model.parameters()).device
+    config = _config(row, info.group_size, device)
+    head_config = (_config(head_row, None, device) if head_name is not None and head not in (scheme, HEAD_FLOAT)
+                   else None)
     chosen: list[str] = []
 
-    def take(module: torch.nn.Module, name: str) -> bool:
-        if isinstance(module, torch.nn.Linear) and name in wanted:
-            chosen.append(name)
-            return True
-        return False
+    def taker(names: dict[str, int] | set[str]) -> Any:
+        def take(module: torch.nn.Module, name: str) -> bool:
+            if isinstance(module, torch.nn.Linear) and name in names:
+                chosen.append(name)
+                return True
+            return False
+        return take
 
-    quantize_(model, config, filter_fn=take)
+    if head_name is not None:
+        info.head = f"{head_name}: {head}"
+    quantize_(model, config, filter_fn=taker(wanted))
+    if head_config is not None:  # (torchao gives a head tied to the embedding its own weight: the embedding stays float)
+        quantize_(model, head_config, filter_fn=taker({head_name}))
     _plain_extra_repr(model)
     info.layers = len(chosen)
     info.weight_bytes_after = _param_bytes(model)
@@ -271,11 +325,14 @@ def describe_cost(info: dict[str, Any]) -> str:
     """One line of a report: the scheme, what it did to the weights, and its own error."""
     before, after = info.get("weight_bytes_before", 0), info.get("weight_bytes_after", 0)
     cost = info.get("cost") or {}
-    chosen = info.get("group_choice", "").startswith("chosen")
-    line = (f"{info['scheme']}" + (f" (group {info['group_size']}{', chosen for the layer widths' if chosen else ''})"
+    choice = info.get("group_choice", "")
+    why = "the GGUF file's blocks" if "GGUF" in choice else "the layer widths"
+    head = info.get("head", "").partition(": ")
+    line = (f"{info['scheme']}" + (f" (group {info['group_size']}{f', chosen for {why}' if choice.startswith('chosen') else ''})"
                                    if info.get("group_size") else "")
-            + f" with {info.get('library', 'torchao')}: {info.get('layers', 0)} linear layers, parameters "
-              f"{before / 2**20:.1f} -> {after / 2**20:.1f} MiB")
+            + f" with {info.get('library', 'torchao')}: {info.get('layers', 0)} linear layers"
+            + (f" (output head {head[0]}: {head[2]})" if head[2] and head[2] != info["scheme"] else "")
+            + f", parameters {before / 2**20:.1f} -> {after / 2**20:.1f} MiB")
     if cost:
         line += (f"; its own error against the float model fed the same tokens: greedy tokens agree on "
                  f"{cost['top1_agreement']:.1%} of {cost['steps']} steps, max |logit diff| {cost['max_abs_logit_diff']:.3g}, "
@@ -283,6 +340,6 @@ def describe_cost(info: dict[str, Any]) -> str:
     return line
 
 
-__all__ = ["Quantization", "QuantizationError", "SCHEMES", "check_scheme",
-           "describe_cost", "float_decode_logits", "import_torchao_quietly", "is_quantized", "quantization_cost",
-           "quantize_model"]
+__all__ = ["HEAD_FLOAT", "Quantization", "QuantizationError", "SCHEMES", "check_head", "check_scheme",
+           "describe_cost", "float_decode_logits", "import_torchao_quietly", "is_quantized", "output_head",
+           "quantization_cost", "quantize_model"]

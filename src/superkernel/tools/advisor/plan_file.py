@@ -13,7 +13,8 @@ Format (version 1)::
     inductor: {freezing: true}   # optional: CompilerConfig.inductor fields the measuring run chose
                                  # (CPU max-autotune: frozen weights measured faster), applied by apply()
     quantization: {scheme: w8a8} # optional: the model was quantized (superkernel.runtime.quant_schemes.SCHEMES,
-                                 # int4-weight also group_size); apply(), apply_for_generate() and bench
+                                 # int4-weight / w4a8 also group_size; head: the output head's scheme where
+                                 # it is not the row's default); apply(), apply_for_generate() and bench
                                  # quantize a float model the same way first
 
 When no superkernel plan beat plain torch.compile beyond noise, ``optimize`` writes the
@@ -142,16 +143,19 @@ def _quantization(value: Any, where: str) -> dict[str, Any]:
     without one it is chosen for the model when quantizing)."""
     if value is None or value == {}:
         return {}
-    if not isinstance(value, Mapping) or set(value) - {"scheme", "group_size"} or "scheme" not in value:
-        raise PlanFileError(f"{where}: 'quantization' must be a mapping with 'scheme' (and 'group_size' for "
-                            f"int4-weight), got {short_repr(value)}")
-    from superkernel.tools.quantize import QuantizationError, check_scheme
+    if not isinstance(value, Mapping) or set(value) - {"scheme", "group_size", "head"} or "scheme" not in value:
+        raise PlanFileError(f"{where}: 'quantization' must be a mapping with 'scheme' (and optionally 'group_size' "
+                            f"for int4-weight / w4a8, 'head' for the output head's scheme), got {short_repr(value)}")
+    from superkernel.tools.quantize import QuantizationError, check_head, check_scheme
 
     try:
         scheme, group = check_scheme(value["scheme"], value.get("group_size"))
+        if "head" in value:
+            check_head(scheme, value["head"])
     except QuantizationError as exc:
         raise PlanFileError(f"{where}: quantization: {safe_text(exc, 300)}") from None
-    return {"scheme": scheme, **({"group_size": group} if group is not None else {})}
+    return {"scheme": scheme, **({"group_size": group} if group is not None else {}),
+            **({"head": value["head"]} if "head" in value else {})}
 
 
 def quantize_for_plan(model: Any, spec: "PlanFile") -> dict[str, Any] | None:
@@ -163,7 +167,8 @@ def quantize_for_plan(model: Any, spec: "PlanFile") -> dict[str, Any] | None:
 
     if is_quantized(model):
         return None
-    return quantize_model(model, spec.quantization["scheme"], group_size=spec.quantization.get("group_size")).to_dict()
+    return quantize_model(model, spec.quantization["scheme"], group_size=spec.quantization.get("group_size"),
+                          head=spec.quantization.get("head")).to_dict()
 
 
 def inductor_choices(explanation: Any) -> dict[str, Any]:

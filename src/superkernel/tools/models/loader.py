@@ -168,6 +168,9 @@ def _load_gguf(path: Path, wanted: torch.dtype | None, name: str | None = None) 
     loaded = _load_checkpoint(folder, wanted)
     info = describe(header)
     loaded.name, loaded.source, loaded.gguf = name or str(path), "gguf", info
+    from superkernel.tools.quant_groups import GGUF_TYPE_TAG
+
+    setattr(loaded.model, GGUF_TYPE_TAG, info["file_type"])  # an int4 requantization stays on the file's grid
     if wanted is None:
         loaded.dtype_source = "default (GGUF weights are dequantized to float32)"
     types = ", ".join(f"{n} {t}" for t, n in info["tensor_types"].items())
