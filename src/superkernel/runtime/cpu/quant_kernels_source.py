@@ -312,7 +312,9 @@ void int4_block_avx2(const float* x, const uint8_t* w, const float* sz, float* y
   const uint8_t* wb = w + b * K * 16;
   for (int64_t m = 0; m < M; ++m) {
     const float* xr = x + m * K;
-    float out[32] = {0.f}, acc[32];
+    __m256 out[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) out[c] = _mm256_setzero_ps();
     for (int64_t g0 = 0; g0 < K; g0 += G) {
       __m256 a[8];
 #pragma GCC unroll 8
@@ -329,13 +331,21 @@ void int4_block_avx2(const float* x, const uint8_t* w, const float* sz, float* y
         int4_k_avx2(wb + k * 16, xr[k], a);
         xs += xr[k];
       }
+      // the 32 rows' (scale, zero) pairs, 8 rows at a time split into 8 scales and 8 zeros (lane order restored
+      // by the permute); the same fused operations per row as a scalar loop, so the same bits
+      const float* p = sz + ((g0 / G) * N + 32 * b) * 2;
+      const __m256 xsv = _mm256_set1_ps(xs);
 #pragma GCC unroll 4
-      for (int c = 0; c < 4; ++c) _mm256_storeu_ps(acc + 8 * c, _mm256_add_ps(a[c], a[c + 4]));
-      const float* p = sz + ((g0 / G) * N + 32 * b) * 2;  // 32 (scale, zero) pairs
-      for (int r = 0; r < 32; ++r)
-        out[r] = std::fma(p[2 * r + 1], xs, std::fma(p[2 * r], std::fma(-8.f, xs, acc[r]), out[r]));
+      for (int c = 0; c < 4; ++c) {
+        const __m256 lo = _mm256_loadu_ps(p + 16 * c), hi = _mm256_loadu_ps(p + 16 * c + 8);
+        const __m256 sc = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0x88)), 0xD8));
+        const __m256 ze = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(lo, hi, 0xDD)), 0xD8));
+        const __m256 dot = _mm256_fmadd_ps(_mm256_set1_ps(-8.f), xsv, _mm256_add_ps(a[c], a[c + 4]));
+        out[c] = _mm256_fmadd_ps(ze, xsv, _mm256_fmadd_ps(sc, dot, out[c]));
+      }
     }
-    for (int r = 0; r < 32; ++r) y[m * N + 32 * b + r] = out[r];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; ++c) _mm256_storeu_ps(y + m * N + 32 * b + 8 * c, out[c]);
   }
 }
 
