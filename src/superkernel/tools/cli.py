@@ -90,7 +90,7 @@ def _add_quantize_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-kl", type=float, default=None, metavar="NATS",
                    help=f"--quantize auto: the quality budget, mean KL divergence from the float model in nats per "
                         f"position over the evaluation text (default {DEFAULT_MAX_KL:g}: keeps the int8 schemes, "
-                        f"refuses int4 on SmolLM2-135M; docs/real_models.md)")
+                        f"keeps int4-weight on SmolLM2-135M's Q4_1 file, refuses w4a8 there; docs/real_models.md)")
     grouped = [SCHEMES[name] for name in grouped_names()]
     p.add_argument("--group-size", type=int, default=None, choices=group_sizes(), metavar="N",
                    help=f"--quantize {' / '.join(row.name for row in grouped)}: weights per scale "

@@ -281,7 +281,7 @@ def quantize_model(model: torch.nn.Module, scheme: str, *, group_size: int | Non
     if head_name is not None:
         info.head = f"{head_name}: {head}"
     quantize_(model, config, filter_fn=taker(wanted))
-    if head_config is not None:  # (torchao gives a head tied to the embedding its own weight: the embedding stays float)
+    if head_config is not None:  # (torchao gives a head tied to the embedding its own weight: the embedding stays)
         quantize_(model, head_config, filter_fn=taker({head_name}))
     _plain_extra_repr(model)
     info.layers = len(chosen)
@@ -326,10 +326,10 @@ def describe_cost(info: dict[str, Any]) -> str:
     before, after = info.get("weight_bytes_before", 0), info.get("weight_bytes_after", 0)
     cost = info.get("cost") or {}
     choice = info.get("group_choice", "")
-    why = "the GGUF file's blocks" if "GGUF" in choice else "the layer widths"
+    why = (", chosen for " + ("the GGUF file's blocks" if "GGUF" in choice else "the layer widths")
+           if choice.startswith("chosen") else "")
     head = info.get("head", "").partition(": ")
-    line = (f"{info['scheme']}" + (f" (group {info['group_size']}{f', chosen for {why}' if choice.startswith('chosen') else ''})"
-                                   if info.get("group_size") else "")
+    line = (f"{info['scheme']}" + (f" (group {info['group_size']}{why})" if info.get("group_size") else "")
             + f" with {info.get('library', 'torchao')}: {info.get('layers', 0)} linear layers"
             + (f" (output head {head[0]}: {head[2]})" if head[2] and head[2] != info["scheme"] else "")
             + f", parameters {before / 2**20:.1f} -> {after / 2**20:.1f} MiB")
