@@ -203,20 +203,29 @@ def _plain_extra_repr(model: torch.nn.Module) -> None:
             module.extra_repr = types.MethodType(extra_repr, module)
 
 
-def _linears(model: torch.nn.Module, row: Scheme, skipped: list[str]) -> dict[str, int]:
-    """name -> input features of the linear layers ``row`` can take; the others are listed in ``skipped``."""
+def _refusal(name: str, module: torch.nn.Linear, row: Scheme) -> str | None:
+    """Why ``row`` cannot take linear ``name`` (a ``skipped`` line), or None when it can."""
+    dtype = str(module.weight.dtype).replace("torch.", "")
+    if dtype not in row.weight_dtypes:
+        return f"{name}: weight dtype {module.weight.dtype}"
+    if module.out_features % row.out_multiple:
+        return (f"{name}: {module.out_features} output features are not a multiple of {row.out_multiple} (the "
+                "packed CPU int4 layout's)")
+    return None
+
+
+def _linears(model: torch.nn.Module, row: Scheme, skipped: list[str], apart: str | None = None) -> dict[str, int]:
+    """name -> input features of the linear layers ``row`` can take, but ``apart``; the others are listed in
+    ``skipped``."""
     out: dict[str, int] = {}
     for name, module in model.named_modules():
-        if not isinstance(module, torch.nn.Linear):
+        if not isinstance(module, torch.nn.Linear) or name == apart:
             continue
-        dtype = str(module.weight.dtype).replace("torch.", "")
-        if dtype not in row.weight_dtypes:
-            skipped.append(f"{name}: weight dtype {module.weight.dtype}")
-        elif module.out_features % row.out_multiple:
-            skipped.append(f"{name}: {module.out_features} output features are not a multiple of "
-                           f"{row.out_multiple} (the packed CPU int4 layout's)")
-        else:
+        why = _refusal(name, module, row)
+        if why is None:
             out[name] = module.in_features
+        else:
+            skipped.append(why)
     return out
 
 
@@ -245,16 +254,15 @@ def quantize_model(model: torch.nn.Module, scheme: str, *, group_size: int | Non
 
     info = Quantization(scheme=scheme, library=f"torchao {torchao.__version__}",
                         weight_bytes_before=_param_bytes(model))
-    wanted = _linears(model, row, info.skipped)
     head_name, head_row = output_head(model), SCHEMES.get(head)
-    if head_name is not None and head != scheme:  # the head apart: float, or its own scheme
-        wanted.pop(head_name, None)
-        info.skipped = [line for line in info.skipped if not line.startswith(f"{head_name}: ")]
-        refused: list[str] = []
-        if head_row is not None and head_name not in _linears(model, head_row, refused):
-            info.skipped += [line for line in refused if line.startswith(f"{head_name}: ")]
+    apart = head_name if head != scheme else None  # the head apart: float, or its own scheme
+    wanted = _linears(model, row, info.skipped, apart)
+    if apart is not None and head_row is not None:
+        why = _refusal(apart, model.get_submodule(apart), head_row)
+        if why is not None:
+            info.skipped.append(why)
             head_name = None  # (the head's row cannot take it: stays float)
-    elif head_name not in wanted:
+    elif apart is None and head_name not in wanted:
         head_name = None
     if not wanted:
         raise QuantizationError(f"{scheme}: the model has no linear layer it can quantize"
