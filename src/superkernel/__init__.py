@@ -31,6 +31,7 @@ _LAZY = {
     "unregister_unfusable": ("pipeline.segments", "unregister_unfusable"),
     "apply": ("tools.advisor.plan_file", "apply"),
     "apply_for_generate": ("tools.generate", "apply_for_generate"),
+    "remove_for_generate": ("tools.generate", "remove_for_generate"),
     "precompile_step": ("precompiled", "precompile_step"),
     "PrecompiledStepError": ("precompiled", "PrecompiledStepError"),
 }

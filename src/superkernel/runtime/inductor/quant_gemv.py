@@ -276,6 +276,7 @@ def rewrite_int4(gm: fx.GraphModule, scheme: object) -> list[str]:
     A decode-sized float32 call becomes our kernel (same layout, float32 accumulation: the result differs
     from ATen's in the last bits, max-autotune's tolerance); without AVX2 the call stays ATen's."""
     from superkernel.runtime.cpu import quant_kernels
+    from superkernel.runtime.cpu.int4_eager import takes
 
     done: list[str] = []
     for node in list(gm.graph.nodes):
@@ -283,12 +284,9 @@ def rewrite_int4(gm: fx.GraphModule, scheme: object) -> list[str]:
             continue
         a, w, group, sz = node.args
         x, wv, szv = _val(a), _val(w), _val(sz)
-        if x is None or wv is None or szv is None or not isinstance(group, int) or x.dtype != torch.float32 \
-                or x.dim() != 2 or x.shape[0] > MAX_ROWS or szv.dtype != torch.float32 or wv.dtype != torch.uint8:
+        if x is None or wv is None or szv is None or not takes(x, wv, group, szv) or x.shape[0] > MAX_ROWS:
             continue
         n, k = wv.shape[0], x.shape[1]
-        if n % 64 or k % group or wv.shape[1] * 2 != k or tuple(szv.shape) != (k // group, n, 2):
-            continue
         op = scheme.kernels[0].op
         if not quant_kernels.fast_path(op):  # said, not silent: ATen's float32 call is slow
             why = quant_kernels.unavailable_reason() or "no AVX2 here, or no vector kernel for ATen's packed layout"
