@@ -79,7 +79,7 @@ _USE_CACHE_BEFORE = "_superkernel_use_cache_before"
 
 
 def apply_for_generate(model: Any, plan: str | Path | Mapping[str, Any], *, mode: str | None = None,
-                       compiler_config: Any = None) -> Any:
+                       compiler_config: Any = None, max_cache_len: int | None = None) -> Any:
     """Make ``model.generate()`` decode with a superkernel plan; returns ``model`` (changed in place).
 
     ``plan``: a ``superkernel.yaml`` path, a plan dict, or a strategy name (``attention``,
@@ -93,11 +93,19 @@ def apply_for_generate(model: Any, plan: str | Path | Mapping[str, Any], *, mode
     ``experimental_config.cuda_decode_kernels`` on, a covered Llama model's decode steps run
     superkernel's own Triton kernels in max-autotune on CUDA (``decode_kernels.hookup``; an
     uncovered model warns once with the reason and keeps Inductor's kernels; docs/gpu.md).
+    The static cache's length is rounded up to a power of two, so a longer call compiles the step
+    again only when it doubles the longest before it; ``max_cache_len``: the least length every
+    call gets (one compile for every call up to it; :mod:`superkernel.tools.generate_cache`).
     """
     import superkernel
 
     spec = resolve_plan(model, plan, mode)
+    from superkernel.tools import generate_cache
     from superkernel.tools.advisor.plan_file import quantize_for_plan
+
+    if max_cache_len is not None and (isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int)
+                                      or max_cache_len < 1):
+        raise ValueError(f"max_cache_len must be a positive number of positions, got {max_cache_len!r}")
 
     quantize_for_plan(model, spec)  # a plan measured on a quantized model quantizes a float one the same way
     superkernel.remove_scopes(model)
@@ -118,6 +126,8 @@ def apply_for_generate(model: Any, plan: str | Path | Mapping[str, Any], *, mode
             _install_int4_prompt_kernel(model)
     model.generation_config.compile_config = compile_config(backend, compile_mode)
     model.generation_config.cache_implementation = "static"
+    generate_cache.remove(model)
+    generate_cache.install(model, max_cache_len)
     model.generation_config.disable_compile = False
     if model.generation_config.use_cache is not True:
         # Some configs default to no cache (MPT): generate() would then ignore the static cache and
@@ -187,6 +197,9 @@ def remove_for_generate(model: Any) -> Any:
     superkernel.remove_scopes(model)
     decode_kernels.remove(model)
     _remove_int4_prompt_kernel(model)
+    from superkernel.tools import generate_cache
+
+    generate_cache.remove(model)
     model.generation_config.compile_config = None
     model.generation_config.cache_implementation = None
     if hasattr(model, _USE_CACHE_BEFORE):
