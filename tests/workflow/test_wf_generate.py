@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import superkernel
+from superkernel.tools import generate_guards
 from superkernel.tools.generate import apply_for_generate, remove_for_generate
 
 from .wf_helpers import run_cli
@@ -23,7 +24,7 @@ def _graphs() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def _check_same_tokens(model, vocab, strategy="decoder_layer", mode="reduce-overhead"):
+def _check_same_tokens(model, vocab, strategy="decoder_layer", mode="reduce-overhead", guards=(3, 7)):
     prompt = torch.randint(0, vocab, (1, 5), generator=torch.Generator().manual_seed(1))
     eager = _generate(model, prompt, cache_implementation="static", disable_compile=True)
     torch._dynamo.reset()
@@ -36,6 +37,9 @@ def _check_same_tokens(model, vocab, strategy="decoder_layer", mode="reduce-over
         assert after_first > before, "generate() did not compile its decode step"
         assert _graphs() == after_first, "the second generate() compiled again"
         assert torch.equal(first, eager) and torch.equal(second, eager)
+        # 5 decode steps a generate(): guards checked until a step compiles nothing (the first two, then the new
+        # cache's first), skipped on the 7 others; a step with a graph break: all 10 checked
+        assert generate_guards.counts(model) == guards
         backend = model.generation_config.compile_config.backend
         assert superkernel.explain(backend).segments, "the decode step was not run by the superkernel backend"
     finally:
@@ -92,7 +96,8 @@ def test_generate_turns_the_cache_on_where_the_config_turns_it_off():
 
     model = build_tiny("mpt")
     assert model.generation_config.use_cache is False
-    _check_same_tokens(model, model.config.vocab_size)   # asserts the decode step was compiled by superkernel
+    # asserts the decode step was compiled by superkernel; MPT's step breaks the graph: every step's guards checked
+    _check_same_tokens(model, model.config.vocab_size, guards=(10, 0))
     assert model.generation_config.use_cache is False
 
 
@@ -114,6 +119,8 @@ def test_the_cache_length_is_a_power_of_two_so_a_longer_call_rarely_compiles_aga
         compiled = _graphs()
         assert torch.equal(_generate(model, prompt, 11), eager[11]) and _graphs() == compiled
         assert torch.equal(_generate(model, prompt, 13), eager[13]) and _graphs() > compiled
+        compiled = _graphs()  # two compiled frames now: the unchecked steps are told apart by their differing guards
+        assert torch.equal(_generate(model, prompt, 6), eager[6]) and _graphs() == compiled
         with pytest.raises(ValueError, match="max_cache_len must be a positive number of positions, got 0"):
             apply_for_generate(model, "decoder_layer", mode="reduce-overhead", max_cache_len=0)
         torch._dynamo.reset()
@@ -125,3 +132,36 @@ def test_the_cache_length_is_a_power_of_two_so_a_longer_call_rarely_compiles_aga
         remove_for_generate(model)
         torch._dynamo.reset()
     assert "_prepare_static_cache" not in model.__dict__ and model.generation_config.max_cache_len is None
+
+
+def test_a_repeated_call_skips_the_guards_a_new_signature_is_checked():
+    """Our bookkeeping of guarded calls (a plain function stands in for the compiled step: what is tested is which
+    calls run under ``skip_guard_eval_unsafe``, read from Dynamo's own stance)."""
+    import gc
+
+    from torch._dynamo import eval_frame
+
+    from superkernel.tools.generate_guards import GuardedOncePerSignature
+
+    class Cache:
+        pass
+
+    stances = []
+    step = GuardedOncePerSignature(lambda *a, **k: stances.append(eval_frame._stance.skip_guard_eval_unsafe))
+    cache = Cache()
+    x = torch.zeros(1, 1, dtype=torch.long)
+    mask = {"full_attention": torch.ones(1, 1, 1, 8)}
+    for args in [(x,), (x + 1,), (torch.zeros(1, 2, dtype=torch.long),), (x.float(),), (x,)]:
+        step(*args, past_key_values=cache, attention_mask=dict(mask), use_cache=True)
+    assert stances == [False, True, False, False, True]
+    step(x, past_key_values=Cache(), attention_mask=mask, use_cache=True)  # a new cache (freed after the call) ...
+    gc.collect()
+    step(x, past_key_values=cache, attention_mask=mask, use_cache=True)  # ... made every signature forgotten
+    step(x, past_key_values=cache, attention_mask={"full_attention": torch.ones(1, 1, 1, 9)}, use_cache=True)
+    step(x, past_key_values=cache, attention_mask=mask, use_cache=False)
+    step(x, past_key_values=object(), attention_mask=mask, use_cache=True)  # not weakly referenceable: ...
+    step(x, past_key_values=object(), attention_mask=mask, use_cache=True)  # ... never skipped
+    with torch.no_grad():
+        step(x, past_key_values=cache, attention_mask=mask, use_cache=True)
+    assert stances[5:] == [False, False, False, False, False, False, False]
+    assert (step.checked, step.skipped) == (10, 2)

@@ -96,11 +96,13 @@ def apply_for_generate(model: Any, plan: str | Path | Mapping[str, Any], *, mode
     The static cache's length is rounded up to a power of two, so a longer call compiles the step
     again only when it doubles the longest before it; ``max_cache_len``: the least length every
     call gets (one compile for every call up to it; :mod:`superkernel.tools.generate_cache`).
+    Dynamo's guards are checked on the first decode step of each signature (a new cache, a
+    changed shape), not on every step (:mod:`superkernel.tools.generate_guards`).
     """
     import superkernel
 
     spec = resolve_plan(model, plan, mode)
-    from superkernel.tools import generate_cache
+    from superkernel.tools import generate_cache, generate_guards
     from superkernel.tools.advisor.plan_file import quantize_for_plan
 
     if max_cache_len is not None and (isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int)
@@ -128,6 +130,8 @@ def apply_for_generate(model: Any, plan: str | Path | Mapping[str, Any], *, mode
     model.generation_config.cache_implementation = "static"
     generate_cache.remove(model)
     generate_cache.install(model, max_cache_len)
+    generate_guards.remove(model)
+    generate_guards.install(model)
     model.generation_config.disable_compile = False
     if model.generation_config.use_cache is not True:
         # Some configs default to no cache (MPT): generate() would then ignore the static cache and
@@ -197,9 +201,10 @@ def remove_for_generate(model: Any) -> Any:
     superkernel.remove_scopes(model)
     decode_kernels.remove(model)
     _remove_int4_prompt_kernel(model)
-    from superkernel.tools import generate_cache
+    from superkernel.tools import generate_cache, generate_guards
 
     generate_cache.remove(model)
+    generate_guards.remove(model)
     model.generation_config.compile_config = None
     model.generation_config.cache_implementation = None
     if hasattr(model, _USE_CACHE_BEFORE):
