@@ -101,29 +101,33 @@ def test_generate_turns_the_cache_on_where_the_config_turns_it_off():
     assert model.generation_config.use_cache is False
 
 
-def test_the_cache_length_is_a_power_of_two_so_a_longer_call_rarely_compiles_again(llama):
-    """Calls of 5 + 6 and 5 + 11 tokens share a 16-position cache: one compile; 5 + 13 needs 32 and compiles once
-    more; the tokens of every call are eager's. ``max_cache_len=40`` sizes every call up to 40 positions alike.
-    Removing the plan gives transformers' lengths and the generation config back."""
+def test_a_call_that_grows_the_cache_gets_a_power_of_two_so_later_calls_rarely_compile_again(llama):
+    """5 + 6 tokens: transformers' 10 positions; again: no compile. 5 + 8 (12 > 10: compiles anyway) gets 16, so
+    5 + 7 and 5 + 12 (16) compile nothing; 5 + 13 (17) compiles once more, at 32. Every call gives eager's tokens.
+    ``max_cache_len=40`` sizes every call up to 40 positions alike. Removing the plan gives transformers' lengths
+    and the generation config back."""
     from superkernel.tools.generate_cache import bucket
 
     assert [bucket(n) for n in (1, 10, 16, 17, 69)] == [1, 16, 16, 32, 128]
     assert bucket(69, ceiling=100) == 100 and bucket(200, ceiling=100) == 256 and bucket(64, ceiling=64) == 64
     model = llama.model
     prompt = torch.randint(0, model.config.vocab_size, (1, 5), generator=torch.Generator().manual_seed(2))
-    eager = {n: _generate(model, prompt, n, cache_implementation="static", disable_compile=True) for n in (6, 11, 13)}
+    lengths = (6, 8, 7, 12, 13)
+    eager = {n: _generate(model, prompt, n, cache_implementation="static", disable_compile=True) for n in lengths}
+    model.__dict__.pop("_previous_max_cache_length", None)  # transformers' longest so far (the shared model's)
     torch._dynamo.reset()
     try:
         apply_for_generate(model, "decoder_layer", mode="reduce-overhead")
-        assert torch.equal(_generate(model, prompt, 6), eager[6])
-        compiled = _graphs()
-        assert torch.equal(_generate(model, prompt, 11), eager[11]) and _graphs() == compiled
-        assert torch.equal(_generate(model, prompt, 13), eager[13]) and _graphs() > compiled
-        compiled = _graphs()  # two compiled frames now: the unchecked steps are told apart by their differing guards
-        assert torch.equal(_generate(model, prompt, 6), eager[6]) and _graphs() == compiled
+        compiled = []
+        for n in (6, 6, 8, 7, 12, 13, 6):
+            assert torch.equal(_generate(model, prompt, n), eager[n]), n
+            compiled.append(_graphs())
+        assert compiled[1] == compiled[0] < compiled[2] == compiled[3] == compiled[4] < compiled[5] == compiled[6]
+        assert model._previous_max_cache_length == 32
         with pytest.raises(ValueError, match="max_cache_len must be a positive number of positions, got 0"):
             apply_for_generate(model, "decoder_layer", mode="reduce-overhead", max_cache_len=0)
         torch._dynamo.reset()
+        model.__dict__.pop("_previous_max_cache_length", None)
         apply_for_generate(model, "decoder_layer", mode="reduce-overhead", max_cache_len=40)
         assert torch.equal(_generate(model, prompt, 6), eager[6])
         compiled = _graphs()

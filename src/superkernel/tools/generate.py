@@ -93,9 +93,10 @@ def apply_for_generate(model: Any, plan: str | Path | Mapping[str, Any], *, mode
     ``experimental_config.cuda_decode_kernels`` on, a covered Llama model's decode steps run
     superkernel's own Triton kernels in max-autotune on CUDA (``decode_kernels.hookup``; an
     uncovered model warns once with the reason and keeps Inductor's kernels; docs/gpu.md).
-    The static cache's length is rounded up to a power of two, so a longer call compiles the step
-    again only when it doubles the longest before it; ``max_cache_len``: the least length every
-    call gets (one compile for every call up to it; :mod:`superkernel.tools.generate_cache`).
+    A call longer than all before it (it compiles the step again) gets a static cache of the power
+    of two at or above its length, so the next compile comes when a call doubles it;
+    ``max_cache_len``: the least length every call gets (one compile for every call up to it;
+    :mod:`superkernel.tools.generate_cache`).
     Dynamo's guards are checked on the first decode step of each signature (a new cache, a
     changed shape), not on every step (:mod:`superkernel.tools.generate_guards`).
     """

@@ -1,20 +1,22 @@
-"""The static cache's length under a plan: a power of two, so that a longer ``generate()`` rarely compiles again.
+"""The static cache's length under a plan: a call longer than all before it gets a power of two, so that the calls
+after it rarely compile the step again.
 
 A compiled decode step is specialized to the static cache's shape. transformers sizes that cache to the call's
-``prompt + max_new_tokens`` (at least the largest length of an earlier call on the model), so every call longer
-than all before it compiled the step again: 22 s for SmolLM2-135M's float32 reduce-overhead plan, at every turn of
-a chat whose prompt grows. Under a plan the length is rounded up to a power of two (capped at the model's
-``max_position_embeddings`` where that still holds the call): a call compiles again only when it doubles the
-longest before it. The cost is attention over up to twice the positions: SmolLM2-135M's reduce-overhead step at 1
-thread, 5 interleaved rounds, took 24.9 ms with the cache at the call's 69 positions, 24.4 / 24.9 / 25.0 ms at 128
-/ 256 / 512 and 26.5 ms at 1024 (within the box's noise up to 512).
+``prompt + max_new_tokens - 1``, at least the largest length of an earlier call on the model, so every call longer
+than all before it compiled the step again: 22-60 s for SmolLM2-135M's plans, at every turn of a chat whose prompt
+grows. Under a plan such a call (one that compiles anyway) gets the power of two at or above its length (capped at
+the model's ``max_position_embeddings`` where that still holds the call), so the next compile comes only when a call
+doubles it; the first call, and every call within the longest before it, keep transformers' length. Rounding every
+call instead was measured and rejected: attention reads the whole static cache, so a longer cache costs every step
+-- SmolLM2-135M's int8-weight max-autotune step at 1 thread, 69 positions 39.1 ms, 128: 44.3, 256: 50.9, 512: 58.3,
+1024: 70.4 ms (``benchmarks/results/generate_cache_length_smollm2-135m_int8-weight_max-autotune.md``).
 
 ``max_cache_len`` (``apply_for_generate``): the smallest length every call gets (transformers' own
 ``generation_config.max_cache_len``): a server that knows its longest request sizes the cache once.
 
 The rounding sits in the model's ``_prepare_static_cache`` (transformers' method that builds the cache, given the
-length), overridden on this model instance only and removed by :func:`remove`; where transformers has no such
-method, lengths are transformers' own.
+length; ``_previous_max_cache_length`` is where it keeps the longest so far), overridden on this model instance only
+and removed by :func:`remove`; where transformers has no such method, lengths are transformers' own.
 """
 
 from __future__ import annotations
@@ -35,15 +37,19 @@ def bucket(length: int, ceiling: int | None = None) -> int:
 
 
 def _prepare_bucketed(self: Any, *args: Any, **kwargs: Any) -> Any:
-    """transformers' method with the length rounded (bound to the model: ``copy.deepcopy`` rebinds it to the copy)."""
-    if "max_cache_len" in kwargs:
+    """transformers' method, a call longer than all before it rounded up (bound to the model: ``copy.deepcopy``
+    rebinds it to the copy)."""
+    longest = getattr(self, "_previous_max_cache_length", None)
+    wanted = kwargs.get("max_cache_len")
+    if isinstance(wanted, int) and isinstance(longest, int) and wanted > longest > 0:  # compiles anyway: headroom
         ceiling = getattr(self.config.get_text_config(decoder=True), "max_position_embeddings", None)
-        kwargs["max_cache_len"] = bucket(kwargs["max_cache_len"], ceiling if isinstance(ceiling, int) else None)
+        kwargs["max_cache_len"] = bucket(wanted, ceiling if isinstance(ceiling, int) else None)
     return getattr(type(self), _METHOD)(self, *args, **kwargs)
 
 
 def install(model: Any, max_cache_len: int | None = None) -> None:
-    """Round the static cache's length on ``model``; ``max_cache_len``: the least length of every call."""
+    """Round the static cache's length of ``model``'s calls that grow it; ``max_cache_len``: the least length of every
+    call."""
     if max_cache_len is not None:
         if not hasattr(model, _BEFORE):
             setattr(model, _BEFORE, getattr(model.generation_config, "max_cache_len", None))
