@@ -2,8 +2,9 @@
 
 transformers compiles ``model.__call__`` (``get_compiled_call``) and calls it once per new token; Dynamo checks the
 compiled frame's guards (input shapes, dtypes, strides, the cache object, every parameter, module state, global
-flags) on every call: 3.4 ms of SmolLM2-135M's int8-weight max-autotune step under ``generate()`` at 1 thread (41.3
--> 37.9 ms, same tokens; ``benchmarks/results/generate_guards_smollm2-135m_int8-weight_max-autotune.md``). Within one
+flags) on every call: 2.0 ms of SmolLM2-135M's int8-weight max-autotune step under ``generate()`` at 1 thread (41.3
+-> 39.3 ms, same tokens, 9 alternating rounds on a noisy box;
+``benchmarks/results/generate_guards_smollm2-135m_int8-weight_max-autotune.md``). Within one
 ``generate()`` the steps differ only in tensor values, so :class:`GuardedOncePerSignature` checks the guards of a
 *signature* -- the static cache object and every argument's tensor metadata (shape, dtype, device, strides), every
 other argument's value or identity, grad / inference mode -- until one of its calls compiles nothing, and runs the
