@@ -3,8 +3,8 @@
 
 Each engine runs in a child process (tests/integrations/vllm_run.py; engine core and worker in that process, one
 core bound): vLLM's eager path (``enforce_eager``) is the reference; a superkernel plan given by qualified name
-(``compilation_config`` mode 2) must give its greedy tokens exactly in reduce-overhead, at batch 1 and for one
-batch of prompts of different lengths. Engine start is about a minute, a plan's compile about another (2 cores).
+(``compilation_config`` mode 2) must give its greedy tokens exactly in reduce-overhead, at batch 1, for one
+batch of prompts of different lengths, and for a prompt whose shared prefix comes from vLLM's prefix cache. Engine start is about a minute, a plan's compile about another (2 cores).
 """
 
 from __future__ import annotations
@@ -26,6 +26,13 @@ BATCHES = [
     ["The capital of France is", "Once upon a time, there was a little", "def fibonacci(n):\n    ",
      "Water boils at"],  # one batch, four prompt lengths
 ]
+#: two calls after those, one prompt each, sharing a prefix of more than two of vLLM's CPU KV blocks (128 tokens):
+#: the second call takes the first's prefix blocks from vLLM's prefix cache (on by default) and computes the rest
+SHARED = ("superkernel marks a region of a model with a scope and runs the region as one launch. In reduce-overhead "
+          "mode the kernels stay the same and the region is launched as one unit, so its outputs equal eager's bit "
+          "for bit. In max-autotune mode the region is compiled anew, its operators fused into fewer kernels. ") * 5
+BATCHES += [[SHARED + "Question: what does a scope do?\nAnswer:"],
+            [SHARED + "Question: what does reduce-overhead mode keep?\nAnswer:"]]
 MAX_TOKENS = 16
 PREFIX = "superkernel.integrations.vllm.backends."
 
@@ -60,7 +67,8 @@ def eager(model_folder, tmp_path_factory):
 
 def test_vllm_eager_text_is_sensible(eager):
     assert "Paris" in eager["texts"][0][0], eager["texts"]
-    assert all(len(ids) == MAX_TOKENS for batch in eager["token_ids"] for ids in batch)
+    assert all(len(ids) == MAX_TOKENS for batch in eager["token_ids"][:2] for ids in batch)
+    assert eager["cached"][2] == [0] and eager["cached"][3][0] >= 256, eager["cached"]  # the shared prefix's blocks
     # the same prompt alone and inside the batch: vLLM's own batching gives the same greedy tokens
     assert eager["token_ids"][0][0] == eager["token_ids"][1][0]
 
@@ -68,7 +76,8 @@ def test_vllm_eager_text_is_sensible(eager):
 @pytest.mark.parametrize("strategy, scopes", [("decoder_layer", 30), ("all_layers", 1), ("full_model", 1)])
 def test_reduce_overhead_plan_gives_vllm_eager_tokens(strategy, scopes, eager, model_folder, tmp_path):
     got = run_engine(tmp_path, model_folder, PREFIX + strategy)
-    assert got["token_ids"] == eager["token_ids"], (got["texts"], eager["texts"])
+    assert got["token_ids"] == eager["token_ids"], (got["texts"], eager["texts"])  # prefix-cached prompt included
+    assert got["cached"] == eager["cached"]
     assert ours(got, "VllmPlanFallbackWarning") == []
     (backend,) = got["backends"]
     assert backend["fallbacks"] == 0 and len(backend["annotated"][0]) == scopes

@@ -2,7 +2,7 @@
 
 SPEC: {"model": folder, "dtype": "float32", "backend": qualified name or null (vLLM's eager path),
 "batches": [[prompt, ...], ...], "max_tokens": n, "env": {...}}. OUT: the greedy token ids and texts per prompt
-of each batch (one generate call each), the warnings the process
+of each batch (one generate call each), the prompt tokens each took from the prefix cache, the warnings the process
 raised (the compile runs here: engine core and worker in this process), and what superkernel's vLLM backends
 compiled (plans, scopes annotated, fallbacks, explain text).
 """
@@ -37,6 +37,7 @@ def main(spec_path: str, out_path: str) -> None:
     result = {
         "token_ids": [[list(o.outputs[0].token_ids) for o in outs] for outs in batches],
         "texts": [[o.outputs[0].text for o in outs] for outs in batches],
+        "cached": [[o.num_cached_tokens for o in outs] for outs in batches],  # prompt tokens from the prefix cache
         "warnings": [f"{w.category.__name__}: {w.message}" for w in caught],
         "backends": [],
     }
