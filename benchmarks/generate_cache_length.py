@@ -24,37 +24,20 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent / "src"))
 
-import superkernel  # noqa: E402
+from generate_common import add_plan_arguments, plan_model, stem  # noqa: E402
+
 from superkernel.tools import generate_cache  # noqa: E402
-from superkernel.tools.advisor.answer import QUESTION  # noqa: E402
-from superkernel.tools.models import load_model  # noqa: E402
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--quantize", default=None)
-    ap.add_argument("--strategy", default="decoder_layer")
-    ap.add_argument("--mode", default="reduce-overhead")
+    add_plan_arguments(ap)
     ap.add_argument("--lengths", default="0,128,256,512,1024")
-    ap.add_argument("--new-tokens", type=int, default=33)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default=str(ROOT / "results"))
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    loaded = load_model(args.model)
-    model, tok = loaded.model, loaded.tokenizer()
-    if args.quantize:
-        from superkernel.tools.quantize import quantize_model
-
-        quantize_model(model, args.quantize)
-    ids = tok.apply_chat_template([{"role": "user", "content": QUESTION}], add_generation_prompt=True,
-                                  return_tensors="pt")
-    ids = ids if torch.is_tensor(ids) else ids["input_ids"]
-    superkernel.apply_for_generate(model, args.strategy, mode=args.mode)
+    model, tok, ids = plan_model(args)
     n, lengths = args.new_tokens, [int(x) for x in args.lengths.split(",")]
 
     def generate(length: int, new: int) -> tuple[float, torch.Tensor]:
@@ -85,10 +68,8 @@ def main() -> int:
               "threads": args.threads, "rounds": args.rounds, "new_tokens": n, "own_length": own,
               "torch": torch.__version__, "load": os.getloadavg(), "first_generate_s": compile_s,
               "ms_per_step": per_step, "median_ms": med}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"generate_cache_length_{args.model}{'_' + args.quantize if args.quantize else ''}_{args.mode}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    stem_path = stem(args, "generate_cache_length")
+    stem_path.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     base = med[lengths[0]]
     lines = [f"# A decode step's cost against its static cache's length: {args.model} "
              f"{args.quantize or 'float32'}, {args.strategy} / {args.mode}", "",
@@ -102,7 +83,7 @@ def main() -> int:
         label = f"{own} (the call's own: transformers' sizing)" if length == 0 else str(length)
         lines.append(f"| {label} | {med[length]:.2f} | {med[length] / base:.3f} | {compile_s[length]:.1f} | "
                      + ", ".join(f"{x:.1f}" for x in per_step[length]) + " |")
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    stem_path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

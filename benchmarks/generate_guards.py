@@ -25,38 +25,21 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent / "src"))
 
-import superkernel  # noqa: E402
+from generate_common import add_plan_arguments, plan_model, stem  # noqa: E402
+
 from superkernel.tools import generate_guards  # noqa: E402
-from superkernel.tools.advisor.answer import QUESTION  # noqa: E402
-from superkernel.tools.models import load_model  # noqa: E402
 
 WAYS = ("guards checked every step", "guards checked once per signature")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--strategy", default="decoder_layer")
-    ap.add_argument("--mode", default="reduce-overhead")
-    ap.add_argument("--quantize", default=None, help="a scheme of superkernel.tools.quantize (default: none)")
-    ap.add_argument("--new-tokens", type=int, default=33)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default=str(ROOT / "results"))
+    add_plan_arguments(ap)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    loaded = load_model(args.model)
-    model, tok = loaded.model, loaded.tokenizer()
-    if args.quantize:
-        from superkernel.tools.quantize import quantize_model
-
-        quantize_model(model, args.quantize)
-    ids = tok.apply_chat_template([{"role": "user", "content": QUESTION}], add_generation_prompt=True,
-                                  return_tensors="pt")
-    ids = ids if torch.is_tensor(ids) else ids["input_ids"]
-    superkernel.apply_for_generate(model, args.strategy, mode=args.mode)
+    model, tok, ids = plan_model(args)
 
     def generate(n: int) -> tuple[float, torch.Tensor]:
         start = time.perf_counter()
@@ -85,10 +68,8 @@ def main() -> int:
               "rounds": args.rounds, "torch": torch.__version__, "load": os.getloadavg(),
               "first_generate_s": compile_s, "ms_per_step": per_step, "median_ms": med,
               "counts": generate_guards.counts(model), "answer": answer}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"generate_guards_{args.model}{'_' + args.quantize if args.quantize else ''}_{args.mode}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    stem_path = stem(args, "generate_guards")
+    stem_path.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# generate() decode steps with and without Dynamo's guard check on every step: {args.model}"
              f"{' ' + args.quantize if args.quantize else ''}", "",
              f"`benchmarks/generate_guards.py`, {args.quantize or 'float32'}, `apply_for_generate(model, \"{args.strategy}\", mode=\"{args.mode}\")`, "
@@ -102,7 +83,7 @@ def main() -> int:
         lines.append(f"| {way} | {med[way]:.2f} | {', '.join(f'{x:.1f}' for x in per_step[way])} |")
     lines += ["", f"once per signature / every step: **{med[WAYS[1]] / med[WAYS[0]]:.2f}x**; the last generate's "
               f"decode calls (checked, skipped): {result['counts']}."]
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    stem_path.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0
 

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent / "src"))
 
 import superkernel  # noqa: E402
-from superkernel.tools.advisor.answer import QUESTION  # noqa: E402
+from superkernel.tools.advisor.answer import chat_ids  # noqa: E402
 from superkernel.tools.models import load_model  # noqa: E402
 from superkernel.tools.quality import read_text, token_ids  # noqa: E402
 from superkernel.tools.quantize import quantize_model  # noqa: E402
@@ -39,9 +39,7 @@ from superkernel.tools.quantize import quantize_model  # noqa: E402
 
 def prompts(loaded, lengths: list[int]) -> dict[str, torch.Tensor]:
     tok = loaded.tokenizer()
-    chat = tok.apply_chat_template([{"role": "user", "content": QUESTION}], add_generation_prompt=True,
-                                   return_tensors="pt")
-    chat = chat if torch.is_tensor(chat) else chat["input_ids"]
+    chat = chat_ids(tok)
     text = token_ids(tok, read_text(None)[1])
     out = {f"chat question ({chat.shape[1]} tokens)": chat}
     for n in lengths:
