@@ -11,8 +11,6 @@ its **decode** steps with the superkernel backend: transformers' own automatic c
 prefill, and runs the prefill (the prompt, a new length every call) uncompiled, so the
 prompt never triggers a compile and scopes act on the decode steps only (docs/workflow.md).
 ``transformers`` compiles only on GPUs by default; the config here allows every device.
-Under a max-autotune plan an int4 model's prompt runs superkernel's int4 kernel
-(:mod:`superkernel.runtime.cpu.int4_eager`): ATen's float32 int4 call is a reference loop.
 """
 
 from __future__ import annotations
@@ -20,8 +18,6 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 from typing import Any, Mapping
-
-import torch
 
 from superkernel.runtime.cuda.decode_kernels import hookup as decode_kernels
 from superkernel.tools.advisor.plan_file import TORCH_COMPILE, PlanFile, read_plan
@@ -97,13 +93,15 @@ def apply_for_generate(model: Any, plan: str | Path | Mapping[str, Any], *, mode
     of two at or above its length, so the next compile comes when a call doubles it;
     ``max_cache_len``: the least length every call gets (one compile for every call up to it;
     :mod:`superkernel.tools.generate_cache`).
-    Dynamo's guards are checked on the first decode step of each signature (a new cache, a
-    changed shape), not on every step (:mod:`superkernel.tools.generate_guards`).
+    Dynamo's guards are checked on a decode step until a step of the same signature (the cache,
+    the shapes) has run without compiling, then skipped (:mod:`superkernel.tools.generate_guards`).
+    Under a max-autotune plan an int4 model's prompt runs superkernel's int4 kernel
+    (:mod:`superkernel.tools.generate_int4_prompt`).
     """
     import superkernel
 
     spec = resolve_plan(model, plan, mode)
-    from superkernel.tools import generate_cache, generate_guards
+    from superkernel.tools import generate_cache, generate_guards, generate_int4_prompt
     from superkernel.tools.advisor.plan_file import quantize_for_plan
 
     if max_cache_len is not None and (isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int)
@@ -113,7 +111,7 @@ def apply_for_generate(model: Any, plan: str | Path | Mapping[str, Any], *, mode
     quantize_for_plan(model, spec)  # a plan measured on a quantized model quantizes a float one the same way
     superkernel.remove_scopes(model)
     decode_kernels.remove(model)
-    _remove_int4_prompt_kernel(model)
+    generate_int4_prompt.remove(model)
     compile_mode = None
     if spec.backend == TORCH_COMPILE:
         backend: Any = "inductor"
@@ -126,7 +124,7 @@ def apply_for_generate(model: Any, plan: str | Path | Mapping[str, Any], *, mode
         superkernel.apply_scopes(model, spec.scopes, options=spec.options)
         backend = superkernel.get_backend(cfg)
         if cfg.mode == "max-autotune":
-            _install_int4_prompt_kernel(model)
+            generate_int4_prompt.install(model)
     model.generation_config.compile_config = compile_config(backend, compile_mode)
     model.generation_config.cache_implementation = "static"
     generate_cache.remove(model)
@@ -143,67 +141,15 @@ def apply_for_generate(model: Any, plan: str | Path | Mapping[str, Any], *, mode
     return model
 
 
-#: Where :func:`_install_int4_prompt_kernel` keeps its hooks and its count of routed calls.
-_INT4_PROMPT = "_superkernel_int4_prompt_kernel"
-
-
-class _Int4PromptKernel:
-    """A model's uncompiled calls (``generate()``'s prompt) run in an :class:`~superkernel.runtime.cpu.int4_eager.
-    Int4Kernel` mode, entered by a forward pre-hook and left by a forward hook that runs even when the call raises;
-    inside a compile (the decode step, traced by Dynamo) both do nothing. ``routed``: int4 calls sent to the kernel."""
-
-    def __init__(self, model: Any) -> None:
-        self.routed = 0
-        self._modes: list[Any] = []
-        self._handles = [model.register_forward_pre_hook(self._enter),
-                         model.register_forward_hook(self._leave, always_call=True)]
-
-    def _enter(self, module: Any, args: Any) -> None:
-        if torch.compiler.is_compiling():
-            return
-        from superkernel.runtime.cpu.int4_eager import Int4Kernel
-
-        mode = Int4Kernel()
-        mode.__enter__()
-        self._modes.append(mode)
-
-    def _leave(self, module: Any, args: Any, out: Any) -> None:
-        if torch.compiler.is_compiling() or not self._modes:
-            return
-        mode = self._modes.pop()
-        mode.__exit__(None, None, None)
-        self.routed += mode.routed
-
-    def remove(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-
-
-def _install_int4_prompt_kernel(model: Any) -> None:
-    """On a model with torchao CPU int4 weights, where this CPU has superkernel's vector int4 kernel."""
-    if not any(type(p).__name__ == "Int4OpaqueTensor" for p in model.parameters()):
-        return
-    from superkernel.runtime.cpu import int4_eager
-
-    if int4_eager.available():
-        setattr(model, _INT4_PROMPT, _Int4PromptKernel(model))
-
-
-def _remove_int4_prompt_kernel(model: Any) -> None:
-    if hasattr(model, _INT4_PROMPT):
-        getattr(model, _INT4_PROMPT).remove()
-        delattr(model, _INT4_PROMPT)
-
-
 def remove_for_generate(model: Any) -> Any:
     """Undo :func:`apply_for_generate`: no scopes, no compile config, transformers' default cache."""
     import superkernel
 
     superkernel.remove_scopes(model)
     decode_kernels.remove(model)
-    _remove_int4_prompt_kernel(model)
-    from superkernel.tools import generate_cache, generate_guards
+    from superkernel.tools import generate_cache, generate_guards, generate_int4_prompt
 
+    generate_int4_prompt.remove(model)
     generate_cache.remove(model)
     generate_guards.remove(model)
     model.generation_config.compile_config = None
