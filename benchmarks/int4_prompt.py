@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT.parent / "src"))
 
 import superkernel  # noqa: E402
+from superkernel.tools import generate_int4_prompt  # noqa: E402
 from superkernel.tools.advisor.answer import chat_ids  # noqa: E402
 from superkernel.tools.models import load_model  # noqa: E402
 from superkernel.tools.quality import read_text, token_ids  # noqa: E402
@@ -91,7 +92,7 @@ def main() -> int:
                      "kernel_vs_aten_max_rel": float((ours - aten).abs().max() / aten.abs().max())})
     result = {"model": args.model, "threads": args.threads, "rounds": args.rounds, "quantization": info.to_dict(),
               "torch": torch.__version__, "load": os.getloadavg(), "rows": rows,
-              "routed": runners[names[2]]._superkernel_int4_prompt_kernel.routed}
+              "routed": getattr(runners[names[2]], generate_int4_prompt.ATTR).routed}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"int4_prompt_{args.model}"

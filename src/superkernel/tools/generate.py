@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from superkernel.runtime.cuda.decode_kernels import hookup as decode_kernels
+from superkernel.tools import generate_cache, generate_guards, generate_int4_prompt
 from superkernel.tools.advisor.plan_file import TORCH_COMPILE, PlanFile, read_plan
 
 def _strategies() -> tuple[str, ...]:
@@ -101,7 +102,6 @@ def apply_for_generate(model: Any, plan: str | Path | Mapping[str, Any], *, mode
     import superkernel
 
     spec = resolve_plan(model, plan, mode)
-    from superkernel.tools import generate_cache, generate_guards, generate_int4_prompt
     from superkernel.tools.advisor.plan_file import quantize_for_plan
 
     if max_cache_len is not None and (isinstance(max_cache_len, bool) or not isinstance(max_cache_len, int)
@@ -127,9 +127,7 @@ def apply_for_generate(model: Any, plan: str | Path | Mapping[str, Any], *, mode
             generate_int4_prompt.install(model)
     model.generation_config.compile_config = compile_config(backend, compile_mode)
     model.generation_config.cache_implementation = "static"
-    generate_cache.remove(model)
     generate_cache.install(model, max_cache_len)
-    generate_guards.remove(model)
     generate_guards.install(model)
     model.generation_config.disable_compile = False
     if model.generation_config.use_cache is not True:
@@ -147,8 +145,6 @@ def remove_for_generate(model: Any) -> Any:
 
     superkernel.remove_scopes(model)
     decode_kernels.remove(model)
-    from superkernel.tools import generate_cache, generate_guards, generate_int4_prompt
-
     generate_int4_prompt.remove(model)
     generate_cache.remove(model)
     generate_guards.remove(model)

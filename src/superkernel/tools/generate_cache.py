@@ -49,10 +49,10 @@ def _prepare_bucketed(self: Any, *args: Any, **kwargs: Any) -> Any:
 
 def install(model: Any, max_cache_len: int | None = None) -> None:
     """Round the static cache's length of ``model``'s calls that grow it; ``max_cache_len``: the least length of every
-    call."""
+    call (an earlier install is undone first)."""
+    remove(model)
     if max_cache_len is not None:
-        if not hasattr(model, _BEFORE):
-            setattr(model, _BEFORE, getattr(model.generation_config, "max_cache_len", None))
+        setattr(model, _BEFORE, getattr(model.generation_config, "max_cache_len", None))
         model.generation_config.max_cache_len = max_cache_len
     if callable(getattr(type(model), _METHOD, None)):
         setattr(model, _METHOD, types.MethodType(_prepare_bucketed, model))

@@ -126,7 +126,9 @@ def _get_compiled_call(self: Any, compile_config: Any) -> Any:
 
 
 def install(model: Any) -> None:
-    """Decode steps of ``model.generate()`` guarded once per signature (where torch and transformers allow)."""
+    """Decode steps of ``model.generate()`` guarded once per signature (where torch and transformers allow; an
+    earlier install is undone first)."""
+    remove(model)
     if _stance_available() and callable(getattr(type(model), _METHOD, None)):
         setattr(model, _METHOD, types.MethodType(_get_compiled_call, model))
 

@@ -3,7 +3,8 @@
 A max-autotune plan compiles the decode step only; the prompt runs the model uncompiled, where torchao's CPU int4
 linear calls ATen's ``_weight_int4pack_mm_for_cpu`` -- with float32 activations a reference loop, about 25x our
 kernel at every row count (1536x576 at group 32, 1 thread: 42.8 ms against 1.7 ms for 20 rows, 210 ms against
-8.0 ms for 100), so a SmolLM2-135M int4 plan took 4.9 s for its first token where the float plan takes 0.3 s.
+8.0 ms for 100), so a SmolLM2-135M int4 plan took 9.87 s for the first token of a 37-token prompt at 1 thread
+where the float model's prompt takes 0.33 s (with this mode: 0.73 s; ``benchmarks/results/int4_prompt_smollm2-135m.md``).
 :class:`Int4Kernel` (a dispatch mode) sends those calls to ``torch.ops.superkernel.int4_weight_gemv``, the kernel
 the plan's compiled step runs, which takes any row count; a call it cannot take stays ATen's. The result differs
 from ATen's in the last bits (float32 sums in another order), as the compiled step's does: max-autotune plans
